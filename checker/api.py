@@ -1,0 +1,62 @@
+"""The library API the CLI calls: load inputs, validate files, run simulations."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from checker.engine import SimResult, simulate
+from checker.errors import InputError, Problem
+from checker.loading import load_document, validate
+from checker.policy import Policy
+from checker.profile import Profile, load_profile
+from checker.traces import Trace, load_azure_csv, load_requests
+from checker.workload import Workload
+
+MODELS = {"policy": Policy, "workload": Workload, "trace": Trace, "profile": Profile}
+
+
+def load_policy(path: str | Path) -> Policy:
+    data, lines = load_document(path)
+    policy = validate(Policy, data, str(path), lines)
+    if policy.name is None:
+        policy = policy.model_copy(update={"name": Path(path).stem})
+    return policy
+
+
+def json_schema(kind: str) -> dict:
+    return MODELS[kind].model_json_schema()
+
+
+def guess_kind(path: str | Path, data: object) -> str:
+    if str(path).endswith(".csv"):
+        return "trace"
+    if isinstance(data, dict):
+        if data.get("format") == "batchcheck-trace":
+            return "trace"
+        if data.get("format") == "batchcheck-profile":
+            return "profile"
+        if "classes" in data:
+            return "workload"
+        if "kv" in data or "max_model_len" in data:
+            return "policy"
+    raise InputError(Problem("", Path(path).name, "a policy (has kv:), workload (has classes:), "
+                             "trace (format: batchcheck-trace) or profile; or pass --kind"), str(path))
+
+
+def validate_file(path: str | Path, kind: str | None = None) -> str:
+    """Validate one input file; return its kind. Raises InputError on any problem."""
+    if str(path).endswith(".csv"):
+        load_azure_csv(path)
+        return "trace"
+    data, lines = load_document(path)
+    kind = kind or guess_kind(path, data)
+    validate(MODELS[kind], data, str(path), lines)
+    return kind
+
+
+def run_simulation(policy: str | Path, workload: str | Path | None = None, trace: str | Path | None = None,
+                   profile: str | Path | None = None, limit: int | None = None, record: bool = False) -> SimResult:
+    pol = load_policy(policy)
+    prof: Profile = load_profile(profile)
+    requests = load_requests(workload=workload, trace=trace, limit=limit)
+    return simulate(pol, requests, prof, record=record)

@@ -1,0 +1,106 @@
+"""The batchcheck command line: a thin shell over the library API.
+
+Exit codes (checker.exitcodes, docs/cli.md): 0 ok, 1 violated, 2 usage or input error,
+3 inconclusive, 101 internal error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable
+
+from checker import __version__
+from checker.errors import BatchcheckError
+from checker.exitcodes import ExitCode
+
+KINDS = ("policy", "workload", "trace", "profile")
+
+
+def _schema(args: argparse.Namespace) -> int:
+    from checker.api import json_schema
+
+    print(json.dumps(json_schema(args.kind), indent=2))
+    return ExitCode.OK
+
+
+def _validate(args: argparse.Namespace) -> int:
+    from checker.api import validate_file
+
+    for path in args.files:
+        kind = validate_file(path, args.kind)
+        print(f"{path}: valid {kind}")
+    return ExitCode.OK
+
+
+def _simulate(args: argparse.Namespace) -> int:
+    from checker.api import run_simulation
+    from checker.report import format_summary
+
+    result = run_simulation(args.policy, workload=args.workload, trace=args.trace, profile=args.profile,
+                            limit=args.limit)
+    summary = result.summary()
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        print(format_summary(summary))
+    return ExitCode.OK
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="batchcheck",
+        description="Prove or refute properties of LLM-serving batch schedulers before canary.",
+        epilog="Exit codes: 0 ok, 1 property violated, 2 usage or input error, 3 inconclusive, "
+               "101 internal error (a bug in batchcheck).")
+    parser.add_argument("--version", action="version", version=f"batchcheck {__version__}")
+    verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
+
+    p = verbs.add_parser("schema", help="print the JSON Schema of an input file kind")
+    p.add_argument("--kind", choices=KINDS, default="policy")
+    p.set_defaults(run=_schema)
+
+    p = verbs.add_parser("validate", help="validate policy / workload / trace / profile files")
+    p.add_argument("files", nargs="+", metavar="FILE")
+    p.add_argument("--kind", choices=KINDS, default=None, help="default: guessed from the file")
+    p.set_defaults(run=_validate)
+
+    p = verbs.add_parser("simulate", help="run the reference engine on a workload or trace")
+    p.add_argument("policy", metavar="POLICY")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--workload", metavar="FILE", help="workload spec (YAML)")
+    source.add_argument("--trace", metavar="FILE", help="trace: batchcheck JSON or Azure CSV")
+    p.add_argument("--profile", metavar="FILE", help="service-curve profile (default: spec/profiles/default_linear.json)")
+    p.add_argument("--limit", type=int, metavar="N", help="only the first N requests")
+    p.add_argument("--json", action="store_true", help="print the metrics as JSON")
+    p.set_defaults(run=_simulate)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    run: Callable[[argparse.Namespace], int] = args.run
+    try:
+        return int(run(args))
+    except BatchcheckError as exc:
+        print(f"batchcheck: error: {exc}", file=sys.stderr)
+        return int(exc.exit_code)
+    except KeyboardInterrupt:
+        print("batchcheck: interrupted", file=sys.stderr)
+        return int(ExitCode.INCONCLUSIVE)
+    except BrokenPipeError:
+        return int(ExitCode.OK)
+    except Exception as exc:  # a bug: say so plainly, no traceback unless asked for
+        if os.environ.get("BATCHCHECK_DEBUG"):
+            raise
+        print(f"batchcheck: internal error (a bug in batchcheck; rerun with BATCHCHECK_DEBUG=1 for "
+              f"the traceback and please report it): {type(exc).__name__}: {exc}", file=sys.stderr)
+        return int(ExitCode.INTERNAL_ERROR)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+

@@ -1,0 +1,69 @@
+"""The one exception root of batchcheck, and the message shape every input error uses.
+
+An input error names the file, the field path (and line where known), the value given and what is
+allowed, in the form ``file:line: path=value (expected ...)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from checker.exitcodes import ExitCode
+
+
+class BatchcheckError(Exception):
+    """Root of every error batchcheck raises on purpose."""
+
+    exit_code: ExitCode = ExitCode.INTERNAL_ERROR
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with an input: where it is, what was given, what is allowed."""
+
+    path: str  # dotted field path, e.g. "batch.max_num_seqs"; "" for the whole document
+    value: object  # the value given (already shortened for display by the caller if huge)
+    expected: str  # what is allowed, phrased to follow "expected "
+    line: int | None = None  # 1-based line in the file, where known
+
+    def render(self, source: str | None) -> str:
+        where = source or "<input>"
+        if self.line is not None:
+            where = f"{where}:{self.line}"
+        name = self.path or "(document)"
+        return f"{where}: {name}={_show(self.value)} (expected {self.expected})"
+
+
+def _show(value: object) -> str:
+    if isinstance(value, str) and value.startswith("<") and value.endswith(">"):
+        return value  # a placeholder such as <missing>, shown as is
+    text = repr(value) if isinstance(value, str) else str(value)
+    if isinstance(value, (dict, list)):
+        text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+class InputError(BatchcheckError):
+    """Bad input: malformed file, unknown key, wrong type, inconsistent values. Exit code 2."""
+
+    exit_code = ExitCode.INPUT_ERROR
+
+    def __init__(self, problems: list[Problem] | Problem, source: str | None = None):
+        self.problems = [problems] if isinstance(problems, Problem) else list(problems)
+        self.source = source
+        super().__init__(self.render())
+
+    def render(self) -> str:
+        return "\n".join(p.render(self.source) for p in self.problems)
+
+
+class UsageError(BatchcheckError):
+    """A command was called wrongly (missing file, conflicting flags). Exit code 2."""
+
+    exit_code = ExitCode.INPUT_ERROR
+
+
+class InternalError(BatchcheckError):
+    """A bug in batchcheck itself (e.g. an asserted budget broke). Exit code 101; report it."""
+
+    exit_code = ExitCode.INTERNAL_ERROR

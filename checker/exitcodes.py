@@ -1,0 +1,11 @@
+"""Process exit codes of every batchcheck command. Stable: CI scripts depend on them."""
+
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    OK = 0  # all properties hold (for the strength stated in the verdict) / command succeeded
+    VIOLATED = 1  # a property is violated (a replayed counterexample exists)
+    INPUT_ERROR = 2  # usage error or bad input file (policy, workload, trace, profile)
+    INCONCLUSIVE = 3  # timeout, solver unknown, or a check that could not decide
+    INTERNAL_ERROR = 101  # a bug in batchcheck: engine and solver disagree, an asserted budget broke, ...

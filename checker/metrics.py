@@ -1,0 +1,128 @@
+"""Per-request timing collected while the engine runs, and the summary by class and tenant."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from checker.semantics.decision import StepDecision
+from checker.semantics.state import Reason, Request, Status
+
+if TYPE_CHECKING:
+    from checker.engine import SimResult
+
+UNSET = -1
+
+
+class RequestTimes:
+    """Microsecond timestamps per request id (UNSET until they happen)."""
+
+    __slots__ = ("first_scheduled", "first_token", "last_token", "done", "max_gap", "tokens_scheduled")
+
+    def __init__(self, n: int):
+        self.first_scheduled = [UNSET] * n  # start of the first step that scheduled it
+        self.first_token = [UNSET] * n  # end of the step that produced its first output token
+        self.last_token = [UNSET] * n
+        self.done = [UNSET] * n  # finished, rejected or cancelled
+        self.max_gap = [0] * n  # longest time between two of its output tokens
+        self.tokens_scheduled = [0] * n  # tokens computed for it, recompute included
+
+    def observe(self, d: StepDecision, reqs: list[Request], start_us: int, end_us: int) -> None:
+        first_scheduled, tokens = self.first_scheduled, self.tokens_scheduled
+        for rid, n in d.scheduled:
+            if first_scheduled[rid] == UNSET:
+                first_scheduled[rid] = start_us
+            tokens[rid] += n
+        first_token, last_token, max_gap = self.first_token, self.last_token, self.max_gap
+        for rid in d.produced:
+            last = last_token[rid]
+            if last == UNSET:
+                first_token[rid] = end_us
+            elif end_us - last > max_gap[rid]:
+                max_gap[rid] = end_us - last
+            last_token[rid] = end_us
+        for rid in d.finished:
+            self.done[rid] = end_us
+        for rid, _ in d.rejected:
+            self.done[rid] = start_us
+        for rid in d.cancelled:
+            self.done[rid] = start_us
+
+
+def percentile(sorted_values: list[float], q: float) -> float:
+    """Nearest-rank percentile: a value that occurred."""
+    if not sorted_values:
+        return math.nan
+    rank = max(1, math.ceil(q * len(sorted_values)))
+    return sorted_values[rank - 1]
+
+
+def stats(values: list[float]) -> dict[str, float | None]:
+    if not values:
+        return {"n": 0, "mean": None, "p50": None, "p99": None, "max": None}
+    v = sorted(values)
+    return {"n": len(v), "mean": round(sum(v) / len(v), 3), "p50": round(percentile(v, 0.5), 3),
+            "p99": round(percentile(v, 0.99), 3), "max": round(v[-1], 3)}
+
+
+def _group(result: SimResult, members: list[Request]) -> dict:
+    t = result.times
+    ms = 1000.0
+    queue, ttft, tpot, e2e, tbt = [], [], [], [], []
+    rejected: dict[str, int] = {}
+    finished = cancelled = unfinished = preemptions = recomputed = prompt = output = 0
+    for r in members:
+        rid = r.rid
+        preemptions += r.num_preemptions
+        prompt += r.prompt_len
+        output += r.num_generated
+        if t.first_scheduled[rid] != UNSET:
+            queue.append((t.first_scheduled[rid] - r.arrival_us) / ms)
+        if t.first_token[rid] != UNSET:
+            ttft.append((t.first_token[rid] - r.arrival_us) / ms)
+        if r.status is Status.FINISHED:
+            finished += 1
+            e2e.append((t.done[rid] - r.arrival_us) / ms)
+            if r.num_generated > 1:
+                tpot.append((t.done[rid] - t.first_token[rid]) / ms / (r.num_generated - 1))
+                tbt.append(t.max_gap[rid] / ms)
+            recomputed += t.tokens_scheduled[rid] - (r.prompt_len + r.num_generated - 1)
+        elif r.status is Status.REJECTED:
+            name = Reason(r.reason).name.lower()
+            rejected[name] = rejected.get(name, 0) + 1
+        elif r.status is Status.CANCELLED:
+            cancelled += 1
+        else:
+            unfinished += 1
+    return {
+        "requests": len(members), "finished": finished, "rejected": sum(rejected.values()),
+        "rejected_by_reason": dict(sorted(rejected.items())), "cancelled": cancelled,
+        "unfinished": unfinished, "prompt_tokens": prompt, "output_tokens": output,
+        "preemptions": preemptions, "recomputed_tokens": recomputed,
+        "queue_delay_ms": stats(queue), "ttft_ms": stats(ttft), "tpot_ms": stats(tpot),
+        "e2e_ms": stats(e2e), "max_tbt_ms": stats(tbt),
+    }
+
+
+def summarize(result: SimResult) -> dict:
+    reqs = result.state.requests
+    rs = result.requests
+    policy = result.policy
+    by_class = {name: _group(result, [r for r in reqs if r.spec.cls == i]) for i, name in enumerate(rs.class_names)}
+    by_tenant = {name: _group(result, [r for r in reqs if r.tenant == i]) for i, name in enumerate(rs.tenant_names)}
+    span_us = max(result.end_us - (reqs[0].arrival_us if reqs else 0), 1)
+    overall = _group(result, reqs)
+    return {
+        "policy": policy.name, "profile": result.profile.name, "source": rs.source,
+        "engine": {
+            "steps": result.steps, "simulated_s": round(span_us / 1e6, 3),
+            "busy_s": round(result.busy_us / 1e6, 3), "wall_s": round(result.wall_s, 3),
+            "kv_peak_blocks": result.kv_peak_blocks, "kv_blocks": policy.kv.num_blocks,
+            "kv_peak_pct": round(100.0 * result.kv_peak_blocks / policy.kv.num_blocks, 1),
+            "running_peak": result.running_peak, "waiting_peak": result.waiting_peak,
+            "idle_slot_steps": result.idle_slot_steps,
+            "output_tokens_per_s": round(overall["output_tokens"] / (span_us / 1e6), 1),
+            "stuck_requests": len(result.stuck), "step_limit_hit": result.step_limit_hit,
+        },
+        "overall": overall, "by_class": by_class, "by_tenant": by_tenant,
+    }

@@ -1,0 +1,284 @@
+"""The scheduler policy: a declarative rule set, validated by pydantic.
+
+One section per rule kind of the unified vocabulary (docs/spec-reference.md): admission, queue
+order, batch composition, chunking, KV allocation, preemption, cancellation, timeouts. Defaults are
+vLLM v1 (0.33) behaviour wherever vLLM has the knob; capacity (``kv.num_blocks``) and
+``max_model_len`` have no default because they depend on the model and device.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic_core import PydanticCustomError
+
+# Bounds that reject absurd sizes with a clear message instead of simulating forever.
+MAX_TOKENS = 10_000_000
+MAX_BLOCKS = 100_000_000
+MAX_SEQS = 1_000_000
+MAX_BLOCK_SIZE = 4096
+MAX_STEPS = 1_000_000
+MAX_MS = 86_400_000  # one day
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, use_enum_values=False)
+
+
+def _fail(field: str, value: object, expected: str) -> PydanticCustomError:
+    """A cross-field error carrying its own field path (relative to the model that raised it)."""
+    return PydanticCustomError(
+        "consistency", "{field}={value} (expected {expected})",
+        {"field": field, "value": value, "expected": expected},
+    )
+
+
+# ----------------------------------------------------------------------------------------- admission
+class Admission(_Strict):
+    """Gate at arrival. Prompts with ``prompt_len >= max_model_len`` are always rejected (every
+    modelled server validates this); the fields here are the optional gates."""
+
+    max_inflight: Annotated[int | None, Field(ge=1, le=MAX_SEQS)] = None
+    """Reject on arrival when waiting + running requests already reach this (TGI
+    ``max_concurrent_requests``: HTTP 429)."""
+    max_queue_len: Annotated[int | None, Field(ge=0, le=MAX_SEQS)] = None
+    """Reject on arrival when this many requests already wait (SGLang ``max_queued_requests``)."""
+    max_queued_tokens: Annotated[int | None, Field(ge=1, le=10 * MAX_TOKENS)] = None
+    """Reject on arrival when the prompt tokens of waiting requests plus this prompt exceed it."""
+    reject_never_fits: bool = False
+    """Reject a request whose whole context (prompt + max output) needs more blocks than the pool
+    has. vLLM does not: such a request sits at the queue head forever."""
+    reserve_full_prompt: bool = True
+    """Admit a waiting request only if blocks for its whole current sequence (prompt + generated)
+    fit, not just the first chunk (vLLM ``scheduler_reserve_full_isl``)."""
+
+
+# ----------------------------------------------------------------------------------------- queue
+class QueueOrder(StrEnum):
+    FCFS = "fcfs"
+    PRIORITY = "priority"
+    PRIORITY_AGING = "priority_aging"
+    SHORTEST_PROMPT_FIRST = "shortest_prompt_first"
+    TENANT_FAIR = "tenant_fair"
+
+
+class Polarity(StrEnum):
+    LOWER_FIRST = "lower_first"  # vLLM: a lower value is served first
+    HIGHER_FIRST = "higher_first"  # SGLang default, TRT-LLM float priority
+
+
+class HeadOfLine(StrEnum):
+    STRICT = "strict"  # stop admitting at the first waiting request that does not fit (vLLM, TGI)
+    SKIP = "skip"  # try the next waiting request instead
+
+
+class Requeue(StrEnum):
+    FRONT = "front"  # a preempted request goes back to the front of the queue (vLLM FCFS)
+    BY_ORDER = "by_order"  # a preempted request re-enters at its place in the queue order (vLLM priority heap)
+
+
+class VTCWeights(_Strict):
+    """Virtual token counter weights (Sheng et al., OSDI'24): service = w_in * input + w_out * output."""
+
+    input_weight: Annotated[int, Field(ge=0, le=1000)] = 1
+    output_weight: Annotated[int, Field(ge=0, le=1000)] = 2
+
+
+class Queue(_Strict):
+    order: QueueOrder = QueueOrder.FCFS
+    priority_polarity: Polarity = Polarity.LOWER_FIRST
+    aging_interval_ms: Annotated[int | None, Field(ge=1, le=MAX_MS)] = None
+    """priority_aging only: a waiting request's effective priority improves by one level for every
+    this many ms it has waited since arrival."""
+    vtc: VTCWeights | None = None
+    """tenant_fair only: the tenant with the smallest counter is served first."""
+    head_of_line: HeadOfLine = HeadOfLine.STRICT
+    preempted_requeue: Requeue = Requeue.FRONT
+
+    @model_validator(mode="after")
+    def _order_parameters(self) -> Queue:
+        aging = self.order is QueueOrder.PRIORITY_AGING
+        if aging and self.aging_interval_ms is None:
+            raise _fail("aging_interval_ms", None, "an interval in ms when order is priority_aging")
+        if not aging and self.aging_interval_ms is not None:
+            raise _fail("aging_interval_ms", self.aging_interval_ms,
+                        f"no aging interval unless order is priority_aging (order is {self.order.value})")
+        fair = self.order is QueueOrder.TENANT_FAIR
+        if not fair and self.vtc is not None:
+            raise _fail("vtc", "{...}", f"no vtc weights unless order is tenant_fair (order is {self.order.value})")
+        return self
+
+    @property
+    def vtc_weights(self) -> VTCWeights:
+        return self.vtc or VTCWeights()
+
+    @property
+    def uses_priority(self) -> bool:
+        return self.order in (QueueOrder.PRIORITY, QueueOrder.PRIORITY_AGING)
+
+
+# ----------------------------------------------------------------------------------------- batch
+class PhaseMode(StrEnum):
+    DECODE_FIRST = "decode_first"  # running requests (decodes, partial prefills) first, then admissions (vLLM v1, Sarathi)
+    PREFILL_FIRST = "prefill_first"  # if any prefill work fits, the step runs prefills only (vLLM v0, SGLang)
+    MIXED = "mixed"  # one pass over running and waiting together in queue order (Orca)
+    STATIC = "static"  # admit only when nothing runs; the batch runs to completion (Triton, TRT STATIC)
+
+
+class Batch(_Strict):
+    max_num_seqs: Annotated[int, Field(ge=1, le=MAX_SEQS)] = 256
+    max_num_batched_tokens: Annotated[int, Field(ge=1, le=MAX_TOKENS)] = 8192
+    phase_mode: PhaseMode = PhaseMode.DECODE_FIRST
+    prefill_share: Annotated[float | None, Field(gt=0.0, le=1.0)] = None
+    """Cap on the share of the step's token budget that prefill tokens may take (None: no cap)."""
+
+    @property
+    def prefill_token_cap(self) -> int:
+        if self.prefill_share is None:
+            return self.max_num_batched_tokens
+        return max(1, int(self.prefill_share * self.max_num_batched_tokens))
+
+
+# ----------------------------------------------------------------------------------------- chunking
+class Chunking(_Strict):
+    enabled: bool = True
+    long_prefill_token_threshold: Annotated[int, Field(ge=0, le=MAX_TOKENS)] = 0
+    """Per-request per-step cap on new tokens; 0 = no cap (vLLM ``long_prefill_token_threshold``)."""
+
+
+# ----------------------------------------------------------------------------------------- kv
+class Allocation(StrEnum):
+    ON_DEMAND = "on_demand"  # blocks for the tokens scheduled this step only (vLLM, TRT MAX_UTILIZATION)
+    FULL_RESERVATION = "full_reservation"  # blocks for prompt + max output at admission (Orca, TGI, TRT NO_EVICT)
+
+
+class KV(_Strict):
+    num_blocks: Annotated[int, Field(ge=1, le=MAX_BLOCKS)]
+    """Usable KV blocks in the pool (vLLM: num_gpu_blocks - 1, block 0 is the null block)."""
+    block_size: Annotated[int, Field(ge=1, le=MAX_BLOCK_SIZE)] = 16
+    allocation: Allocation = Allocation.ON_DEMAND
+    watermark: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.0
+    """Headroom at admission: a waiting or preempted request is admitted only if
+    ``int(watermark * num_blocks)`` blocks stay free, when something is already running."""
+    check_allocation: bool = True
+    """False models a scheduler that grows running requests without checking the pool (it trusts
+    an estimate): blocks in use may then exceed ``num_blocks`` (an over-commit)."""
+    swap_blocks: Annotated[int, Field(ge=0, le=MAX_BLOCKS)] = 0
+    """CPU swap space in blocks, for ``preemption.mode: swap``."""
+
+    @property
+    def watermark_blocks(self) -> int:
+        return int(self.watermark * self.num_blocks)
+
+
+# ----------------------------------------------------------------------------------------- preemption
+class Trigger(StrEnum):
+    KV_GROWTH_FAILS = "kv_growth_fails"  # a running request cannot get its next blocks (vLLM)
+    PRIORITY_INVERSION = "priority_inversion"  # the waiting head outranks the worst running request and does not fit (vLLM v0, SGLang)
+
+
+class Victim(StrEnum):
+    LAST_ADMITTED = "last_admitted"  # tail of the running list (vLLM FCFS, TRT-LLM MAX_UTILIZATION)
+    LOWEST_PRIORITY = "lowest_priority"  # worst priority, then latest arrival (vLLM priority)
+    FEWEST_GENERATED = "fewest_generated"  # fewest output tokens, ties to the longest prompt (SGLang retract)
+
+
+class PreemptMode(StrEnum):
+    RECOMPUTE = "recompute"  # free all blocks; the request recomputes prompt + generated later
+    SWAP = "swap"  # move the blocks to swap space; resume without recompute (vLLM v0)
+
+
+class Preemption(_Strict):
+    triggers: list[Trigger] = Field(default_factory=lambda: [Trigger.KV_GROWTH_FAILS])
+    """What preempts. An empty list: never preempt (a request that cannot grow just waits)."""
+    victim: Victim = Victim.LAST_ADMITTED
+    mode: PreemptMode = PreemptMode.RECOMPUTE
+    block_admission_after_preempt: bool = True
+    """No admissions in a step in which a running request was preempted for KV (vLLM v1)."""
+    priority_inversion_threshold: Annotated[int, Field(ge=0, le=1_000_000)] = 0
+    """priority_inversion only: preempt only if the priorities differ by more than this (SGLang: 10)."""
+
+    @model_validator(mode="after")
+    def _distinct_triggers(self) -> Preemption:
+        if len(set(self.triggers)) != len(self.triggers):
+            raise _fail("triggers", [t.value for t in self.triggers], "each trigger at most once")
+        return self
+
+
+# ----------------------------------------------------------------------------------------- events
+class Cancellation(_Strict):
+    release_lag_steps: Annotated[int, Field(ge=0, le=MAX_STEPS)] = 0
+    """Steps between a cancel reaching the scheduler and the request's KV blocks being freed
+    (vLLM: 0, freed before the next step; TGI: lazy, after the next token)."""
+
+
+class TimeoutAction(StrEnum):
+    REJECT = "reject"
+
+
+class Timeouts(_Strict):
+    queue_timeout_ms: Annotated[int | None, Field(ge=1, le=MAX_MS)] = None
+    """A request still waiting for its first admission after this many ms is rejected."""
+    action: TimeoutAction = TimeoutAction.REJECT
+
+
+# ----------------------------------------------------------------------------------------- policy
+class Policy(_Strict):
+    """A scheduler policy. See docs/spec-reference.md for every field."""
+
+    name: str | None = None
+    max_model_len: Annotated[int, Field(ge=2, le=MAX_TOKENS)]
+    admission: Admission = Field(default_factory=Admission)
+    queue: Queue = Field(default_factory=Queue)
+    batch: Batch = Field(default_factory=Batch)
+    chunking: Chunking = Field(default_factory=Chunking)
+    kv: KV
+    preemption: Preemption = Field(default_factory=Preemption)
+    cancellation: Cancellation = Field(default_factory=Cancellation)
+    timeouts: Timeouts = Field(default_factory=Timeouts)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Policy:
+        b, c, q, p, kv = self.batch, self.chunking, self.queue, self.preemption, self.kv
+        if not c.enabled and b.max_num_batched_tokens < self.max_model_len:
+            raise _fail("batch.max_num_batched_tokens", b.max_num_batched_tokens,
+                        f">= max_model_len={self.max_model_len} when chunking.enabled is false: "
+                        "without chunking a whole prompt must fit one step (vLLM rejects this too)")
+        if b.max_num_seqs > b.max_num_batched_tokens:
+            raise _fail("batch.max_num_seqs", b.max_num_seqs,
+                        f"<= batch.max_num_batched_tokens={b.max_num_batched_tokens}: "
+                        "every running request needs at least one token per step")
+        if c.long_prefill_token_threshold > self.max_model_len:
+            raise _fail("chunking.long_prefill_token_threshold", c.long_prefill_token_threshold,
+                        f"<= max_model_len={self.max_model_len}")
+        if c.long_prefill_token_threshold and not c.enabled:
+            raise _fail("chunking.long_prefill_token_threshold", c.long_prefill_token_threshold,
+                        "0 when chunking.enabled is false: the cap splits prompts into chunks")
+        if b.prefill_share is not None and not c.enabled and b.prefill_token_cap < self.max_model_len:
+            raise _fail("batch.prefill_share", b.prefill_share,
+                        f"a share leaving >= max_model_len={self.max_model_len} prefill tokens per step "
+                        "when chunking.enabled is false")
+        if Trigger.PRIORITY_INVERSION in p.triggers and not q.uses_priority:
+            raise _fail("preemption.triggers", [t.value for t in p.triggers],
+                        f"no priority_inversion unless queue.order is priority or priority_aging "
+                        f"(it is {q.order.value})")
+        if p.mode is PreemptMode.SWAP and kv.swap_blocks == 0:
+            raise _fail("kv.swap_blocks", 0, ">= 1 when preemption.mode is swap")
+        if p.mode is not PreemptMode.SWAP and kv.swap_blocks:
+            raise _fail("kv.swap_blocks", kv.swap_blocks, "0 unless preemption.mode is swap")
+        return self
+
+    # Derived facts, computed from the fields above (never stored twice).
+    @property
+    def preempts_on_growth(self) -> bool:
+        return Trigger.KV_GROWTH_FAILS in self.preemption.triggers
+
+    @property
+    def preempts_on_inversion(self) -> bool:
+        return Trigger.PRIORITY_INVERSION in self.preemption.triggers
+
+
+def policy_json_schema() -> dict:
+    return Policy.model_json_schema()

@@ -1,0 +1,95 @@
+"""Service curve: how long one iteration takes, as a function of the batch it runs.
+
+A profile is a JSON file in spec/profiles/. The default one is linear and illustrative; calibrated
+profiles (fitted on real GPU measurements) use the same format, with one piece per range of batch
+size where the measured curve bends.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from checker.loading import load_model
+from checker.semantics.decision import StepDecision
+
+SPEC_DIR = Path(__file__).resolve().parent.parent / "spec"
+DEFAULT_PROFILE = SPEC_DIR / "profiles" / "default_linear.json"
+
+NonNeg = Annotated[float, Field(ge=0.0, le=1e9)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Piece(_Strict):
+    """Iteration time in microseconds = overhead + sum of coefficient * feature, for batches with
+    at most ``max_batched_tokens`` scheduled tokens (None: no upper end)."""
+
+    max_batched_tokens: Annotated[int | None, Field(ge=1)] = None
+    overhead_us: NonNeg
+    per_prefill_token_us: NonNeg = 0.0
+    per_prefill_attention_us: NonNeg = 0.0  # per (chunk token x context token) of prefill attention
+    per_decode_seq_us: NonNeg = 0.0
+    per_decode_kv_token_us: NonNeg = 0.0  # per context token read by a decode
+
+
+class ModelShape(_Strict):
+    name: str
+    layers: Annotated[int, Field(ge=1)]
+    hidden: Annotated[int, Field(ge=1)]
+    heads: Annotated[int, Field(ge=1)]
+    kv_heads: Annotated[int, Field(ge=1)]
+    dtype_bytes: Annotated[int, Field(ge=1, le=8)] = 2
+    tensor_parallel: Annotated[int, Field(ge=1)] = 1
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        head_dim = self.hidden // self.heads
+        return 2 * self.layers * self.kv_heads * head_dim * self.dtype_bytes // self.tensor_parallel
+
+
+class Profile(_Strict):
+    format: Literal["batchcheck-profile"] = "batchcheck-profile"
+    version: Literal[1] = 1
+    name: str
+    device: str
+    measured: bool = False  # True only for profiles fitted on real measurements
+    model: ModelShape | None = None
+    pieces: Annotated[list[Piece], Field(min_length=1)]
+    fit_error: dict[str, float] | None = None
+    source: str | None = None
+
+    @model_validator(mode="after")
+    def _pieces_ordered(self) -> Profile:
+        ends = [p.max_batched_tokens for p in self.pieces]
+        if ends[-1] is not None or any(e is None for e in ends[:-1]) or ends[:-1] != sorted(ends[:-1]):
+            from pydantic_core import PydanticCustomError
+            raise PydanticCustomError("consistency", "", {
+                "field": "pieces", "value": ends,
+                "expected": "increasing max_batched_tokens, the last piece open-ended (null)"})
+        return self
+
+    def piece_for(self, tokens: int) -> Piece:
+        for piece in self.pieces:
+            if piece.max_batched_tokens is None or tokens <= piece.max_batched_tokens:
+                return piece
+        return self.pieces[-1]
+
+    def iteration_us(self, prefill_tokens: int, prefill_attention: int, decode_seqs: int,
+                     decode_kv_tokens: int) -> int:
+        p = self.piece_for(prefill_tokens + decode_seqs)
+        t = (p.overhead_us + p.per_prefill_token_us * prefill_tokens
+             + p.per_prefill_attention_us * prefill_attention + p.per_decode_seq_us * decode_seqs
+             + p.per_decode_kv_token_us * decode_kv_tokens)
+        return max(1, round(t))
+
+    def step_us(self, d: StepDecision) -> int:
+        return self.iteration_us(d.num_prefill_tokens, d.prefill_attention, d.num_decode_seqs, d.decode_kv_tokens)
+
+
+def load_profile(path: str | Path | None) -> Profile:
+    return load_model(Profile, path or DEFAULT_PROFILE)

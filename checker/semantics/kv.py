@@ -1,0 +1,87 @@
+"""Paged KV accounting: ask-then-act pairs over the block pool and the swap space.
+
+A request computing ``t`` tokens of context needs ``ceil(t / block_size)`` blocks. Under full
+reservation it holds the blocks of its whole possible context (prompt + max output, capped by
+max_model_len) from admission on.
+"""
+
+from __future__ import annotations
+
+from checker.policy import Allocation
+from checker.semantics.state import Request, SchedulerState
+
+
+def blocks_for(tokens: int, block_size: int) -> int:
+    return -(-tokens // block_size)
+
+
+def max_context(s: SchedulerState, r: Request) -> int:
+    """Most tokens of KV the request can ever hold: it stops at max_model_len or max_output."""
+    return min(r.prompt_len + r.max_output, s.policy.max_model_len) - 1
+
+
+def target_blocks(s: SchedulerState, r: Request, n: int) -> int:
+    """Blocks the request must hold to compute n more tokens."""
+    kv = s.policy.kv
+    need = blocks_for(r.num_computed + n, kv.block_size)
+    if kv.allocation is Allocation.FULL_RESERVATION:
+        need = max(need, blocks_for(max_context(s, r), kv.block_size))
+    return need
+
+
+def new_blocks(s: SchedulerState, r: Request, n: int) -> int:
+    return max(0, target_blocks(s, r, n) - r.blocks)
+
+
+def free_blocks(s: SchedulerState) -> int:
+    return s.policy.kv.num_blocks - s.kv_used
+
+
+def can_grow(s: SchedulerState, r: Request, n: int) -> bool:
+    """A running request may compute n more tokens (always true if the policy does not check)."""
+    if not s.policy.kv.check_allocation:
+        return True
+    return new_blocks(s, r, n) <= free_blocks(s)
+
+
+def can_admit(s: SchedulerState, r: Request, n: int) -> bool:
+    """A waiting request may be admitted with a first chunk of n tokens: the chunk's blocks (and,
+    with reserve_full_prompt, the blocks of its whole current sequence) fit with the watermark kept
+    free when something is already running."""
+    kv = s.policy.kv
+    headroom = kv.watermark_blocks if s.running else 0
+    free = free_blocks(s) - headroom
+    if s.policy.admission.reserve_full_prompt:
+        whole = max(target_blocks(s, r, 0), blocks_for(r.num_tokens, kv.block_size)) - r.blocks
+        if whole > free:
+            return False
+    return new_blocks(s, r, n) <= free
+
+
+def allocate(s: SchedulerState, r: Request, n: int) -> int:
+    """Give the request the blocks for n more tokens; return how many were added."""
+    added = new_blocks(s, r, n)
+    r.blocks += added
+    s.kv_used += added
+    return added
+
+
+def free(s: SchedulerState, r: Request) -> None:
+    s.kv_used -= r.blocks
+    r.blocks = 0
+
+
+def can_swap_out(s: SchedulerState, blocks: int) -> bool:
+    return s.swap_used + blocks <= s.policy.kv.swap_blocks
+
+
+def swap_out(s: SchedulerState, r: Request, blocks: int) -> None:
+    """Move ``blocks`` of the request's KV to swap space and free all its pool blocks."""
+    r.swapped_blocks = blocks
+    s.swap_used += blocks
+    free(s, r)
+
+
+def swap_in_release(s: SchedulerState, r: Request) -> None:
+    s.swap_used -= r.swapped_blocks
+    r.swapped_blocks = 0

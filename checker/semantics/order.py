@@ -1,0 +1,77 @@
+"""Queue order: the sort key of a waiting request, and the preemption victim order.
+
+Smaller key = served first. Every key ends with (arrival_us, rid), so the order is total.
+"""
+
+from __future__ import annotations
+
+from bisect import insort
+from collections.abc import Callable
+
+from checker.policy import Polarity, QueueOrder, Requeue, Victim
+from checker.semantics.state import Request, SchedulerState
+
+Key = tuple[int, ...]
+
+
+def norm_priority(s: SchedulerState, r: Request) -> int:
+    """The request's priority turned so that smaller is more urgent."""
+    return r.priority if s.policy.queue.priority_polarity is Polarity.LOWER_FIRST else -r.priority
+
+
+def time_varying(s: SchedulerState) -> bool:
+    """Keys that change while a request waits (so the queue is re-sorted every step)."""
+    return s.policy.queue.order in (QueueOrder.PRIORITY_AGING, QueueOrder.TENANT_FAIR)
+
+
+def key_function(s: SchedulerState, now_us: int) -> Callable[[Request], Key]:
+    q = s.policy.queue
+    front = q.preempted_requeue is Requeue.FRONT
+    order = q.order
+
+    def requeue_part(r: Request) -> Key:
+        # front: the most recently requeued request first, then the never-requeued ones
+        return (0, -r.requeue_seq) if front and r.requeue_seq else (1, 0)
+
+    if order is QueueOrder.FCFS:
+        return lambda r: (*requeue_part(r), r.arrival_us, r.rid)
+    if order is QueueOrder.PRIORITY:
+        return lambda r: (*requeue_part(r), norm_priority(s, r), r.arrival_us, r.rid)
+    if order is QueueOrder.PRIORITY_AGING:
+        interval = q.aging_interval_ms * 1000
+        return lambda r: (*requeue_part(r), norm_priority(s, r) - (now_us - r.arrival_us) // interval,
+                          r.arrival_us, r.rid)
+    if order is QueueOrder.SHORTEST_PROMPT_FIRST:
+        return lambda r: (*requeue_part(r), r.prompt_len, r.arrival_us, r.rid)
+    counters = s.tenant_counters  # TENANT_FAIR
+    return lambda r: (*requeue_part(r), counters[r.tenant], r.arrival_us, r.rid)
+
+
+def enqueue(s: SchedulerState, r: Request) -> None:
+    """Put a request into the waiting queue at its place in queue order. Keys that vary with time
+    are sorted at the start of each step instead (sort_waiting); the others do not read the clock."""
+    if time_varying(s):
+        s.waiting.append(r)
+    else:
+        insort(s.waiting, r, key=key_function(s, 0))
+
+
+def sort_waiting(s: SchedulerState, now_us: int) -> None:
+    if time_varying(s) and len(s.waiting) > 1:
+        s.waiting.sort(key=key_function(s, now_us))
+
+
+def victim_key(s: SchedulerState) -> Callable[[Request], Key]:
+    """The preemption victim is the running request with the largest key."""
+    victim = s.policy.preemption.victim
+    if victim is Victim.LAST_ADMITTED:
+        return lambda r: (r.admitted_seq,)
+    if victim is Victim.LOWEST_PRIORITY:
+        return lambda r: (norm_priority(s, r), r.arrival_us, r.rid)
+    return lambda r: (-r.num_generated, r.prompt_len, r.rid)  # FEWEST_GENERATED
+
+
+def pick_victim(s: SchedulerState) -> Request:
+    if s.policy.preemption.victim is Victim.LAST_ADMITTED:
+        return s.running[-1]
+    return max(s.running, key=victim_key(s))

@@ -1,0 +1,131 @@
+"""Scheduler state: one status enum, one record per request, the queues and the KV counters."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import IntEnum
+
+from checker.policy import Policy
+
+
+class Status(IntEnum):
+    PENDING = 0  # not arrived yet
+    WAITING = 1  # in the waiting queue, holding no KV (fresh, or preempted by recompute)
+    SWAPPED = 2  # in the waiting queue, its KV in swap space (preempted by swap)
+    RUNNING = 3  # admitted: in the running list, holding KV
+    FINISHED = 4
+    REJECTED = 5
+    CANCELLED = 6  # cancelled; holds KV until its release lag has passed
+
+
+TERMINAL = frozenset({Status.FINISHED, Status.REJECTED, Status.CANCELLED})
+
+
+class Reason(IntEnum):
+    NONE = 0
+    STOPPED = 1  # produced its output tokens
+    LENGTH_CAPPED = 2  # reached max_model_len
+    PROMPT_TOO_LONG = 3  # prompt_len >= max_model_len
+    NEVER_FITS = 4  # needs more KV blocks than the pool has (admission.reject_never_fits)
+    OVERLOADED = 5  # admission.max_inflight reached
+    QUEUE_FULL = 6  # admission.max_queue_len / max_queued_tokens reached
+    TIMEOUT = 7  # timeouts.queue_timeout_ms passed before first admission
+    ABORTED = 8  # cancelled by the client
+
+
+@dataclass(frozen=True, slots=True)
+class RequestSpec:
+    """A request as the environment supplies it (from a workload, a trace or a solver model)."""
+
+    rid: int
+    arrival_us: int
+    prompt_len: int
+    output_len: int  # output tokens it produces before it stops
+    max_output: int  # declared max_tokens; what full reservation reserves (>= output_len)
+    priority: int = 0
+    tenant: int = 0
+    cls: int = 0
+    cancel_us: int | None = None  # when the client cancels (None: never)
+
+
+class Request:
+    """The scheduler's record of one request: the static spec plus the mutable fields."""
+
+    __slots__ = ("spec", "rid", "arrival_us", "prompt_len", "output_len", "max_output", "priority",
+                 "tenant", "status", "reason", "num_computed", "num_generated", "blocks",
+                 "swapped_blocks", "admitted_seq", "requeue_seq", "num_preemptions", "release_step")
+
+    def __init__(self, spec: RequestSpec):
+        self.spec = spec
+        self.rid = spec.rid
+        self.arrival_us = spec.arrival_us
+        self.prompt_len = spec.prompt_len
+        self.output_len = spec.output_len
+        self.max_output = spec.max_output
+        self.priority = spec.priority
+        self.tenant = spec.tenant
+        self.status = Status.PENDING
+        self.reason = Reason.NONE
+        self.num_computed = 0  # tokens whose KV is computed
+        self.num_generated = 0  # output tokens produced
+        self.blocks = 0  # KV blocks held in the pool
+        self.swapped_blocks = 0  # KV blocks held in swap space
+        self.admitted_seq = 0  # position in the running list (0: never admitted)
+        self.requeue_seq = 0  # when it was last put back into the queue (0: never)
+        self.num_preemptions = 0
+        self.release_step = -1  # CANCELLED holding KV: the step at whose start the KV is freed
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt plus generated tokens: what the next computation must cover."""
+        return self.prompt_len + self.num_generated
+
+    @property
+    def gap(self) -> int:
+        return self.prompt_len + self.num_generated - self.num_computed
+
+    @property
+    def in_prefill(self) -> bool:
+        """Prefill (or recompute) until it has an output token and is one token behind."""
+        return self.num_generated == 0 or self.num_computed + 1 < self.prompt_len + self.num_generated
+
+    def snapshot(self) -> tuple[int, ...]:
+        """The mutable fields, in FIELDS order (conformance tests compare these)."""
+        return (int(self.status), int(self.reason), self.num_computed, self.num_generated, self.blocks,
+                self.swapped_blocks, self.admitted_seq, self.requeue_seq, self.num_preemptions,
+                self.release_step)
+
+    def __repr__(self) -> str:
+        return (f"Request(rid={self.rid}, {self.status.name}, computed={self.num_computed}, "
+                f"generated={self.num_generated}/{self.output_len}, blocks={self.blocks})")
+
+
+FIELDS = ("status", "reason", "num_computed", "num_generated", "blocks", "swapped_blocks",
+          "admitted_seq", "requeue_seq", "num_preemptions", "release_step")
+
+
+class SchedulerState:
+    """Everything the step reads and writes. ``running`` is in admission order; ``waiting`` is kept
+    in queue order by checker.semantics.order; the KV counters are sums over the requests."""
+
+    def __init__(self, policy: Policy, specs: list[RequestSpec], num_tenants: int = 1):
+        self.policy = policy
+        self.requests = [Request(s) for s in specs]
+        self.running: list[Request] = []
+        self.waiting: list[Request] = []
+        self.holding: list[Request] = []  # CANCELLED, still holding KV until release_step
+        self.kv_used = 0
+        self.swap_used = 0
+        self.next_seq = 1  # shared counter for admitted_seq and requeue_seq
+        self.step = 0  # index of the next step
+        self.tenant_counters = [0] * max(num_tenants, 1 + max((s.tenant for s in specs), default=0))
+
+    def take_seq(self) -> int:
+        seq = self.next_seq
+        self.next_seq += 1
+        return seq
+
+    def snapshot(self) -> tuple:
+        """Per-request fields plus the globals (conformance and determinism tests compare these)."""
+        return (tuple(r.snapshot() for r in self.requests), self.kv_used, self.swap_used,
+                self.next_seq, self.step, tuple(self.tenant_counters))

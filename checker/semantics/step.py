@@ -1,0 +1,368 @@
+"""One scheduler step. The phases, in order (docs/semantics.md says the same in prose):
+
+1. release   cancelled requests whose release lag has passed free their KV;
+2. arrive    arriving requests pass admission control or are rejected;
+3. cancel    cancelled requests leave the queues (KV freed now, or after the lag);
+4. expire    requests waiting past the queue timeout are rejected;
+5. schedule  the batch is composed under the phase mode: running pass, waiting pass, chunking,
+             KV allocation and preemption;
+6. complete  scheduled tokens are computed, output tokens produced, finished requests free their KV.
+
+The step mutates a SchedulerState and returns a frozen StepDecision. It is the single definition of
+the semantics: the engine iterates it, and the Z3 encoding (checker/smt) is pinned to it step by step.
+"""
+
+from __future__ import annotations
+
+from checker.errors import InternalError
+from checker.policy import HeadOfLine, PhaseMode, PreemptMode, QueueOrder
+from checker.semantics import kv
+from checker.semantics.decision import DecisionBuilder, StepDecision
+from checker.semantics.order import enqueue, key_function, norm_priority, pick_victim, sort_waiting, victim_key
+from checker.semantics.state import Reason, Request, SchedulerState, Status
+
+
+class Budget:
+    """Tokens left in this step, and prefill tokens left under the prefill share cap."""
+
+    __slots__ = ("tokens", "prefill")
+
+    def __init__(self, tokens: int, prefill: int):
+        self.tokens = tokens
+        self.prefill = prefill
+
+    def charge(self, n: int, prefill: bool) -> None:
+        self.tokens -= n
+        if prefill:
+            self.prefill -= n
+
+    def refund(self, n: int, prefill: bool) -> None:
+        self.tokens += n
+        if prefill:
+            self.prefill += n
+
+
+def step(s: SchedulerState, arrivals: list[Request], cancels: list[Request], now_us: int) -> StepDecision:
+    out = DecisionBuilder()
+    _release(s, out)
+    _arrive(s, arrivals, out)
+    _cancel(s, cancels, out)
+    _expire(s, now_us, out)
+    sort_waiting(s, now_us)
+    budget = Budget(s.policy.batch.max_num_batched_tokens, s.policy.batch.prefill_token_cap)
+    _schedule(s, budget, now_us, out)
+    decision = _complete(s, now_us, out)
+    s.step += 1
+    return decision
+
+
+# ----------------------------------------------------------------------------------------- 1-4: events
+def _release(s: SchedulerState, out: DecisionBuilder) -> None:
+    if not s.holding:
+        return
+    keep = []
+    for r in s.holding:
+        if r.release_step <= s.step:
+            kv.free(s, r)
+            r.release_step = -1
+            out.released.append(r.rid)
+        else:
+            keep.append(r)
+    s.holding = keep
+
+
+def _arrive(s: SchedulerState, arrivals: list[Request], out: DecisionBuilder) -> None:
+    p = s.policy
+    adm = p.admission
+    for r in arrivals:
+        reason = Reason.NONE
+        if r.prompt_len >= p.max_model_len:
+            reason = Reason.PROMPT_TOO_LONG
+        elif adm.reject_never_fits and kv.blocks_for(kv.max_context(s, r), p.kv.block_size) > p.kv.num_blocks:
+            reason = Reason.NEVER_FITS
+        elif adm.max_inflight is not None and len(s.waiting) + len(s.running) >= adm.max_inflight:
+            reason = Reason.OVERLOADED
+        elif adm.max_queue_len is not None and len(s.waiting) >= adm.max_queue_len:
+            reason = Reason.QUEUE_FULL
+        elif (adm.max_queued_tokens is not None
+              and sum(w.prompt_len for w in s.waiting) + r.prompt_len > adm.max_queued_tokens):
+            reason = Reason.QUEUE_FULL
+        if reason is not Reason.NONE:
+            r.status, r.reason = Status.REJECTED, reason
+            out.rejected.append((r.rid, reason))
+            continue
+        if p.queue.order is QueueOrder.TENANT_FAIR:
+            _lift_counter(s, r)
+        r.status = Status.WAITING
+        enqueue(s, r)
+
+
+def _lift_counter(s: SchedulerState, r: Request) -> None:
+    """VTC counter lift: a tenant that becomes backlogged starts at the smallest counter among the
+    backlogged tenants, so it cannot bank credit while idle."""
+    active = {q.tenant for q in s.waiting} | {q.tenant for q in s.running}
+    if r.tenant in active or not active:
+        return
+    counters = s.tenant_counters
+    counters[r.tenant] = max(counters[r.tenant], min(counters[t] for t in active))
+
+
+def _cancel(s: SchedulerState, cancels: list[Request], out: DecisionBuilder) -> None:
+    lag = s.policy.cancellation.release_lag_steps
+    for r in cancels:
+        if r.status in (Status.WAITING, Status.SWAPPED):
+            s.waiting.remove(r)
+            kv.swap_in_release(s, r)
+        elif r.status is Status.RUNNING:
+            s.running.remove(r)
+        else:
+            continue  # not arrived, or already finished / rejected / cancelled
+        r.status, r.reason = Status.CANCELLED, Reason.ABORTED
+        out.cancelled.append(r.rid)
+        if r.blocks and lag > 0:
+            r.release_step = s.step + lag
+            s.holding.append(r)
+        elif r.blocks:
+            kv.free(s, r)
+            out.released.append(r.rid)
+
+
+def _expire(s: SchedulerState, now_us: int, out: DecisionBuilder) -> None:
+    limit_ms = s.policy.timeouts.queue_timeout_ms
+    if limit_ms is None or not s.waiting:
+        return
+    limit_us = limit_ms * 1000
+    expired = [r for r in s.waiting if r.admitted_seq == 0 and now_us - r.arrival_us > limit_us]
+    for r in expired:
+        s.waiting.remove(r)
+        r.status, r.reason = Status.REJECTED, Reason.TIMEOUT
+        out.rejected.append((r.rid, Reason.TIMEOUT))
+
+
+# ----------------------------------------------------------------------------------------- 5: schedule
+def _schedule(s: SchedulerState, budget: Budget, now_us: int, out: DecisionBuilder) -> None:
+    mode = s.policy.batch.phase_mode
+    if mode is PhaseMode.DECODE_FIRST:
+        _running_pass(s, budget, out)
+        _waiting_pass(s, budget, now_us, out)
+    elif mode is PhaseMode.STATIC:
+        batch_done = not s.running
+        _running_pass(s, budget, out)
+        if batch_done:
+            _waiting_pass(s, budget, now_us, out)
+    elif mode is PhaseMode.PREFILL_FIRST:
+        _running_pass(s, budget, out, prefill_only=True)
+        _waiting_pass(s, budget, now_us, out)
+        if not out.scheduled:  # no prefill work fitted: this is a decode step
+            _running_pass(s, budget, out)
+    else:  # MIXED
+        _mixed_pass(s, budget, now_us, out)
+
+
+def num_new_tokens(s: SchedulerState, r: Request, budget: Budget) -> int:
+    """Tokens the request would compute now: its gap, capped by the long-prefill threshold, the
+    budget and (for prefill) the prefill cap; 0 if chunking is off and the gap does not fit."""
+    p = s.policy
+    gap = r.prompt_len + r.num_generated - r.num_computed
+    n = min(gap, budget.tokens)
+    if p.chunking.long_prefill_token_threshold:
+        n = min(n, p.chunking.long_prefill_token_threshold)
+    if r.in_prefill:
+        n = min(n, budget.prefill)
+    if n < gap and not p.chunking.enabled:
+        return 0
+    return max(n, 0)
+
+
+def _running_pass(s: SchedulerState, budget: Budget, out: DecisionBuilder, prefill_only: bool = False) -> None:
+    """Serve running requests in admission order; preempt when one cannot grow (vLLM Phase A)."""
+    running = s.running
+    i = 0
+    while i < len(running) and budget.tokens > 0:
+        r = running[i]
+        if (prefill_only and not r.in_prefill) or r.rid in out.scheduled:
+            i += 1
+            continue
+        i = _serve_running(s, r, i, budget, out)
+
+
+def _serve_running(s: SchedulerState, r: Request, i: int, budget: Budget, out: DecisionBuilder) -> int:
+    """Schedule running request r (at index i of the running list); return the next index."""
+    n = num_new_tokens(s, r, budget)
+    if n == 0:
+        return i + 1
+    while not kv.can_grow(s, r, n):
+        if not s.policy.preempts_on_growth:
+            return i + 1  # it cannot grow and nothing is preempted: it waits this step
+        victim = pick_victim(s)
+        victim_index = s.running.index(victim)
+        _preempt(s, victim, budget, out)
+        out.preempted_for_growth = True
+        if victim is r:
+            return i  # r left the list; index i now holds the next request
+        if victim_index < i:
+            i -= 1
+    _admit_tokens(s, r, n, budget, out)
+    return i + 1
+
+
+def _admit_tokens(s: SchedulerState, r: Request, n: int, budget: Budget, out: DecisionBuilder) -> None:
+    prefill = r.in_prefill
+    out.schedule(r, n, kv.allocate(s, r, n))
+    budget.charge(n, prefill)
+
+
+def _preempt(s: SchedulerState, victim: Request, budget: Budget, out: DecisionBuilder) -> None:
+    """Take a running request back to the queue: swap its KV out if the policy swaps and there is
+    room, else free it for recompute. Tokens it was given this step are refunded."""
+    tokens, grown = out.unschedule(victim)
+    if tokens:
+        budget.refund(tokens, victim.in_prefill)
+    s.running.remove(victim)
+    victim.num_preemptions += 1
+    out.preempted.append(victim.rid)
+    keep = victim.blocks - grown
+    if s.policy.preemption.mode is PreemptMode.SWAP and kv.can_swap_out(s, keep):
+        kv.swap_out(s, victim, keep)
+        victim.status = Status.SWAPPED
+    else:
+        kv.free(s, victim)
+        victim.num_computed = 0
+        victim.status = Status.WAITING
+    victim.requeue_seq = s.take_seq()
+    enqueue(s, victim)
+
+
+def _admission_blocked(s: SchedulerState, out: DecisionBuilder) -> bool:
+    return out.preempted_for_growth and s.policy.preemption.block_admission_after_preempt
+
+
+def _waiting_pass(s: SchedulerState, budget: Budget, now_us: int, out: DecisionBuilder) -> None:
+    """Admit waiting requests in queue order while budget and slots last (vLLM Phase B)."""
+    if not s.waiting or _admission_blocked(s, out):
+        return
+    strict = s.policy.queue.head_of_line is HeadOfLine.STRICT
+    max_seqs = s.policy.batch.max_num_seqs
+    inversion = s.policy.preempts_on_inversion
+    for r in list(s.waiting):
+        if budget.tokens <= 0 or (len(s.running) >= max_seqs and not inversion):
+            return
+        if r.rid in out.preempted:
+            continue  # preempted in this step: not re-admitted before the next one
+        if not _try_admit(s, r, budget, out) and strict:
+            return
+
+
+def _try_admit(s: SchedulerState, r: Request, budget: Budget, out: DecisionBuilder) -> bool:
+    max_seqs = s.policy.batch.max_num_seqs
+    while True:
+        n = num_new_tokens(s, r, budget)
+        if n == 0:
+            return False
+        if len(s.running) < max_seqs and kv.can_admit(s, r, n):
+            _admit(s, r, n, budget, out)
+            return True
+        victim = _inversion_victim(s, r)
+        if victim is None:
+            return False
+        _preempt(s, victim, budget, out)
+
+
+def _inversion_victim(s: SchedulerState, head: Request) -> Request | None:
+    """Priority inversion: the worst running request, if the waiting head outranks it by more
+    than the threshold."""
+    if not s.policy.preempts_on_inversion or not s.running:
+        return None
+    worst = max(s.running, key=victim_key(s))
+    margin = norm_priority(s, worst) - norm_priority(s, head)
+    return worst if margin > s.policy.preemption.priority_inversion_threshold else None
+
+
+def _admit(s: SchedulerState, r: Request, n: int, budget: Budget, out: DecisionBuilder) -> None:
+    s.waiting.remove(r)
+    kv.swap_in_release(s, r)
+    r.status = Status.RUNNING
+    r.admitted_seq = s.take_seq()
+    s.running.append(r)
+    out.admitted.append(r.rid)
+    _admit_tokens(s, r, n, budget, out)
+
+
+def _mixed_pass(s: SchedulerState, budget: Budget, now_us: int, out: DecisionBuilder) -> None:
+    """Orca-style: running and waiting requests in one pass, in queue order. A running request that
+    cannot grow may preempt; a waiting request that does not fit stops admissions (strict HOL) or is
+    skipped; running requests later in the order are still served."""
+    key = key_function(s, now_us)
+    strict = s.policy.queue.head_of_line is HeadOfLine.STRICT
+    max_seqs = s.policy.batch.max_num_seqs
+    admitting = True
+    for r in sorted(s.running + s.waiting, key=key):
+        if budget.tokens <= 0:
+            return
+        if r.status is Status.RUNNING:
+            if r.rid not in out.scheduled:
+                _serve_running(s, r, s.running.index(r), budget, out)
+        elif admitting and r.rid not in out.preempted and not _admission_blocked(s, out):
+            if len(s.running) >= max_seqs and not s.policy.preempts_on_inversion:
+                admitting = False
+            elif not _try_admit(s, r, budget, out) and strict:
+                admitting = False
+
+
+# ----------------------------------------------------------------------------------------- 6: complete
+def _complete(s: SchedulerState, now_us: int, out: DecisionBuilder) -> StepDecision:
+    p = s.policy
+    max_len = p.max_model_len
+    fair = p.queue.order is QueueOrder.TENANT_FAIR
+    weights = p.queue.vtc_weights
+    prefill_tokens = decode_seqs = prefill_attention = decode_kv = 0
+    by_rid = s.requests
+    for rid, n in out.scheduled.items():
+        r = by_rid[rid]
+        if r.in_prefill:
+            prefill_tokens += n
+            prefill_attention += n * (r.num_computed + n)
+            if fair:
+                s.tenant_counters[r.tenant] += weights.input_weight * n
+        else:
+            decode_seqs += 1
+            decode_kv += r.num_computed + 1
+        r.num_computed += n
+        if r.num_computed == r.prompt_len + r.num_generated:
+            r.num_generated += 1
+            out.produced.append(rid)
+            if fair:
+                s.tenant_counters[r.tenant] += weights.output_weight
+            if r.num_generated >= r.output_len or r.prompt_len + r.num_generated >= max_len:
+                r.status = Status.FINISHED
+                r.reason = Reason.STOPPED if r.num_generated >= r.output_len else Reason.LENGTH_CAPPED
+                kv.free(s, r)
+                out.finished.append(rid)
+    if out.finished:
+        s.running = [r for r in s.running if r.status is Status.RUNNING]
+    total = prefill_tokens + decode_seqs
+    _assert_budgets(s, out, total)
+    return StepDecision(
+        step=s.step, now_us=now_us, scheduled=tuple(out.scheduled.items()), produced=tuple(out.produced),
+        admitted=tuple(out.admitted), preempted=tuple(out.preempted), finished=tuple(out.finished),
+        rejected=tuple(out.rejected), cancelled=tuple(out.cancelled), released=tuple(out.released),
+        num_prefill_tokens=prefill_tokens, num_decode_seqs=decode_seqs,
+        prefill_attention=prefill_attention, decode_kv_tokens=decode_kv,
+        kv_blocks_used=s.kv_used, num_running=len(s.running), num_waiting=len(s.waiting),
+    )
+
+
+def _assert_budgets(s: SchedulerState, out: DecisionBuilder, total: int) -> None:
+    """The end-of-step asserts of vLLM's scheduler; a failure is a bug in batchcheck."""
+    p = s.policy
+    problems = []
+    if total > p.batch.max_num_batched_tokens:
+        problems.append(f"scheduled {total} tokens > max_num_batched_tokens={p.batch.max_num_batched_tokens}")
+    if len(s.running) > p.batch.max_num_seqs:
+        problems.append(f"{len(s.running)} running > max_num_seqs={p.batch.max_num_seqs}")
+    if p.kv.check_allocation and s.kv_used > p.kv.num_blocks:
+        problems.append(f"{s.kv_used} blocks used > num_blocks={p.kv.num_blocks}")
+    if s.swap_used > p.kv.swap_blocks:
+        problems.append(f"{s.swap_used} swap blocks used > swap_blocks={p.kv.swap_blocks}")
+    if problems:
+        raise InternalError(f"step {s.step}: asserted budget broken: " + "; ".join(problems))

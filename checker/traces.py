@@ -1,0 +1,195 @@
+"""Explicit request traces: batchcheck's JSON trace format and the Azure LLM inference CSV.
+
+Everything that feeds the engine becomes a RequestSet: the requests plus the names of their classes
+and tenants (requests refer to them by index).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic_core import PydanticCustomError
+
+from checker.errors import InputError, Problem
+from checker.loading import load_model, read_text
+from checker.policy import MAX_TOKENS
+from checker.semantics.state import RequestSpec
+from checker.workload import Workload, generate
+
+
+@dataclass(frozen=True)
+class RequestSet:
+    specs: list[RequestSpec]
+    class_names: list[str]
+    tenant_names: list[str]
+    source: str
+
+
+def from_workload(w: Workload, source: str) -> RequestSet:
+    return RequestSet(generate(w), [c.name for c in w.classes], w.tenants, source)
+
+
+# ----------------------------------------------------------------------------------------- JSON trace
+class TraceRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    id: str | int | None = None
+    arrival_ms: Annotated[float, Field(ge=0, le=1e12)]
+    prompt_tokens: Annotated[int, Field(ge=1, le=MAX_TOKENS)]
+    output_tokens: Annotated[int, Field(ge=1, le=MAX_TOKENS)]
+    max_output_tokens: Annotated[int | None, Field(ge=1, le=MAX_TOKENS)] = None
+    priority: Annotated[int, Field(ge=-1_000_000, le=1_000_000)] = 0
+    tenant: str = "default"
+    class_: Annotated[str, Field(alias="class")] = "default"
+    cancel_after_ms: Annotated[float | None, Field(ge=0, le=1e12)] = None
+
+    @model_validator(mode="after")
+    def _max_output(self) -> TraceRequest:
+        if self.max_output_tokens is not None and self.max_output_tokens < self.output_tokens:
+            raise PydanticCustomError("consistency", "", {
+                "field": "max_output_tokens", "value": self.max_output_tokens,
+                "expected": f">= output_tokens={self.output_tokens}"})
+        return self
+
+
+class Trace(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    format: Literal["batchcheck-trace"]
+    version: Literal[1] = 1
+    description: str | None = None
+    requests: list[TraceRequest]
+
+
+def _build(rows: list[tuple[float, int, int, int | None, int, str, str, float | None]], source: str) -> RequestSet:
+    """rows: (arrival_ms, prompt, output, max_output, priority, tenant, class, cancel_after_ms)."""
+    order = sorted(range(len(rows)), key=lambda i: (rows[i][0], i))
+    tenants = sorted({r[5] for r in rows}) or ["default"]
+    classes = sorted({r[6] for r in rows}) or ["default"]
+    t_index = {t: i for i, t in enumerate(tenants)}
+    c_index = {c: i for i, c in enumerate(classes)}
+    specs = []
+    for rid, i in enumerate(order):
+        arrival, prompt, output, max_out, prio, tenant, cls, cancel = rows[i]
+        arrival_us = round(arrival * 1000)
+        specs.append(RequestSpec(
+            rid=rid, arrival_us=arrival_us, prompt_len=prompt, output_len=output,
+            max_output=max_out or output, priority=prio, tenant=t_index[tenant], cls=c_index[cls],
+            cancel_us=None if cancel is None else arrival_us + round(cancel * 1000)))
+    return RequestSet(specs, classes, tenants, source)
+
+
+def load_json_trace(path: str | Path) -> RequestSet:
+    trace = load_model(Trace, path)
+    rows = [(r.arrival_ms, r.prompt_tokens, r.output_tokens, r.max_output_tokens, r.priority, r.tenant,
+             r.class_, r.cancel_after_ms) for r in trace.requests]
+    return _build(rows, str(path))
+
+
+def dump_json_trace(rs: RequestSet) -> dict:
+    """The JSON trace of a RequestSet (round-trips through load_json_trace)."""
+    return {
+        "format": "batchcheck-trace", "version": 1,
+        "requests": [
+            {"id": s.rid, "arrival_ms": s.arrival_us / 1000, "prompt_tokens": s.prompt_len,
+             "output_tokens": s.output_len, "max_output_tokens": s.max_output, "priority": s.priority,
+             "tenant": rs.tenant_names[s.tenant], "class": rs.class_names[s.cls],
+             "cancel_after_ms": None if s.cancel_us is None else (s.cancel_us - s.arrival_us) / 1000}
+            for s in rs.specs
+        ],
+    }
+
+
+# ----------------------------------------------------------------------------------------- Azure CSV
+AZURE_REBASED = ("arrived_at", "num_prefill_tokens", "num_decode_tokens")  # seconds from the first request
+AZURE_ORIGINAL = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")  # datetime stamps
+
+
+def load_azure_csv(path: str | Path, limit: int | None = None) -> RequestSet:
+    """The Azure LLM inference trace, in its original (TIMESTAMP, ContextTokens, GeneratedTokens) or
+    Vidur-rebased (arrived_at, num_prefill_tokens, num_decode_tokens) form. One class, one tenant."""
+    source = str(path)
+    reader = csv.reader(io.StringIO(read_text(path)))
+    header = tuple(h.strip() for h in next(reader, ()))
+    if header[:3] == AZURE_REBASED:
+        parse_time, origin = _seconds, None
+    elif header[:3] == AZURE_ORIGINAL:
+        parse_time, origin = _timestamp_s, None
+    else:
+        raise InputError(Problem("header", ",".join(header) or "<empty>",
+                                 f"{','.join(AZURE_REBASED)} or {','.join(AZURE_ORIGINAL)}", 1), source)
+    rows: list = []
+    for line_no, row in enumerate(reader, start=2):
+        if not row or all(not cell.strip() for cell in row):
+            continue
+        if len(row) < 3:
+            raise InputError(Problem(f"row {line_no}", ",".join(row), "3 columns", line_no), source)
+        t = parse_time(row[0], header[0], line_no, source)
+        if origin is None:
+            origin = t
+        prompt = _positive_int(row[1], header[1], line_no, source)
+        output = _positive_int(row[2], header[2], line_no, source)
+        rows.append(((t - origin) * 1000.0, prompt, output, None, 0, "default", "default", None))
+        if limit is not None and len(rows) >= limit:
+            break
+    if not rows:
+        raise InputError(Problem("rows", 0, "at least one request row"), source)
+    if any(b[0] < a[0] for a, b in zip(rows, rows[1:])):
+        first = next(i for i, (a, b) in enumerate(zip(rows, rows[1:])) if b[0] < a[0])
+        raise InputError(Problem(header[0], f"row {first + 3}",
+                                 "rows sorted by arrival time", first + 3), source)
+    return _build(rows, source)
+
+
+def _seconds(cell: str, column: str, line: int, source: str) -> float:
+    try:
+        value = float(cell)
+    except ValueError:
+        raise InputError(Problem(column, cell, "seconds as a number", line), source) from None
+    if not value >= 0 or value == float("inf"):
+        raise InputError(Problem(column, cell, "a finite number of seconds >= 0", line), source)
+    return value
+
+
+def _timestamp_s(cell: str, column: str, line: int, source: str) -> float:
+    text = cell.strip()
+    try:
+        if "." in text:  # Azure writes 7 fractional digits; Python parses at most 6
+            head, frac = text.split(".", 1)
+            digits = "".join(ch for ch in frac if ch.isdigit())
+            text = f"{head}.{digits[:6]}{frac[len(digits):]}"
+        return datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        raise InputError(Problem(column, cell, "an ISO date-time such as 2023-11-16 18:15:46.6805900", line),
+                         source) from None
+
+
+def _positive_int(cell: str, column: str, line: int, source: str) -> int:
+    try:
+        value = int(cell)
+    except ValueError:
+        raise InputError(Problem(column, cell, "a whole number of tokens", line), source) from None
+    if not 1 <= value <= MAX_TOKENS:
+        raise InputError(Problem(column, value, f"a token count in 1..{MAX_TOKENS}", line), source)
+    return value
+
+
+def load_requests(workload: str | Path | None = None, trace: str | Path | None = None,
+                  limit: int | None = None) -> RequestSet:
+    """Requests from a workload spec (YAML) or a trace (batchcheck JSON or Azure CSV)."""
+    if workload is not None:
+        w = load_model(Workload, workload)
+        rs = from_workload(w, str(workload))
+    elif trace is not None:
+        rs = load_azure_csv(trace, limit) if str(trace).endswith(".csv") else load_json_trace(trace)
+    else:
+        raise InputError(Problem("--workload/--trace", "<none>", "one of them"))
+    if limit is not None and len(rs.specs) > limit:
+        rs = RequestSet(rs.specs[:limit], rs.class_names, rs.tenant_names, rs.source)
+    return rs

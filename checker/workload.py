@@ -1,0 +1,230 @@
+"""Workload spec: request classes with arrival processes and length distributions, and a seed.
+
+``generate`` turns a workload into a deterministic list of RequestSpec (same seed, same requests).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import Annotated, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic_core import PydanticCustomError
+
+from checker.policy import MAX_TOKENS
+from checker.semantics.state import RequestSpec
+
+MAX_REQUESTS = 5_000_000
+MAX_DURATION_S = 7 * 86_400
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _fail(field: str, value: object, expected: str) -> PydanticCustomError:
+    return PydanticCustomError("consistency", "", {"field": field, "value": value, "expected": expected})
+
+
+# ----------------------------------------------------------------------------------------- lengths
+Tokens = Annotated[int, Field(ge=1, le=MAX_TOKENS)]
+
+
+class Fixed(_Strict):
+    dist: Literal["fixed"]
+    value: Tokens
+
+    def sample(self, rng: random.Random) -> int:
+        return self.value
+
+    @property
+    def upper(self) -> int:
+        return self.value
+
+
+class Uniform(_Strict):
+    dist: Literal["uniform"]
+    low: Tokens
+    high: Tokens
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Uniform:
+        if self.high < self.low:
+            raise _fail("high", self.high, f">= low={self.low}")
+        return self
+
+    def sample(self, rng: random.Random) -> int:
+        return rng.randint(self.low, self.high)
+
+    @property
+    def upper(self) -> int:
+        return self.high
+
+
+class LogNormal(_Strict):
+    """Log-normal with the given median and sigma (of the log), clipped to [min, max]."""
+
+    dist: Literal["lognormal"]
+    median: Annotated[float, Field(gt=0, le=MAX_TOKENS)]
+    sigma: Annotated[float, Field(ge=0, le=10)]
+    min: Tokens = 1
+    max: Tokens
+
+    @model_validator(mode="after")
+    def _ordered(self) -> LogNormal:
+        if self.max < self.min:
+            raise _fail("max", self.max, f">= min={self.min}")
+        return self
+
+    def sample(self, rng: random.Random) -> int:
+        value = round(rng.lognormvariate(math.log(self.median), self.sigma))
+        return min(self.max, max(self.min, value))
+
+    @property
+    def upper(self) -> int:
+        return self.max
+
+
+class Choice(_Strict):
+    dist: Literal["choice"]
+    values: Annotated[list[Tokens], Field(min_length=1)]
+    weights: list[Annotated[float, Field(ge=0)]] | None = None
+
+    @model_validator(mode="after")
+    def _weights(self) -> Choice:
+        if self.weights is not None and (len(self.weights) != len(self.values) or sum(self.weights) <= 0):
+            raise _fail("weights", self.weights, f"{len(self.values)} non-negative weights, not all zero")
+        return self
+
+    def sample(self, rng: random.Random) -> int:
+        return rng.choices(self.values, weights=self.weights)[0]
+
+    @property
+    def upper(self) -> int:
+        return max(self.values)
+
+
+Length = Annotated[Union[Fixed, Uniform, LogNormal, Choice], Field(discriminator="dist")]
+
+
+# ----------------------------------------------------------------------------------------- arrivals
+class Poisson(_Strict):
+    process: Literal["poisson"]
+    rate_per_s: Annotated[float, Field(gt=0, le=1e6)]
+
+    def times_ms(self, rng: random.Random, start: float, stop: float) -> list[float]:
+        out, t = [], start
+        while True:
+            t += rng.expovariate(self.rate_per_s) * 1000.0
+            if t >= stop:
+                return out
+            out.append(t)
+
+
+class FixedInterval(_Strict):
+    process: Literal["fixed"]
+    interval_ms: Annotated[float, Field(gt=0, le=1e9)]
+
+    def times_ms(self, rng: random.Random, start: float, stop: float) -> list[float]:
+        n = int(math.ceil((stop - start) / self.interval_ms))
+        return [start + i * self.interval_ms for i in range(n) if start + i * self.interval_ms < stop]
+
+
+class Bursts(_Strict):
+    """``size`` requests every ``every_ms``, ``spacing_ms`` apart inside a burst."""
+
+    process: Literal["bursts"]
+    size: Annotated[int, Field(ge=1, le=1_000_000)]
+    every_ms: Annotated[float, Field(gt=0, le=1e9)]
+    spacing_ms: Annotated[float, Field(ge=0, le=1e9)] = 0.0
+
+    def times_ms(self, rng: random.Random, start: float, stop: float) -> list[float]:
+        out, t = [], start
+        while t < stop:
+            out.extend(t + i * self.spacing_ms for i in range(self.size) if t + i * self.spacing_ms < stop)
+            t += self.every_ms
+        return out
+
+
+Arrival = Annotated[Union[Poisson, FixedInterval, Bursts], Field(discriminator="process")]
+
+
+class Cancel(_Strict):
+    probability: Annotated[float, Field(ge=0, le=1)]
+    after_ms: Annotated[float, Field(ge=0, le=1e9)]
+    """Delay from arrival to the cancel (ms)."""
+
+
+class RequestClass(_Strict):
+    name: Annotated[str, Field(min_length=1)]
+    priority: Annotated[int, Field(ge=-1_000_000, le=1_000_000)] = 0
+    tenant: Annotated[str, Field(min_length=1)] = "default"
+    arrival: Arrival
+    prompt_tokens: Length
+    output_tokens: Length
+    max_output_tokens: Tokens | None = None
+    """Declared max_tokens (what full reservation reserves); default: the output distribution's upper end."""
+    start_ms: Annotated[float, Field(ge=0, le=MAX_DURATION_S * 1000)] = 0.0
+    stop_ms: Annotated[float | None, Field(ge=0, le=MAX_DURATION_S * 1000)] = None
+    cancel: Cancel | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> RequestClass:
+        if self.max_output_tokens is not None and self.max_output_tokens < self.output_tokens.upper:
+            raise _fail("max_output_tokens", self.max_output_tokens,
+                        f">= the output distribution's upper end ({self.output_tokens.upper})")
+        if self.stop_ms is not None and self.stop_ms <= self.start_ms:
+            raise _fail("stop_ms", self.stop_ms, f"> start_ms={self.start_ms}")
+        return self
+
+    @property
+    def max_output(self) -> int:
+        return self.max_output_tokens or self.output_tokens.upper
+
+
+class Workload(_Strict):
+    name: str | None = None
+    seed: Annotated[int, Field(ge=0)] = 0
+    duration_s: Annotated[float, Field(gt=0, le=MAX_DURATION_S)]
+    max_requests: Annotated[int | None, Field(ge=1, le=MAX_REQUESTS)] = None
+    classes: Annotated[list[RequestClass], Field(min_length=1)]
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> Workload:
+        names = [c.name for c in self.classes]
+        for i, name in enumerate(names):
+            if names.index(name) != i:
+                raise _fail(f"classes.{i}.name", name, "a class name used once")
+        return self
+
+    @property
+    def tenants(self) -> list[str]:
+        return sorted({c.tenant for c in self.classes})
+
+
+def generate(w: Workload) -> list[RequestSpec]:
+    """Deterministic requests for a workload: each class draws from its own seeded stream, then the
+    requests are merged by arrival time (ties by class order) and numbered."""
+    tenants = {t: i for i, t in enumerate(w.tenants)}
+    stop_all = w.duration_s * 1000.0
+    rows = []
+    for ci, c in enumerate(w.classes):
+        rng = random.Random(f"{w.seed}/{ci}/{c.name}")
+        stop = min(stop_all, c.stop_ms) if c.stop_ms is not None else stop_all
+        for t in c.arrival.times_ms(rng, c.start_ms, stop):
+            prompt = c.prompt_tokens.sample(rng)
+            output = c.output_tokens.sample(rng)
+            cancel = None
+            if c.cancel is not None and rng.random() < c.cancel.probability:
+                cancel = t + c.cancel.after_ms
+            rows.append((t, ci, prompt, output, c.max_output, c.priority, tenants[c.tenant], cancel))
+    rows.sort(key=lambda row: (row[0], row[1]))
+    if w.max_requests is not None:
+        rows = rows[: w.max_requests]
+    return [
+        RequestSpec(rid=i, arrival_us=round(t * 1000), prompt_len=prompt, output_len=output,
+                    max_output=max_out, priority=prio, tenant=tenant, cls=ci,
+                    cancel_us=None if cancel is None else round(cancel * 1000))
+        for i, (t, ci, prompt, output, max_out, prio, tenant, cancel) in enumerate(rows)
+    ]
