@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from checker.fastforward import apply_stretch, is_quiet_decode_step, stretch_durations
 from checker.metrics import RequestTimes, summarize
 from checker.policy import Policy, QueueOrder
 from checker.profile import Profile
@@ -90,7 +91,10 @@ def _next_internal_event(s: SchedulerState, now_us: int) -> int | None:
 
 
 def simulate(policy: Policy, requests: RequestSet, profile: Profile, record: bool = False,
-             max_steps: int = DEFAULT_MAX_STEPS) -> SimResult:
+             max_steps: int = DEFAULT_MAX_STEPS, fast_forward: bool = True) -> SimResult:
+    """Run the requests through the policy. ``record`` keeps every StepDecision (and turns
+    fast-forward off, so each step has its record)."""
+    fast_forward = fast_forward and not record
     started = time.perf_counter()
     s = SchedulerState(policy, requests.specs, num_tenants=len(requests.tenant_names))
     reqs = s.requests
@@ -124,6 +128,8 @@ def simulate(policy: Policy, requests: RequestSet, profile: Profile, record: boo
         if dt:
             now += dt
             result.busy_us += dt
+            if fast_forward and is_quiet_decode_step(s, d):
+                now = _skip_quiet_decodes(s, result, clock, now, max_steps)
         elif d.is_quiet and not s.holding:
             nxt = [t for t in (clock.next_time(), _next_internal_event(s, now)) if t is not None]
             if not nxt:
@@ -133,6 +139,30 @@ def simulate(policy: Policy, requests: RequestSet, profile: Profile, record: boo
     result.stuck = [r.rid for r in reqs if r.status not in TERMINAL]
     result.wall_s = time.perf_counter() - started
     return result
+
+
+def _skip_quiet_decodes(s: SchedulerState, result: SimResult, clock: _Clock, now: int, max_steps: int) -> int:
+    horizon = [t for t in (clock.next_time(), _next_internal_event(s, now)) if t is not None]
+    durations = stretch_durations(s, result.profile, now, min(horizon) if horizon else None,
+                                  max_steps - result.steps)
+    if not durations:
+        return now
+    k, total = len(durations), sum(durations)
+    apply_stretch(s, k)
+    t = result.times
+    longest = max(durations)
+    for r in s.running:
+        rid = r.rid
+        t.tokens_scheduled[rid] += k
+        t.last_token[rid] = now + total
+        if longest > t.max_gap[rid]:
+            t.max_gap[rid] = longest
+    result.steps += k
+    result.busy_us += total
+    result.kv_peak_blocks = max(result.kv_peak_blocks, s.kv_used)
+    if s.waiting and len(s.running) < s.policy.batch.max_num_seqs:
+        result.idle_slot_steps += k
+    return now + total
 
 
 def check_conservation(s: SchedulerState) -> None:

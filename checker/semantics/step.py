@@ -175,12 +175,40 @@ def num_new_tokens(s: SchedulerState, r: Request, budget: Budget) -> int:
 
 
 def _running_pass(s: SchedulerState, budget: Budget, out: DecisionBuilder, prefill_only: bool = False) -> None:
-    """Serve running requests in admission order; preempt when one cannot grow (vLLM Phase A)."""
+    """Serve running requests in admission order; preempt when one cannot grow (vLLM Phase A).
+
+    A decode (one token behind) that fits its blocks, or needs one block the pool has, takes the
+    fast path below; it gives the same result as _serve_running, which handles every other case.
+    """
     running = s.running
+    scheduled, grown = out.scheduled, out.grown
+    block_size = s.policy.kv.block_size
+    capacity = s.policy.kv.num_blocks if s.policy.kv.check_allocation else None
     i = 0
     while i < len(running) and budget.tokens > 0:
         r = running[i]
-        if (prefill_only and not r.in_prefill) or r.rid in out.scheduled:
+        if r.rid in scheduled:
+            i += 1
+            continue
+        computed = r.num_computed
+        if r.num_generated and computed + 1 == r.prompt_len + r.num_generated:  # a decode
+            if prefill_only:
+                i += 1
+                continue
+            if computed + 1 <= r.blocks * block_size:  # the token fits the blocks it holds
+                scheduled[r.rid] = 1
+                budget.tokens -= 1
+                i += 1
+                continue
+            if capacity is None or s.kv_used < capacity:  # exactly one new block, and the pool has it
+                r.blocks += 1
+                s.kv_used += 1
+                scheduled[r.rid] = 1
+                grown[r.rid] = 1
+                budget.tokens -= 1
+                i += 1
+                continue
+        elif prefill_only and not r.in_prefill:
             i += 1
             continue
         i = _serve_running(s, r, i, budget, out)
@@ -317,27 +345,29 @@ def _complete(s: SchedulerState, now_us: int, out: DecisionBuilder) -> StepDecis
     weights = p.queue.vtc_weights
     prefill_tokens = decode_seqs = prefill_attention = decode_kv = 0
     by_rid = s.requests
+    produced, finished = out.produced, out.finished
     for rid, n in out.scheduled.items():
         r = by_rid[rid]
-        if r.in_prefill:
+        computed, total = r.num_computed, r.prompt_len + r.num_generated
+        if r.num_generated and computed + 1 == total:  # a decode
+            decode_seqs += 1
+            decode_kv += computed + 1
+        else:  # a prefill chunk (or a recompute)
             prefill_tokens += n
-            prefill_attention += n * (r.num_computed + n)
+            prefill_attention += n * (computed + n)
             if fair:
                 s.tenant_counters[r.tenant] += weights.input_weight * n
-        else:
-            decode_seqs += 1
-            decode_kv += r.num_computed + 1
-        r.num_computed += n
-        if r.num_computed == r.prompt_len + r.num_generated:
+        r.num_computed = computed = computed + n
+        if computed == total:  # the gap is closed: an output token is sampled
             r.num_generated += 1
-            out.produced.append(rid)
+            produced.append(rid)
             if fair:
                 s.tenant_counters[r.tenant] += weights.output_weight
-            if r.num_generated >= r.output_len or r.prompt_len + r.num_generated >= max_len:
+            if r.num_generated >= r.output_len or total + 1 >= max_len:
                 r.status = Status.FINISHED
                 r.reason = Reason.STOPPED if r.num_generated >= r.output_len else Reason.LENGTH_CAPPED
                 kv.free(s, r)
-                out.finished.append(rid)
+                finished.append(rid)
     if out.finished:
         s.running = [r for r in s.running if r.status is Status.RUNNING]
     total = prefill_tokens + decode_seqs
