@@ -1,0 +1,477 @@
+"""The scheduler step as a data-oblivious function over N request slots, for z3.
+
+This mirrors checker/semantics/step.py phase by phase. Control flow that depends on data becomes
+``ite``; loops run over slots or a fixed number of rounds; "the request at the cursor" is a one-hot
+selector over the slots. The same code runs on ints (IntOps) and on z3 terms (Z3Ops), and
+tests/conformance pins both to the engine's step on generated states, field by field.
+
+Assumption shared with the engine: slots are numbered in arrival order (rid order = arrival order),
+so requests that arrive in the same step are taken in slot order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from checker.policy import (Allocation, HeadOfLine, PhaseMode, Policy, Polarity, PreemptMode, QueueOrder,
+                            Requeue, Victim)
+from checker.semantics.state import FIELDS, Reason, Status
+from checker.smt.ops import Term, sum_terms
+
+
+class Unsupported(Exception):
+    """The policy uses a feature the symbolic step does not encode yet."""
+
+
+def check_supported(policy: Policy) -> None:
+    if policy.batch.phase_mode is PhaseMode.MIXED:
+        raise Unsupported("batch.phase_mode=mixed is not encoded by the symbolic step yet")
+
+
+@dataclass(frozen=True)
+class SlotParams:
+    """What the environment fixes for a slot (symbolic in verification, pinned in conformance)."""
+
+    arrival_us: Term
+    prompt_len: Term
+    output_len: Term
+    max_output: Term
+    priority: Term
+    tenant: Term
+
+
+@dataclass
+class SlotState:
+    """Per-slot mutable fields (checker.semantics.state.FIELDS) and the globals."""
+
+    slots: list[dict[str, Term]]
+    next_seq: Term
+    step: Term
+    counters: list[Term]
+    kv_used: Term = 0
+    swap_used: Term = 0
+
+    def copy(self) -> SlotState:
+        return replace(self, slots=[dict(s) for s in self.slots], counters=list(self.counters))
+
+
+@dataclass
+class StepResult:
+    state: SlotState
+    scheduled: list[Term]  # tokens per slot this step
+    produced: list[Term]  # bool per slot
+    preempted: list[Term] = field(default_factory=list)  # bool per slot
+
+
+WAITING_STATES = (Status.WAITING, Status.SWAPPED)
+
+
+class SymbolicStep:
+    def __init__(self, ops, policy: Policy, params: list[SlotParams], state: SlotState, now_us: Term,
+                 cancels: list[Term]):
+        check_supported(policy)
+        self.o = ops
+        self.p = policy
+        self.params = params
+        self.s = state.copy()
+        self.now = now_us
+        self.cancels = cancels
+        self.n = len(params)
+        self.sched: list[Term] = [0] * self.n
+        self.grown: list[Term] = [0] * self.n
+        self.preempted: list[Term] = [False] * self.n
+        self.growth_preempted: Term = False
+
+    # ------------------------------------------------------------------ helpers
+    def st(self, i: int) -> Term:
+        return self.s.slots[i]["status"]
+
+    def is_(self, i: int, *statuses: Status) -> Term:
+        return self.o.or_(*(self.st(i) == int(x) for x in statuses))
+
+    def set(self, i: int, name: str, cond: Term, value: Term) -> None:
+        slot = self.s.slots[i]
+        slot[name] = self.o.ite(cond, value, slot[name])
+
+    def count(self, *statuses: Status) -> Term:
+        return sum_terms([self.o.b2i(self.is_(i, *statuses)) for i in range(self.n)])
+
+    def select(self, sel: list[Term], values: list[Term]) -> Term:
+        return sum_terms([self.o.ite(sel[i], values[i], 0) for i in range(self.n)])
+
+    def lex_lt(self, a: tuple, b: tuple) -> Term:
+        o = self.o
+        if len(a) == 1:
+            return a[0] < b[0]
+        return o.or_(a[0] < b[0], o.and_(a[0] == b[0], self.lex_lt(a[1:], b[1:])))
+
+    def first(self, cand: list[Term], keys: list[tuple]) -> list[Term]:
+        """One-hot selector of the candidate with the smallest key (keys are distinct)."""
+        o = self.o
+        return [o.and_(cand[i], *(o.or_(o.not_(cand[j]), self.lex_lt(keys[i], keys[j]))
+                                  for j in range(self.n) if j != i)) for i in range(self.n)]
+
+    def last(self, cand: list[Term], keys: list[tuple]) -> list[Term]:
+        o = self.o
+        return [o.and_(cand[i], *(o.or_(o.not_(cand[j]), self.lex_lt(keys[j], keys[i]))
+                                  for j in range(self.n) if j != i)) for i in range(self.n)]
+
+    def blocks_for(self, tokens: Term) -> Term:
+        return self.o.ceil_div(tokens, self.p.kv.block_size)
+
+    def max_context(self, i: int) -> Term:
+        prm = self.params[i]
+        return self.o.min(prm.prompt_len + prm.max_output, self.p.max_model_len) - 1
+
+    def in_prefill(self, i: int) -> Term:
+        sl, prm = self.s.slots[i], self.params[i]
+        return self.o.or_(sl["num_generated"] == 0,
+                          sl["num_computed"] + 1 < prm.prompt_len + sl["num_generated"])
+
+    def target_blocks(self, i: int, n: Term) -> Term:
+        need = self.blocks_for(self.s.slots[i]["num_computed"] + n)
+        if self.p.kv.allocation is Allocation.FULL_RESERVATION:
+            need = self.o.max(need, self.blocks_for(self.max_context(i)))
+        return need
+
+    def new_blocks(self, i: int, n: Term) -> Term:
+        return self.o.max(0, self.target_blocks(i, n) - self.s.slots[i]["blocks"])
+
+    def norm_priority(self, i: int) -> Term:
+        prio = self.params[i].priority
+        return prio if self.p.queue.priority_polarity is Polarity.LOWER_FIRST else -prio
+
+    def tenant_counter(self, i: int) -> Term:
+        tenant = self.params[i].tenant
+        return sum_terms([self.o.ite(tenant == t, c, 0) for t, c in enumerate(self.s.counters)])
+
+    def queue_key(self, i: int) -> tuple:
+        o, q, sl, prm = self.o, self.p.queue, self.s.slots[i], self.params[i]
+        if q.preempted_requeue is Requeue.FRONT:
+            requeued = sl["requeue_seq"] > 0
+            head = (o.ite(requeued, 0, 1), o.ite(requeued, -sl["requeue_seq"], 0))
+        else:
+            head = (1, 0)
+        if q.order is QueueOrder.FCFS:
+            body: tuple = ()
+        elif q.order is QueueOrder.PRIORITY:
+            body = (self.norm_priority(i),)
+        elif q.order is QueueOrder.PRIORITY_AGING:
+            waited = o.floor_div(self.now - prm.arrival_us, q.aging_interval_ms * 1000)
+            body = (self.norm_priority(i) - waited,)
+        elif q.order is QueueOrder.SHORTEST_PROMPT_FIRST:
+            body = (prm.prompt_len,)
+        else:
+            body = (self.tenant_counter(i),)
+        return head + body + (prm.arrival_us, i)
+
+    def victim_key(self, i: int) -> tuple:
+        sl, prm = self.s.slots[i], self.params[i]
+        v = self.p.preemption.victim
+        if v is Victim.LAST_ADMITTED:
+            return (sl["admitted_seq"],)
+        if v is Victim.LOWEST_PRIORITY:
+            return (self.norm_priority(i), prm.arrival_us, i)
+        return (-sl["num_generated"], prm.prompt_len, i)
+
+    # ------------------------------------------------------------------ the step
+    def run(self) -> StepResult:
+        self.release()
+        self.arrive()
+        self.cancel()
+        self.expire()
+        self.schedule()
+        produced = self.complete()
+        return StepResult(self.s, self.sched, produced, self.preempted)
+
+    def release(self) -> None:
+        o, s = self.o, self.s
+        for i in range(self.n):
+            sl = s.slots[i]
+            rel = o.and_(self.st(i) == int(Status.CANCELLED), sl["release_step"] != -1,
+                         sl["release_step"] <= s.step)
+            s.kv_used = s.kv_used - o.ite(rel, sl["blocks"], 0)
+            self.set(i, "blocks", rel, 0)
+            self.set(i, "release_step", rel, -1)
+
+    def arrive(self) -> None:
+        o, p, s = self.o, self.p, self.s
+        adm = p.admission
+        running = self.count(Status.RUNNING)
+        waiting = self.count(*WAITING_STATES)
+        queued_tokens = sum_terms([o.ite(self.is_(i, *WAITING_STATES), self.params[i].prompt_len, 0)
+                                   for i in range(self.n)])
+        for i in range(self.n):
+            prm = self.params[i]
+            arriving = o.and_(self.st(i) == int(Status.PENDING), prm.arrival_us <= self.now)
+            too_long = prm.prompt_len >= p.max_model_len
+            never = False
+            if adm.reject_never_fits:
+                never = self.blocks_for(self.max_context(i)) > p.kv.num_blocks
+            over = False if adm.max_inflight is None else waiting + running >= adm.max_inflight
+            full = False if adm.max_queue_len is None else waiting >= adm.max_queue_len
+            if adm.max_queued_tokens is not None:
+                full = o.or_(full, queued_tokens + prm.prompt_len > adm.max_queued_tokens)
+            reject = o.or_(too_long, never, over, full)
+            reason = o.ite(too_long, int(Reason.PROMPT_TOO_LONG), o.ite(never, int(Reason.NEVER_FITS),
+                           o.ite(over, int(Reason.OVERLOADED), int(Reason.QUEUE_FULL))))
+            accepted = o.and_(arriving, o.not_(reject))
+            if p.queue.order is QueueOrder.TENANT_FAIR:
+                self.lift_counter(i, accepted)
+            self.set(i, "reason", o.and_(arriving, reject), reason)
+            self.set(i, "status", arriving, o.ite(reject, int(Status.REJECTED), int(Status.WAITING)))
+            waiting = waiting + o.b2i(accepted)
+            queued_tokens = queued_tokens + o.ite(accepted, prm.prompt_len, 0)
+
+    def lift_counter(self, i: int, accepted: Term) -> None:
+        """VTC counter lift (mirrors step._lift_counter)."""
+        o, s = self.o, self.s
+        holds = [self.is_(j, Status.WAITING, Status.SWAPPED, Status.RUNNING) for j in range(self.n)]
+        active = [o.or_(*(o.and_(holds[j], self.params[j].tenant == t) for j in range(self.n)))
+                  for t in range(len(s.counters))]
+        mine = self.params[i].tenant
+        lowest: Term = 0
+        found: Term = False
+        for t, counter in enumerate(s.counters):
+            lowest = o.ite(o.and_(active[t], o.or_(o.not_(found), counter < lowest)), counter, lowest)
+            found = o.or_(found, active[t])
+        mine_active = o.or_(*(o.and_(active[t], mine == t) for t in range(len(active))))
+        lift = o.and_(accepted, o.not_(mine_active), found)
+        s.counters = [o.ite(o.and_(lift, mine == t), o.max(c, lowest), c) for t, c in enumerate(s.counters)]
+
+    def cancel(self) -> None:
+        o, s = self.o, self.s
+        lag = self.p.cancellation.release_lag_steps
+        for i in range(self.n):
+            sl = s.slots[i]
+            cancelling = o.and_(self.cancels[i], self.is_(i, Status.WAITING, Status.SWAPPED, Status.RUNNING))
+            s.swap_used = s.swap_used - o.ite(cancelling, sl["swapped_blocks"], 0)
+            self.set(i, "swapped_blocks", cancelling, 0)
+            holds = o.and_(cancelling, sl["blocks"] > 0)
+            if lag > 0:
+                self.set(i, "release_step", holds, s.step + lag)
+            else:
+                s.kv_used = s.kv_used - o.ite(holds, sl["blocks"], 0)
+                self.set(i, "blocks", holds, 0)
+            self.set(i, "reason", cancelling, int(Reason.ABORTED))
+            self.set(i, "status", cancelling, int(Status.CANCELLED))
+
+    def expire(self) -> None:
+        limit_ms = self.p.timeouts.queue_timeout_ms
+        if limit_ms is None:
+            return
+        o = self.o
+        for i in range(self.n):
+            sl, prm = self.s.slots[i], self.params[i]
+            e = o.and_(self.is_(i, *WAITING_STATES), sl["admitted_seq"] == 0,
+                       self.now - prm.arrival_us > limit_ms * 1000)
+            self.set(i, "reason", e, int(Reason.TIMEOUT))
+            self.set(i, "status", e, int(Status.REJECTED))
+
+    # ------------------------------------------------------------------ schedule
+    def schedule(self) -> None:
+        o = self.o
+        b = self.p.batch
+        self.budget = b.max_num_batched_tokens
+        self.prefill_budget = b.prefill_token_cap
+        self.running = self.count(Status.RUNNING)
+        mode = b.phase_mode
+        if mode is PhaseMode.DECODE_FIRST:
+            self.running_pass()
+            self.waiting_pass(True)
+        elif mode is PhaseMode.STATIC:
+            batch_done = self.running == 0
+            self.running_pass()
+            self.waiting_pass(batch_done)
+        else:  # PREFILL_FIRST
+            self.running_pass(prefill_only=True)
+            self.waiting_pass(True)
+            nothing = o.not_(o.or_(*(x > 0 for x in self.sched)))
+            self.running_pass(enabled=nothing)
+
+    def num_new_tokens(self, i: int) -> Term:
+        o, p = self.o, self.p
+        sl, prm = self.s.slots[i], self.params[i]
+        gap = prm.prompt_len + sl["num_generated"] - sl["num_computed"]
+        n = o.min(gap, self.budget)
+        if p.chunking.long_prefill_token_threshold:
+            n = o.min(n, p.chunking.long_prefill_token_threshold)
+        n = o.ite(self.in_prefill(i), o.min(n, self.prefill_budget), n)
+        if not p.chunking.enabled:
+            n = o.ite(n < gap, 0, n)
+        return o.max(n, 0)
+
+    def charge(self, sel: list[Term], n: Term, cond: Term) -> None:
+        """Schedule n tokens for the selected slot (cond guards it): allocate blocks, charge budget."""
+        o = self.o
+        prefill = o.or_(*(o.and_(sel[i], self.in_prefill(i)) for i in range(self.n)))
+        for i in range(self.n):
+            c = o.and_(cond, sel[i])
+            added = self.new_blocks(i, n)
+            self.s.kv_used = self.s.kv_used + o.ite(c, added, 0)
+            self.set(i, "blocks", c, self.s.slots[i]["blocks"] + added)
+            self.grown[i] = o.ite(c, added, self.grown[i])
+            self.sched[i] = o.ite(c, n, self.sched[i])
+        self.budget = self.budget - o.ite(cond, n, 0)
+        self.prefill_budget = self.prefill_budget - o.ite(o.and_(cond, prefill), n, 0)
+
+    def preempt(self, victim: list[Term], cond: Term) -> None:
+        o, s = self.o, self.s
+        swap = self.p.preemption.mode is PreemptMode.SWAP
+        refund = refund_prefill = 0
+        for i in range(self.n):
+            sl = s.slots[i]
+            v = o.and_(cond, victim[i])
+            refund = refund + o.ite(v, self.sched[i], 0)
+            refund_prefill = refund_prefill + o.ite(o.and_(v, self.in_prefill(i)), self.sched[i], 0)
+            keep = sl["blocks"] - self.grown[i]
+            swapped = o.and_(v, s.swap_used + keep <= self.p.kv.swap_blocks) if swap else False
+            s.swap_used = s.swap_used + o.ite(swapped, keep, 0)
+            s.kv_used = s.kv_used - o.ite(v, sl["blocks"], 0)
+            self.set(i, "swapped_blocks", swapped, keep)
+            self.set(i, "num_computed", o.and_(v, o.not_(swapped)), 0)
+            self.set(i, "blocks", v, 0)
+            self.set(i, "status", v, o.ite(swapped, int(Status.SWAPPED), int(Status.WAITING)))
+            self.set(i, "num_preemptions", v, sl["num_preemptions"] + 1)
+            self.set(i, "requeue_seq", v, s.next_seq)
+            self.sched[i] = o.ite(v, 0, self.sched[i])
+            self.grown[i] = o.ite(v, 0, self.grown[i])
+            self.preempted[i] = o.or_(self.preempted[i], v)
+        self.budget = self.budget + refund
+        self.prefill_budget = self.prefill_budget + refund_prefill
+        self.running = self.running - o.b2i(cond)
+        s.next_seq = s.next_seq + o.b2i(cond)
+
+    def running_pass(self, prefill_only: bool = False, enabled: Term = True) -> None:
+        """Phase A as a flat loop: each round serves, skips or stalls the first unprocessed running
+        request, or preempts one victim for it; 2N rounds suffice."""
+        o, p = self.o, self.p
+        n_slots = self.n
+        processed = [False] * n_slots
+        want = [-1] * n_slots  # tokens fixed when a request is first reached (as in the engine)
+        capacity = p.kv.num_blocks
+        for _ in range(2 * n_slots):
+            cand = [o.and_(self.st(i) == int(Status.RUNNING), o.not_(processed[i])) for i in range(n_slots)]
+            active = o.and_(enabled, self.budget > 0, o.or_(*cand))
+            sel = self.first(cand, [(self.s.slots[i]["admitted_seq"],) for i in range(n_slots)])
+            skip = o.or_(*(o.and_(sel[i], self.sched[i] > 0) for i in range(n_slots)))
+            if prefill_only:
+                skip = o.or_(skip, o.not_(o.or_(*(o.and_(sel[i], self.in_prefill(i)) for i in range(n_slots)))))
+            fresh = [self.num_new_tokens(i) for i in range(n_slots)]
+            n = self.select(sel, [o.ite(want[i] >= 0, want[i], fresh[i]) for i in range(n_slots)])
+            skip = o.or_(skip, n == 0)
+            need = self.select(sel, [self.new_blocks(i, n) for i in range(n_slots)])
+            fits = True if not p.kv.check_allocation else need <= capacity - self.s.kv_used
+            go = o.and_(active, o.not_(skip))
+            do_schedule = o.and_(go, fits)
+            do_preempt = o.and_(go, o.not_(fits)) if p.preempts_on_growth else False
+            done = o.or_(o.and_(active, skip), do_schedule, o.and_(go, o.not_(fits), not p.preempts_on_growth))
+            for i in range(n_slots):
+                want[i] = o.ite(o.and_(active, sel[i]), n, want[i])
+            self.charge(sel, n, do_schedule)
+            if p.preempts_on_growth:
+                running = [self.st(i) == int(Status.RUNNING) for i in range(n_slots)]
+                victim = self.last(running, [self.victim_key(i) for i in range(n_slots)])
+                self.preempt(victim, do_preempt)
+                self.growth_preempted = o.or_(self.growth_preempted, do_preempt)
+            processed = [o.or_(processed[i], o.and_(done, sel[i])) for i in range(n_slots)]
+
+    def waiting_pass(self, enabled: Term) -> None:
+        """Phase B as a flat loop over the queue snapshot in key order: each round admits or gives up
+        on the first untried request, or preempts one running request for it (priority inversion)."""
+        o, p = self.o, self.p
+        n_slots = self.n
+        if p.preemption.block_admission_after_preempt:
+            enabled = o.and_(enabled, o.not_(self.growth_preempted))
+        snapshot = [o.and_(self.is_(i, *WAITING_STATES), o.not_(self.preempted[i])) for i in range(n_slots)]
+        keys = [self.queue_key(i) for i in range(n_slots)]
+        inversion = p.preempts_on_inversion
+        max_seqs = p.batch.max_num_seqs
+        strict = p.queue.head_of_line is HeadOfLine.STRICT
+        tried = [False] * n_slots
+        stopped = o.not_(enabled)
+        headroom = p.kv.watermark_blocks
+        for _ in range(2 * n_slots):
+            cand = [o.and_(snapshot[i], o.not_(tried[i])) for i in range(n_slots)]
+            room = o.and_(self.budget > 0, True if inversion else self.running < max_seqs)
+            any_cand = o.or_(*cand)
+            stopped = o.or_(stopped, o.and_(any_cand, o.not_(room)))
+            active = o.and_(o.not_(stopped), any_cand)
+            sel = self.first(cand, keys)
+            n = self.select(sel, [self.num_new_tokens(i) for i in range(n_slots)])
+            free = p.kv.num_blocks - self.s.kv_used - o.ite(self.running > 0, headroom, 0)
+            fits_kv = self.select(sel, [self.new_blocks(i, n) for i in range(n_slots)]) <= free
+            if p.admission.reserve_full_prompt:
+                whole = self.select(sel, [
+                    o.max(self.target_blocks(i, 0),
+                          self.blocks_for(self.params[i].prompt_len + self.s.slots[i]["num_generated"]))
+                    - self.s.slots[i]["blocks"] for i in range(n_slots)])
+                fits_kv = o.and_(fits_kv, whole <= free)
+            fits = o.and_(n > 0, self.running < max_seqs, fits_kv)
+            do_admit = o.and_(active, fits)
+            victim_exists: Term = False
+            if inversion:
+                running = [self.st(i) == int(Status.RUNNING) for i in range(n_slots)]
+                victim = self.last(running, [self.victim_key(i) for i in range(n_slots)])
+                margin = self.select(victim, [self.norm_priority(i) for i in range(n_slots)]) - \
+                    self.select(sel, [self.norm_priority(i) for i in range(n_slots)])
+                victim_exists = o.and_(o.or_(*running), margin > p.preemption.priority_inversion_threshold)
+            do_preempt = o.and_(active, n > 0, o.not_(fits), victim_exists)
+            do_fail = o.and_(active, o.not_(do_admit), o.not_(do_preempt))
+            self.admit(sel, n, do_admit)
+            if inversion:
+                self.preempt(victim, do_preempt)
+            tried = [o.or_(tried[i], o.and_(sel[i], o.or_(do_admit, do_fail))) for i in range(n_slots)]
+            if strict:
+                stopped = o.or_(stopped, do_fail)
+
+    def admit(self, sel: list[Term], n: Term, cond: Term) -> None:
+        o, s = self.o, self.s
+        for i in range(self.n):
+            c = o.and_(cond, sel[i])
+            s.swap_used = s.swap_used - o.ite(c, s.slots[i]["swapped_blocks"], 0)
+            self.set(i, "swapped_blocks", c, 0)
+            self.set(i, "status", c, int(Status.RUNNING))
+            self.set(i, "admitted_seq", c, s.next_seq)
+        s.next_seq = s.next_seq + o.b2i(cond)
+        self.running = self.running + o.b2i(cond)
+        self.charge(sel, n, cond)
+
+    # ------------------------------------------------------------------ complete
+    def complete(self) -> list[Term]:
+        o, p, s = self.o, self.p, self.s
+        fair = p.queue.order is QueueOrder.TENANT_FAIR
+        weights = p.queue.vtc_weights
+        produced_all = []
+        for i in range(self.n):
+            sl, prm = s.slots[i], self.params[i]
+            n = self.sched[i]
+            scheduled = n > 0
+            prefill = self.in_prefill(i)
+            total = prm.prompt_len + sl["num_generated"]
+            computed = sl["num_computed"] + n
+            produced = o.and_(scheduled, computed == total)
+            generated = sl["num_generated"] + o.b2i(produced)
+            finish = o.and_(produced, o.or_(generated >= prm.output_len, total + 1 >= p.max_model_len))
+            if fair:
+                gain = o.ite(o.and_(scheduled, prefill), weights.input_weight * n, 0) + \
+                    o.ite(produced, weights.output_weight, 0)
+                s.counters = [c + o.ite(prm.tenant == t, gain, 0) for t, c in enumerate(s.counters)]
+            self.set(i, "num_computed", scheduled, computed)
+            self.set(i, "num_generated", produced, generated)
+            self.set(i, "reason", finish, o.ite(generated >= prm.output_len, int(Reason.STOPPED),
+                                                 int(Reason.LENGTH_CAPPED)))
+            self.set(i, "status", finish, int(Status.FINISHED))
+            s.kv_used = s.kv_used - o.ite(finish, sl["blocks"], 0)
+            self.set(i, "blocks", finish, 0)
+            produced_all.append(produced)
+        s.step = s.step + 1
+        return produced_all
+
+
+def symbolic_step(ops, policy: Policy, params: list[SlotParams], state: SlotState, now_us: Term,
+                  cancels: list[Term]) -> StepResult:
+    return SymbolicStep(ops, policy, params, state, now_us, cancels).run()
+
+
+__all__ = ["FIELDS", "SlotParams", "SlotState", "StepResult", "Unsupported", "symbolic_step", "check_supported"]

@@ -1,0 +1,180 @@
+"""The one module that imports z3, and every Python-vs-SMT difference in one place.
+
+The symbolic step (checker/smt/encode.py) is written against ``Ops``: arithmetic and comparisons use
+Python operators (ints and z3 terms both support them); everything else goes through an Ops method.
+``IntOps`` evaluates the same code on plain ints; ``Z3Ops`` builds z3 terms. tests/conformance pins
+both to the engine's step.
+
+Differences handled here:
+- ``if``: Python branches on a bool; SMT needs ``If`` (``ite``).
+- ``and/or/not``: Python's keywords short-circuit and cannot be overloaded (``and_``, ``or_``, ``not_``).
+- min/max: built from ``ite`` (z3 has no n-ary min/max on Ints).
+- ceiling division: Python ``-(-a // b)``; z3's ``/`` on Ints is Euclidean division, equal to floor
+  division for a positive divisor, so ``(a + b - 1) / b`` for a >= 0 and a constant b > 0.
+- floor division by a positive constant: Python ``//``; z3 ``/`` (same for a positive divisor).
+- bool to int: Python ``int(b)``; SMT ``If(b, 1, 0)``.
+"""
+
+from __future__ import annotations
+
+from functools import reduce
+from typing import Any
+
+import z3
+
+Term = Any  # an int / bool (IntOps) or a z3 ArithRef / BoolRef (Z3Ops)
+
+
+class IntOps:
+    """Concrete evaluation on Python ints and bools."""
+
+    symbolic = False
+
+    @staticmethod
+    def const(value: int) -> int:
+        return value
+
+    @staticmethod
+    def bool(value: bool) -> bool:
+        return value
+
+    @staticmethod
+    def ite(cond: Term, then: Term, other: Term) -> Term:
+        return then if cond else other
+
+    @staticmethod
+    def and_(*xs: Term) -> bool:
+        return all(xs)
+
+    @staticmethod
+    def or_(*xs: Term) -> bool:
+        return any(xs)
+
+    @staticmethod
+    def not_(x: Term) -> bool:
+        return not x
+
+    @staticmethod
+    def min(a: Term, b: Term) -> Term:
+        return a if a <= b else b
+
+    @staticmethod
+    def max(a: Term, b: Term) -> Term:
+        return a if a >= b else b
+
+    @staticmethod
+    def ceil_div(a: Term, b: int) -> Term:
+        assert b > 0
+        return -(-a // b)
+
+    @staticmethod
+    def floor_div(a: Term, b: int) -> Term:
+        assert b > 0
+        return a // b
+
+    @staticmethod
+    def b2i(x: Term) -> int:
+        return 1 if x else 0
+
+
+class Z3Ops:
+    """Symbolic evaluation: the same calls build z3 terms."""
+
+    symbolic = True
+
+    @staticmethod
+    def const(value: int) -> z3.ArithRef:
+        return z3.IntVal(value)
+
+    @staticmethod
+    def bool(value: bool) -> z3.BoolRef:
+        return z3.BoolVal(value)
+
+    @staticmethod
+    def ite(cond: Term, then: Term, other: Term) -> Term:
+        if isinstance(cond, bool):
+            return then if cond else other
+        return z3.If(cond, then, other)
+
+    @staticmethod
+    def and_(*xs: Term) -> Term:
+        xs = tuple(x for x in xs if x is not True)
+        if any(x is False for x in xs):
+            return z3.BoolVal(False)
+        return xs[0] if len(xs) == 1 else z3.And(*xs) if xs else z3.BoolVal(True)
+
+    @staticmethod
+    def or_(*xs: Term) -> Term:
+        xs = tuple(x for x in xs if x is not False)
+        if any(x is True for x in xs):
+            return z3.BoolVal(True)
+        return xs[0] if len(xs) == 1 else z3.Or(*xs) if xs else z3.BoolVal(False)
+
+    @staticmethod
+    def not_(x: Term) -> Term:
+        if isinstance(x, bool):
+            return not x
+        return z3.Not(x)
+
+    @staticmethod
+    def min(a: Term, b: Term) -> Term:
+        return z3.If(a <= b, a, b)
+
+    @staticmethod
+    def max(a: Term, b: Term) -> Term:
+        return z3.If(a >= b, a, b)
+
+    @staticmethod
+    def ceil_div(a: Term, b: int) -> Term:
+        assert b > 0
+        return (a + (b - 1)) / b  # a >= 0 wherever the step uses it (token counts)
+
+    @staticmethod
+    def floor_div(a: Term, b: int) -> Term:
+        assert b > 0
+        return a / b
+
+    @staticmethod
+    def b2i(x: Term) -> Term:
+        if isinstance(x, bool):
+            return 1 if x else 0
+        return z3.If(x, 1, 0)
+
+
+def int_var(name: str) -> z3.ArithRef:
+    return z3.Int(name)
+
+
+def bool_var(name: str) -> z3.BoolRef:
+    return z3.Bool(name)
+
+
+def pin_and_eval(pins: list[tuple[Term, Any]], outputs: list[Term], timeout_ms: int = 60_000) -> list[int | bool]:
+    """Pin each variable to a value, ask z3 for a model, evaluate the outputs in it."""
+    solver = z3.Solver()
+    solver.set("timeout", timeout_ms)
+    for var, value in pins:
+        solver.add(var == value)
+    result = solver.check()
+    if result != z3.sat:
+        raise RuntimeError(f"pinned step query is {result}, expected sat")
+    model = solver.model()
+    values = []
+    for term in outputs:
+        v = model.eval(term, model_completion=True) if not isinstance(term, (int, bool)) else term
+        values.append(_py(v))
+    return values
+
+
+def _py(v: Any) -> int | bool:
+    if isinstance(v, (int, bool)):
+        return v
+    if z3.is_true(v):
+        return True
+    if z3.is_false(v):
+        return False
+    return v.as_long()
+
+
+def sum_terms(xs: list[Term]) -> Term:
+    return reduce(lambda a, b: a + b, xs, 0)

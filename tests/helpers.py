@@ -1,0 +1,33 @@
+"""Shared test drivers: step a small scenario with a fixed clock, capturing each step."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+from checker.engine import _Clock
+from checker.semantics.decision import StepDecision
+from checker.semantics.state import TERMINAL, SchedulerState
+from checker.semantics.step import step
+from checker.smt.conformance import Captured, capture
+from checker.strategies import Scenario
+
+ROOT = Path(__file__).resolve().parent.parent
+POLICIES = ROOT / "spec" / "policies"
+WORKLOADS = ROOT / "spec" / "workloads"
+SHARED_DATA = ROOT.parent / "shared" / "data"
+AZURE_CSV = SHARED_DATA / "traces" / "azure_conv_2023.csv"
+
+
+def drive(sc: Scenario, max_steps: int = 40) -> Iterator[tuple[Captured, SchedulerState, StepDecision]]:
+    """Step the scenario one iteration per step_us; yield (inputs, state after, decision)."""
+    s = SchedulerState(sc.policy, sc.specs, num_tenants=sc.num_tenants)
+    clock = _Clock(s.requests)
+    for k in range(max_steps):
+        now = k * sc.step_us
+        arrived, cancelled = clock.due(now)
+        before = capture(s, cancelled, now)
+        d = step(s, arrived, cancelled, now)
+        yield before, s, d
+        if all(r.status in TERMINAL for r in s.requests) and not s.holding:
+            return
