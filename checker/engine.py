@@ -36,6 +36,7 @@ class SimResult:
     wall_s: float
     stuck: list[int] = field(default_factory=list)  # rids left unfinished with no event to unblock them
     step_limit_hit: bool = False
+    livelock: bool = False  # stopped: tokens kept being scheduled but no request made progress
     kv_peak_blocks: int = 0
     running_peak: int = 0
     waiting_peak: int = 0
@@ -76,18 +77,37 @@ class _Clock:
         return min(times) if times else None
 
 
-def _next_internal_event(s: SchedulerState, now_us: int) -> int | None:
-    """Times at which a quiet state can change without input: queue timeouts and aging boundaries."""
-    p = s.policy
-    times = []
-    if p.timeouts.queue_timeout_ms is not None:
-        limit = p.timeouts.queue_timeout_ms * 1000
-        times.extend(r.arrival_us + limit + 1 for r in s.waiting if r.admitted_seq == 0)
-    if p.queue.order is QueueOrder.PRIORITY_AGING and len(s.waiting) > 1:
-        interval = p.queue.aging_interval_ms * 1000
-        times.extend(now_us + interval - (now_us - r.arrival_us) % interval for r in s.waiting)
-    later = [t for t in times if t > now_us]
+def _next_timeout(s: SchedulerState, now_us: int) -> int | None:
+    """When the next waiting request passes the queue timeout."""
+    if s.policy.timeouts.queue_timeout_ms is None:
+        return None
+    limit = s.policy.timeouts.queue_timeout_ms * 1000
+    later = [r.arrival_us + limit + 1 for r in s.waiting if r.admitted_seq == 0 and r.arrival_us + limit + 1 > now_us]
     return min(later) if later else None
+
+
+def _next_aging_boundary(s: SchedulerState, now_us: int) -> int | None:
+    """When a waiting request's aged priority next changes (only then can the queue order change)."""
+    if s.policy.queue.order is not QueueOrder.PRIORITY_AGING or len(s.waiting) < 2:
+        return None
+    interval = s.policy.queue.aging_interval_ms * 1000
+    return min(now_us + interval - (now_us - r.arrival_us) % interval for r in s.waiting)
+
+
+def _next_internal_event(s: SchedulerState, now_us: int) -> int | None:
+    """Times at which a state can change without input: queue timeouts and aging boundaries."""
+    times = [t for t in (_next_timeout(s, now_us), _next_aging_boundary(s, now_us)) if t is not None]
+    return min(times) if times else None
+
+
+def _wake_time(s: SchedulerState, clock: _Clock, now_us: int, quiet_since: int) -> int | None:
+    """The next time a quiet state can change. Aging orders repeat with the aging interval, so after
+    one full interval of quiet steps no further boundary can unblock anything (a deadlock)."""
+    times = [t for t in (clock.next_time(), _next_timeout(s, now_us)) if t is not None]
+    aging = _next_aging_boundary(s, now_us)
+    if aging is not None and aging - quiet_since <= s.policy.queue.aging_interval_ms * 1000:
+        times.append(aging)
+    return min(times) if times else None
 
 
 def simulate(policy: Policy, requests: RequestSet, profile: Profile, record: bool = False,
@@ -105,6 +125,8 @@ def simulate(policy: Policy, requests: RequestSet, profile: Profile, record: boo
     now = clock.arrivals[0].arrival_us if reqs else 0
     unfinished = len(reqs)
     max_seqs = policy.batch.max_num_seqs
+    stall_tokens, stall_limit = 0, LIVELOCK_SLACK_TOKENS
+    quiet_since: int | None = None
     while unfinished or s.holding:
         if result.steps >= max_steps:
             result.step_limit_hit = True
@@ -117,6 +139,15 @@ def simulate(policy: Policy, requests: RequestSet, profile: Profile, record: boo
         dt = profile.step_us(d) if d.scheduled else 0
         times.observe(d, reqs, now, now + dt)
         unfinished -= len(d.finished) + len(d.rejected) + len(d.cancelled)
+        if d.produced or d.rejected or d.cancelled:
+            stall_tokens = 0
+        else:
+            stall_tokens += max(1, d.num_scheduled_tokens)  # a step that schedules nothing counts as 1
+            if stall_tokens > stall_limit:
+                stall_limit = _livelock_limit(s)
+                if stall_tokens > stall_limit:
+                    result.livelock = True
+                    break
         if d.kv_blocks_used > result.kv_peak_blocks:
             result.kv_peak_blocks = d.kv_blocks_used
         if d.num_running > result.running_peak:
@@ -130,15 +161,30 @@ def simulate(policy: Policy, requests: RequestSet, profile: Profile, record: boo
             result.busy_us += dt
             if fast_forward and is_quiet_decode_step(s, d):
                 now = _skip_quiet_decodes(s, result, clock, now, max_steps)
-        elif d.is_quiet and not s.holding:
-            nxt = [t for t in (clock.next_time(), _next_internal_event(s, now)) if t is not None]
-            if not nxt:
+        if not d.is_quiet:
+            quiet_since = None
+        elif not s.holding:
+            quiet_since = now if quiet_since is None else quiet_since
+            wake = _wake_time(s, clock, now, quiet_since)
+            if wake is None:
                 break  # nothing can happen any more
-            now = max(now, min(nxt))
+            now = max(now, wake)
     result.end_us = now
     result.stuck = [r.rid for r in reqs if r.status not in TERMINAL]
     result.wall_s = time.perf_counter() - started
     return result
+
+
+LIVELOCK_SLACK_TOKENS = 1000
+
+
+def _livelock_limit(s: SchedulerState) -> int:
+    """Work (tokens scheduled, or 1 for a step that schedules none) that may pass without any request
+    producing a token: with no recompute, every live request's gap closes within this; twice that plus
+    slack means work is thrown away over and over (recompute thrash, or admit-and-preempt ping-pong).
+    The engine stops there and reports a suspected livelock."""
+    live = sum(r.prompt_len + r.num_generated for r in s.requests if r.status not in TERMINAL)
+    return 2 * live + LIVELOCK_SLACK_TOKENS
 
 
 def _skip_quiet_decodes(s: SchedulerState, result: SimResult, clock: _Clock, now: int, max_steps: int) -> int:

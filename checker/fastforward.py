@@ -25,7 +25,7 @@ from checker.policy import QueueOrder
 def is_quiet_decode_step(s: SchedulerState, d: StepDecision) -> bool:
     return bool(
         s.running and len(d.scheduled) == len(s.running) and not d.num_prefill_tokens
-        and not (d.admitted or d.preempted or d.finished or d.rejected or d.cancelled or d.released)
+        and not (d.arrived or d.admitted or d.preempted or d.finished or d.rejected or d.cancelled or d.released)
         and not s.holding and not (s.waiting and time_varying(s)))
 
 

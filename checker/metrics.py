@@ -123,6 +123,7 @@ def summarize(result: SimResult) -> dict:
             "idle_slot_steps": result.idle_slot_steps,
             "output_tokens_per_s": round(overall["output_tokens"] / (span_us / 1e6), 1),
             "stuck_requests": len(result.stuck), "step_limit_hit": result.step_limit_hit,
+            "livelock_suspected": result.livelock,
         },
         "overall": overall, "by_class": by_class, "by_tenant": by_tenant,
     }

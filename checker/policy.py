@@ -24,7 +24,7 @@ MAX_MS = 86_400_000  # one day
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, use_enum_values=False)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
 
 def _fail(field: str, value: object, expected: str) -> PydanticCustomError:
@@ -57,6 +57,11 @@ class Admission(_Strict):
 
 # ----------------------------------------------------------------------------------------- queue
 class QueueOrder(StrEnum):
+    """fcfs: arrival order. priority: by priority (see priority_polarity), then arrival.
+    priority_aging: priority improved by one level per aging_interval_ms waited, then arrival.
+    shortest_prompt_first: by prompt length, then arrival. tenant_fair: by the tenant's virtual
+    token counter (VTC), then arrival."""
+
     FCFS = "fcfs"
     PRIORITY = "priority"
     PRIORITY_AGING = "priority_aging"
@@ -65,16 +70,24 @@ class QueueOrder(StrEnum):
 
 
 class Polarity(StrEnum):
+    """lower_first: a lower value is served first (vLLM). higher_first: a higher value first (SGLang)."""
+
     LOWER_FIRST = "lower_first"  # vLLM: a lower value is served first
     HIGHER_FIRST = "higher_first"  # SGLang default, TRT-LLM float priority
 
 
 class HeadOfLine(StrEnum):
+    """strict: admission stops at the first waiting request that does not fit (vLLM, TGI, TRT-LLM).
+    skip: that request is passed over and the next one is tried."""
+
     STRICT = "strict"  # stop admitting at the first waiting request that does not fit (vLLM, TGI)
     SKIP = "skip"  # try the next waiting request instead
 
 
 class Requeue(StrEnum):
+    """front: a preempted request goes back to the front of the queue (vLLM FCFS). by_order: it
+    re-enters at its place in the queue order (vLLM's priority heap)."""
+
     FRONT = "front"  # a preempted request goes back to the front of the queue (vLLM FCFS)
     BY_ORDER = "by_order"  # a preempted request re-enters at its place in the queue order (vLLM priority heap)
 
@@ -83,19 +96,25 @@ class VTCWeights(_Strict):
     """Virtual token counter weights (Sheng et al., OSDI'24): service = w_in * input + w_out * output."""
 
     input_weight: Annotated[int, Field(ge=0, le=1000)] = 1
+    """Counter increase per prompt token computed (prefill and recompute)."""
     output_weight: Annotated[int, Field(ge=0, le=1000)] = 2
+    """Counter increase per output token produced."""
 
 
 class Queue(_Strict):
     order: QueueOrder = QueueOrder.FCFS
+    """Waiting-queue order."""
     priority_polarity: Polarity = Polarity.LOWER_FIRST
+    """Which priority value is more urgent."""
     aging_interval_ms: Annotated[int | None, Field(ge=1, le=MAX_MS)] = None
     """priority_aging only: a waiting request's effective priority improves by one level for every
     this many ms it has waited since arrival."""
     vtc: VTCWeights | None = None
     """tenant_fair only: the tenant with the smallest counter is served first."""
     head_of_line: HeadOfLine = HeadOfLine.STRICT
+    """What admission does at a waiting request that does not fit."""
     preempted_requeue: Requeue = Requeue.FRONT
+    """Where a preempted request re-enters the waiting queue."""
 
     @model_validator(mode="after")
     def _order_parameters(self) -> Queue:
@@ -121,6 +140,12 @@ class Queue(_Strict):
 
 # ----------------------------------------------------------------------------------------- batch
 class PhaseMode(StrEnum):
+    """decode_first: running requests (decodes and partial prefills) are served first, then
+    admissions fill what is left (vLLM v1, Sarathi). prefill_first: if any prefill work fits, the step
+    runs prefills only and decodes wait (vLLM v0, SGLang). mixed: one pass over running and waiting
+    requests together in queue order (Orca). static: admit only when nothing runs, and run the batch to
+    completion (Triton dynamic batcher, TRT-LLM STATIC_BATCH)."""
+
     DECODE_FIRST = "decode_first"  # running requests (decodes, partial prefills) first, then admissions (vLLM v1, Sarathi)
     PREFILL_FIRST = "prefill_first"  # if any prefill work fits, the step runs prefills only (vLLM v0, SGLang)
     MIXED = "mixed"  # one pass over running and waiting together in queue order (Orca)
@@ -129,8 +154,11 @@ class PhaseMode(StrEnum):
 
 class Batch(_Strict):
     max_num_seqs: Annotated[int, Field(ge=1, le=MAX_SEQS)] = 256
+    """Cap on running requests (vLLM ``max_num_seqs``, TRT-LLM ``max_batch_size``)."""
     max_num_batched_tokens: Annotated[int, Field(ge=1, le=MAX_TOKENS)] = 8192
+    """Token budget of one step, shared by decodes and prefill chunks."""
     phase_mode: PhaseMode = PhaseMode.DECODE_FIRST
+    """How prefills and decodes share a step."""
     prefill_share: Annotated[float | None, Field(gt=0.0, le=1.0)] = None
     """Cap on the share of the step's token budget that prefill tokens may take (None: no cap)."""
 
@@ -144,12 +172,16 @@ class Batch(_Strict):
 # ----------------------------------------------------------------------------------------- chunking
 class Chunking(_Strict):
     enabled: bool = True
+    """Split prompts into chunks that fit the step budget. Off: a whole prompt must fit one step."""
     long_prefill_token_threshold: Annotated[int, Field(ge=0, le=MAX_TOKENS)] = 0
     """Per-request per-step cap on new tokens; 0 = no cap (vLLM ``long_prefill_token_threshold``)."""
 
 
 # ----------------------------------------------------------------------------------------- kv
 class Allocation(StrEnum):
+    """on_demand: blocks for the tokens scheduled in the step only (vLLM, TRT-LLM MAX_UTILIZATION).
+    full_reservation: at admission, blocks for prompt + max output (Orca, TGI, TRT-LLM NO_EVICT)."""
+
     ON_DEMAND = "on_demand"  # blocks for the tokens scheduled this step only (vLLM, TRT MAX_UTILIZATION)
     FULL_RESERVATION = "full_reservation"  # blocks for prompt + max output at admission (Orca, TGI, TRT NO_EVICT)
 
@@ -158,7 +190,9 @@ class KV(_Strict):
     num_blocks: Annotated[int, Field(ge=1, le=MAX_BLOCKS)]
     """Usable KV blocks in the pool (vLLM: num_gpu_blocks - 1, block 0 is the null block)."""
     block_size: Annotated[int, Field(ge=1, le=MAX_BLOCK_SIZE)] = 16
+    """Tokens per KV block."""
     allocation: Allocation = Allocation.ON_DEMAND
+    """When blocks are taken from the pool."""
     watermark: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.0
     """Headroom at admission: a waiting or preempted request is admitted only if
     ``int(watermark * num_blocks)`` blocks stay free, when something is already running."""
@@ -175,17 +209,27 @@ class KV(_Strict):
 
 # ----------------------------------------------------------------------------------------- preemption
 class Trigger(StrEnum):
+    """kv_growth_fails: a running request cannot get its next blocks (vLLM). priority_inversion: the
+    waiting head outranks the worst running request and does not fit (vLLM v0, SGLang)."""
+
     KV_GROWTH_FAILS = "kv_growth_fails"  # a running request cannot get its next blocks (vLLM)
     PRIORITY_INVERSION = "priority_inversion"  # the waiting head outranks the worst running request and does not fit (vLLM v0, SGLang)
 
 
 class Victim(StrEnum):
+    """last_admitted: the tail of the running list (vLLM FCFS, TRT-LLM MAX_UTILIZATION).
+    lowest_priority: worst priority, then latest arrival (vLLM priority). fewest_generated: fewest
+    output tokens, ties to the longest prompt (SGLang retract)."""
+
     LAST_ADMITTED = "last_admitted"  # tail of the running list (vLLM FCFS, TRT-LLM MAX_UTILIZATION)
     LOWEST_PRIORITY = "lowest_priority"  # worst priority, then latest arrival (vLLM priority)
     FEWEST_GENERATED = "fewest_generated"  # fewest output tokens, ties to the longest prompt (SGLang retract)
 
 
 class PreemptMode(StrEnum):
+    """recompute: free all blocks; the request recomputes prompt + generated later. swap: move the
+    blocks to swap space and resume without recompute (vLLM v0); recompute when swap space is full."""
+
     RECOMPUTE = "recompute"  # free all blocks; the request recomputes prompt + generated later
     SWAP = "swap"  # move the blocks to swap space; resume without recompute (vLLM v0)
 
@@ -194,7 +238,9 @@ class Preemption(_Strict):
     triggers: list[Trigger] = Field(default_factory=lambda: [Trigger.KV_GROWTH_FAILS])
     """What preempts. An empty list: never preempt (a request that cannot grow just waits)."""
     victim: Victim = Victim.LAST_ADMITTED
+    """Which running request is preempted."""
     mode: PreemptMode = PreemptMode.RECOMPUTE
+    """What happens to a preempted request's KV."""
     block_admission_after_preempt: bool = True
     """No admissions in a step in which a running request was preempted for KV (vLLM v1)."""
     priority_inversion_threshold: Annotated[int, Field(ge=0, le=1_000_000)] = 0
@@ -215,6 +261,8 @@ class Cancellation(_Strict):
 
 
 class TimeoutAction(StrEnum):
+    """reject: the timed-out request leaves the queue as rejected (Triton REJECT)."""
+
     REJECT = "reject"
 
 
@@ -222,22 +270,34 @@ class Timeouts(_Strict):
     queue_timeout_ms: Annotated[int | None, Field(ge=1, le=MAX_MS)] = None
     """A request still waiting for its first admission after this many ms is rejected."""
     action: TimeoutAction = TimeoutAction.REJECT
+    """What happens to a request that timed out in the queue."""
 
 
 # ----------------------------------------------------------------------------------------- policy
 class Policy(_Strict):
-    """A scheduler policy. See docs/spec-reference.md for every field."""
+    """A scheduler policy: one section per rule kind of the unified vocabulary."""
 
     name: str | None = None
+    """Policy name (default: the file name)."""
     max_model_len: Annotated[int, Field(ge=2, le=MAX_TOKENS)]
+    """Longest context (prompt + output) of the model. Prompts of this length or more are rejected;
+    decoding stops when prompt + output reaches it."""
     admission: Admission = Field(default_factory=Admission)
+    """Gates applied when a request arrives."""
     queue: Queue = Field(default_factory=Queue)
+    """Waiting-queue order and head-of-line behaviour."""
     batch: Batch = Field(default_factory=Batch)
+    """Per-step budgets and how prefills and decodes share a step."""
     chunking: Chunking = Field(default_factory=Chunking)
+    """Chunked prefill."""
     kv: KV
+    """The paged KV pool."""
     preemption: Preemption = Field(default_factory=Preemption)
+    """What preempts running requests, which ones, and how."""
     cancellation: Cancellation = Field(default_factory=Cancellation)
+    """How fast a cancelled request's KV is released."""
     timeouts: Timeouts = Field(default_factory=Timeouts)
+    """Queue timeouts."""
 
     @model_validator(mode="after")
     def _consistent(self) -> Policy:

@@ -22,7 +22,7 @@ NonNeg = Annotated[float, Field(ge=0.0, le=1e9)]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
 
 class Piece(_Strict):

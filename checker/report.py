@@ -48,9 +48,12 @@ def format_summary(summary: dict) -> str:
     rejected = summary["overall"]["rejected_by_reason"]
     if rejected:
         out.append("rejected: " + ", ".join(f"{k} {v}" for k, v in rejected.items()))
-    if e["stuck_requests"]:
+    if e["stuck_requests"] and not e["livelock_suspected"]:
         out.append(f"STUCK: {e['stuck_requests']} requests never finished and no event was left that could "
                    "unblock them (a deadlock under this policy)")
+    if e["livelock_suspected"]:
+        out.append("STOPPED: livelock suspected: tokens kept being scheduled while no request produced a token "
+                   "(recompute thrash); the requests left are counted as unfinished")
     if e["step_limit_hit"]:
         out.append("STOPPED at the step limit: metrics cover only the steps run")
     return "\n".join(out)

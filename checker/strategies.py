@@ -32,7 +32,7 @@ def small_policies(draw: st.DrawFn, modes: list[PhaseMode] | None = None) -> Pol
     budget = draw(st.integers(low, max(low, 96)))
     order = draw(st.sampled_from(list(QueueOrder)))
     priority_order = order in (QueueOrder.PRIORITY, QueueOrder.PRIORITY_AGING)
-    triggers = [t for t in (Trigger.KV_GROWTH_FAILS,) if draw(st.booleans())]
+    triggers = [Trigger.KV_GROWTH_FAILS] if draw(st.sampled_from([True, True, False])) else []
     if priority_order and draw(st.booleans()):
         triggers.append(Trigger.PRIORITY_INVERSION)
     swap = draw(st.booleans()) and bool(triggers)
@@ -45,9 +45,9 @@ def small_policies(draw: st.DrawFn, modes: list[PhaseMode] | None = None) -> Pol
         "name": "generated",
         "max_model_len": max_model_len,
         "admission": {
-            "max_inflight": draw(st.none() | st.integers(1, 6)),
-            "max_queue_len": draw(st.none() | st.integers(0, 4)),
-            "max_queued_tokens": draw(st.none() | st.integers(1, 120)),
+            "max_inflight": draw(st.sampled_from([None, None, None, 2, 4])),
+            "max_queue_len": draw(st.sampled_from([None, None, None, 0, 2])),
+            "max_queued_tokens": draw(st.sampled_from([None, None, None, 30, 100])),
             "reject_never_fits": draw(st.booleans()),
             "reserve_full_prompt": draw(st.booleans()),
         },
@@ -71,11 +71,12 @@ def small_policies(draw: st.DrawFn, modes: list[PhaseMode] | None = None) -> Pol
             "long_prefill_token_threshold": draw(st.integers(0, max_model_len)) if chunking and draw(st.booleans()) else 0,
         },
         "kv": {
-            "num_blocks": draw(st.integers(1, 40)),
-            "block_size": draw(st.sampled_from([1, 2, 4, 8, 16])),
-            "allocation": draw(st.sampled_from(list(Allocation))).value,
+            "num_blocks": draw(st.integers(1, 24)),
+            "block_size": draw(st.sampled_from([1, 2, 4, 4, 8])),
+            "allocation": draw(st.sampled_from([Allocation.ON_DEMAND, Allocation.ON_DEMAND,
+                                                Allocation.FULL_RESERVATION])).value,
             "watermark": draw(st.sampled_from([0.0, 0.0, 0.1, 0.3])),
-            "check_allocation": draw(st.booleans()) or not triggers,
+            "check_allocation": draw(st.sampled_from([True, True, True, False])) or not triggers,
             "swap_blocks": draw(st.integers(1, 20)) if swap else 0,
         },
         "preemption": {
@@ -107,11 +108,11 @@ def small_scenarios(draw: st.DrawFn, max_requests: int = 5, modes: list[PhaseMod
     arrivals = sorted(draw(st.lists(st.integers(0, 8), min_size=n, max_size=n)))
     specs = []
     for rid, arrival_step in enumerate(arrivals):
-        output = draw(st.integers(1, 10))
+        output = draw(st.integers(1, 16))
         cancel = draw(st.none() | st.integers(0, 12))
         specs.append(RequestSpec(
             rid=rid, arrival_us=arrival_step * step_us,
-            prompt_len=draw(st.integers(1, policy.max_model_len + 4)),
+            prompt_len=draw(st.integers(1, policy.max_model_len // 2) | st.integers(1, policy.max_model_len + 4)),
             output_len=output, max_output=output + draw(st.integers(0, 6)),
             priority=draw(st.integers(0, 3)), tenant=draw(st.integers(0, 1)), cls=0,
             cancel_us=None if cancel is None else (arrival_step + cancel) * step_us))

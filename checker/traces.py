@@ -59,7 +59,7 @@ class TraceRequest(BaseModel):
 
 
 class Trace(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     format: Literal["batchcheck-trace"]
     version: Literal[1] = 1

@@ -20,7 +20,7 @@ MAX_DURATION_S = 7 * 86_400
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
 
 def _fail(field: str, value: object, expected: str) -> PydanticCustomError:

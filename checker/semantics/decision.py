@@ -13,6 +13,7 @@ class StepDecision:
     now_us: int
     scheduled: tuple[tuple[int, int], ...]  # (rid, tokens) in scheduling order
     produced: tuple[int, ...]  # rids that produced an output token this step
+    arrived: tuple[int, ...]  # rids that arrived and joined the waiting queue
     admitted: tuple[int, ...]
     preempted: tuple[int, ...]
     finished: tuple[int, ...]
@@ -34,7 +35,7 @@ class StepDecision:
     @property
     def is_quiet(self) -> bool:
         """Nothing happened: no tokens and no request changed state."""
-        return not (self.scheduled or self.admitted or self.preempted or self.finished
+        return not (self.scheduled or self.arrived or self.admitted or self.preempted or self.finished
                     or self.rejected or self.cancelled or self.released)
 
 
@@ -45,6 +46,7 @@ class DecisionBuilder:
     scheduled: dict[int, int] = field(default_factory=dict)  # rid -> tokens, insertion-ordered
     grown: dict[int, int] = field(default_factory=dict)  # rid -> blocks allocated this step
     produced: list[int] = field(default_factory=list)
+    arrived: list[int] = field(default_factory=list)
     admitted: list[int] = field(default_factory=list)
     preempted: list[int] = field(default_factory=list)
     finished: list[int] = field(default_factory=list)

@@ -95,6 +95,7 @@ def _arrive(s: SchedulerState, arrivals: list[Request], out: DecisionBuilder) ->
             _lift_counter(s, r)
         r.status = Status.WAITING
         enqueue(s, r)
+        out.arrived.append(r.rid)
 
 
 def _lift_counter(s: SchedulerState, r: Request) -> None:
@@ -290,18 +291,22 @@ def _try_admit(s: SchedulerState, r: Request, budget: Budget, out: DecisionBuild
         if len(s.running) < max_seqs and kv.can_admit(s, r, n):
             _admit(s, r, n, budget, out)
             return True
-        victim = _inversion_victim(s, r)
+        victim = _inversion_victim(s, r, out)
         if victim is None:
             return False
         _preempt(s, victim, budget, out)
 
 
-def _inversion_victim(s: SchedulerState, head: Request) -> Request | None:
-    """Priority inversion: the worst running request, if the waiting head outranks it by more
-    than the threshold."""
-    if not s.policy.preempts_on_inversion or not s.running:
+def _inversion_victim(s: SchedulerState, head: Request, out: DecisionBuilder) -> Request | None:
+    """Priority inversion: the worst request that was already running when the step began, if the
+    waiting head outranks it by more than the threshold (vLLM v0 and SGLang look at the running batch
+    of the previous step, not at requests admitted in this one)."""
+    if not s.policy.preempts_on_inversion:
         return None
-    worst = max(s.running, key=victim_key(s))
+    candidates = [r for r in s.running if r.rid not in out.admitted]  # admitted this step: not yet running
+    if not candidates:
+        return None
+    worst = max(candidates, key=victim_key(s))
     margin = norm_priority(s, worst) - norm_priority(s, head)
     return worst if margin > s.policy.preemption.priority_inversion_threshold else None
 
@@ -374,6 +379,7 @@ def _complete(s: SchedulerState, now_us: int, out: DecisionBuilder) -> StepDecis
     _assert_budgets(s, out, total)
     return StepDecision(
         step=s.step, now_us=now_us, scheduled=tuple(out.scheduled.items()), produced=tuple(out.produced),
+        arrived=tuple(out.arrived),
         admitted=tuple(out.admitted), preempted=tuple(out.preempted), finished=tuple(out.finished),
         rejected=tuple(out.rejected), cancelled=tuple(out.cancelled), released=tuple(out.released),
         num_prefill_tokens=prefill_tokens, num_decode_seqs=decode_seqs,

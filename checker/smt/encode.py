@@ -80,6 +80,7 @@ class SymbolicStep:
         self.sched: list[Term] = [0] * self.n
         self.grown: list[Term] = [0] * self.n
         self.preempted: list[Term] = [False] * self.n
+        self.admitted: list[Term] = [False] * self.n
         self.growth_preempted: Term = False
 
     # ------------------------------------------------------------------ helpers
@@ -411,7 +412,7 @@ class SymbolicStep:
             do_admit = o.and_(active, fits)
             victim_exists: Term = False
             if inversion:
-                running = [self.st(i) == int(Status.RUNNING) for i in range(n_slots)]
+                running = [o.and_(self.st(i) == int(Status.RUNNING), o.not_(self.admitted[i])) for i in range(n_slots)]
                 victim = self.last(running, [self.victim_key(i) for i in range(n_slots)])
                 margin = self.select(victim, [self.norm_priority(i) for i in range(n_slots)]) - \
                     self.select(sel, [self.norm_priority(i) for i in range(n_slots)])
@@ -433,6 +434,7 @@ class SymbolicStep:
             self.set(i, "swapped_blocks", c, 0)
             self.set(i, "status", c, int(Status.RUNNING))
             self.set(i, "admitted_seq", c, s.next_seq)
+            self.admitted[i] = o.or_(self.admitted[i], c)
         s.next_seq = s.next_seq + o.b2i(cond)
         self.running = self.running + o.b2i(cond)
         self.charge(sel, n, cond)
