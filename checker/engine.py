@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from checker.fastforward import apply_stretch, is_quiet_decode_step, stretch_durations
+from checker.fastforward import apply_stretch, next_steps_are_quiet_decodes, stretch_durations
 from checker.metrics import RequestTimes, summarize
 from checker.policy import Policy, QueueOrder
 from checker.profile import Profile
@@ -42,6 +42,7 @@ class SimResult:
     waiting_peak: int = 0
     idle_slot_steps: int = 0  # steps that left a slot free while a request waited
     busy_us: int = 0
+    request_steps: int = 0  # (request, step) pairs in which the request was scheduled
 
     def summary(self) -> dict:
         return summarize(self)
@@ -134,6 +135,7 @@ def simulate(policy: Policy, requests: RequestSet, profile: Profile, record: boo
         arrived, cancelled = clock.due(now)
         d = step(s, arrived, cancelled, now)
         result.steps += 1
+        result.request_steps += len(d.scheduled)
         if decisions is not None:
             decisions.append(d)
         dt = profile.step_us(d) if d.scheduled else 0
@@ -159,7 +161,7 @@ def simulate(policy: Policy, requests: RequestSet, profile: Profile, record: boo
         if dt:
             now += dt
             result.busy_us += dt
-            if fast_forward and is_quiet_decode_step(s, d):
+            if fast_forward and next_steps_are_quiet_decodes(s, d):
                 now = _skip_quiet_decodes(s, result, clock, now, max_steps)
         if not d.is_quiet:
             quiet_since = None
@@ -196,14 +198,16 @@ def _skip_quiet_decodes(s: SchedulerState, result: SimResult, clock: _Clock, now
     k, total = len(durations), sum(durations)
     apply_stretch(s, k)
     t = result.times
-    longest = max(durations)
+    longest, first_end = max(durations), now + durations[0]
     for r in s.running:
         rid = r.rid
         t.tokens_scheduled[rid] += k
+        gap = max(longest, first_end - t.last_token[rid])
+        if gap > t.max_gap[rid]:
+            t.max_gap[rid] = gap
         t.last_token[rid] = now + total
-        if longest > t.max_gap[rid]:
-            t.max_gap[rid] = longest
     result.steps += k
+    result.request_steps += k * len(s.running)
     result.busy_us += total
     result.kv_peak_blocks = max(result.kv_peak_blocks, s.kv_used)
     if s.waiting and len(s.running) < s.policy.batch.max_num_seqs:

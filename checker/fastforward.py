@@ -8,7 +8,8 @@ an external or internal event is due. Those steps change the state in a way that
 Why the waiting queue stays blocked: in the quiet step the waiting pass admitted nothing, and during
 the stretch every admission condition can only get harder (free blocks fall, the budget left and the
 running count stay the same). Orders whose keys change while requests wait (aging, tenant counters)
-are excluded when anyone waits. tests/conformance/test_fastforward.py pins this module to plain
+are excluded when anyone waits. With nobody waiting and every running request one token behind, the
+stretch can start right after any step. tests/conformance/test_fastforward.py pins this module to plain
 stepping: same final state, same metrics.
 """
 
@@ -22,11 +23,20 @@ from checker.semantics.state import SchedulerState
 from checker.policy import QueueOrder
 
 
-def is_quiet_decode_step(s: SchedulerState, d: StepDecision) -> bool:
+def next_steps_are_quiet_decodes(s: SchedulerState, d: StepDecision) -> bool:
+    """Whether the steps after d (until an event) only decode one token per running request.
+
+    Either d itself was such a step (then the waiting queue is blocked and stays blocked), or nobody
+    waits and every running request is one token behind (then there is nothing else to schedule).
+    """
+    if not s.running or s.holding:
+        return False
+    if not s.waiting:
+        return all(r.num_generated and r.num_computed + 1 == r.prompt_len + r.num_generated for r in s.running)
     return bool(
-        s.running and len(d.scheduled) == len(s.running) and not d.num_prefill_tokens
+        len(d.scheduled) == len(s.running) and not d.num_prefill_tokens
         and not (d.arrived or d.admitted or d.preempted or d.finished or d.rejected or d.cancelled or d.released)
-        and not s.holding and not (s.waiting and time_varying(s)))
+        and not time_varying(s))
 
 
 def stretch_durations(s: SchedulerState, profile: Profile, start_us: int, horizon_us: int | None,

@@ -115,7 +115,7 @@ def summarize(result: SimResult) -> dict:
     return {
         "policy": policy.name, "profile": result.profile.name, "source": rs.source,
         "engine": {
-            "steps": result.steps, "simulated_s": round(span_us / 1e6, 3),
+            "steps": result.steps, "request_steps": result.request_steps, "simulated_s": round(span_us / 1e6, 3),
             "busy_s": round(result.busy_us / 1e6, 3), "wall_s": round(result.wall_s, 3),
             "kv_peak_blocks": result.kv_peak_blocks, "kv_blocks": policy.kv.num_blocks,
             "kv_peak_pct": round(100.0 * result.kv_peak_blocks / policy.kv.num_blocks, 1),
