@@ -249,14 +249,12 @@ _SIMPLE = {
 def _expected(kind: str, ctx: dict[str, Any], err: dict[str, Any]) -> str:
     if kind in _SIMPLE:
         return _SIMPLE[kind]
-    if kind == "greater_than_equal":
-        return f"a number >= {ctx['ge']}"
-    if kind == "greater_than":
-        return f"a number > {ctx['gt']}"
-    if kind == "less_than_equal":
-        return f"a number <= {ctx['le']}"
-    if kind == "less_than":
-        return f"a number < {ctx['lt']}"
+    for key, sign in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<")):
+        if key in ctx and kind.endswith(("_equal", "than")):
+            bound = ctx[key]
+            if isinstance(bound, float) and bound.is_integer():
+                bound = int(bound)
+            return f"a number {sign} {bound}"
     if kind in ("literal_error", "enum"):
         return f"one of: {ctx.get('expected', '')}".replace("'", "")
     if kind == "extra_forbidden":
