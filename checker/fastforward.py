@@ -41,14 +41,18 @@ def next_steps_are_quiet_decodes(s: SchedulerState, d: StepDecision) -> bool:
 
 def stretch_durations(s: SchedulerState, profile: Profile, start_us: int, horizon_us: int | None,
                       max_steps: int) -> list[int]:
-    """Durations of the quiet decode steps that follow, each starting before horizon_us."""
+    """Durations of the quiet decode steps that follow, each starting before horizon_us, while no
+    request reaches its last token and the pool has the blocks the decodes need."""
     p = s.policy
     running = s.running
-    k = min(min(r.output_len, p.max_model_len - r.prompt_len) - r.num_generated for r in running) - 1
+    max_len = p.max_model_len
+    k = min(min(r.output_len, max_len - r.prompt_len) - r.num_generated for r in running) - 1
     k = min(k, max_steps)
     if k <= 0:
         return []
-    if p.kv.check_allocation:
+    durations = profile.decode_steps_us(len(running), sum(r.num_computed for r in running), k, start_us, horizon_us)
+    k = len(durations)
+    if k and p.kv.check_allocation:
         free = p.kv.num_blocks - s.kv_used
         size = p.kv.block_size
 
@@ -63,17 +67,7 @@ def stretch_durations(s: SchedulerState, profile: Profile, start_us: int, horizo
                     lo = mid
                 else:
                     hi = mid
-            k = lo
-    seqs = len(running)
-    context = sum(r.num_computed for r in running)
-    durations = []
-    t = start_us
-    for j in range(1, k + 1):
-        if horizon_us is not None and t >= horizon_us:
-            break
-        dt = profile.iteration_us(0, 0, seqs, context + seqs * j)
-        durations.append(dt)
-        t += dt
+            del durations[lo:]
     return durations
 
 

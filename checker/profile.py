@@ -87,6 +87,24 @@ class Profile(_Strict):
              + p.per_decode_kv_token_us * decode_kv_tokens)
         return max(1, round(t))
 
+    def decode_steps_us(self, seqs: int, context: int, max_steps: int, start_us: int,
+                        horizon_us: int | None) -> list[int]:
+        """Durations of up to max_steps consecutive pure-decode steps of ``seqs`` requests whose
+        contexts sum to ``context`` before the first one, each starting before horizon_us. Equal, term
+        for term, to iteration_us(0, 0, seqs, context + seqs * j) for j = 1, 2, ..."""
+        p = self.piece_for(seqs)
+        base = p.overhead_us + p.per_decode_seq_us * seqs  # the prefill terms are 0 (x + 0.0 == x)
+        per_kv = p.per_decode_kv_token_us
+        durations: list[int] = []
+        t = start_us
+        for j in range(1, max_steps + 1):
+            if horizon_us is not None and t >= horizon_us:
+                break
+            dt = max(1, round(base + per_kv * (context + seqs * j)))
+            durations.append(dt)
+            t += dt
+        return durations
+
     def step_us(self, d: StepDecision) -> int:
         return self.iteration_us(d.num_prefill_tokens, d.prefill_attention, d.num_decode_seqs, d.decode_kv_tokens)
 

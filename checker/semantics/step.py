@@ -350,18 +350,26 @@ def _complete(s: SchedulerState, now_us: int, out: DecisionBuilder) -> StepDecis
     weights = p.queue.vtc_weights
     prefill_tokens = decode_seqs = prefill_attention = decode_kv = 0
     by_rid = s.requests
-    produced, finished = out.produced, out.finished
+    produced = out.produced
     for rid, n in out.scheduled.items():
         r = by_rid[rid]
-        computed, total = r.num_computed, r.prompt_len + r.num_generated
-        if r.num_generated and computed + 1 == total:  # a decode
+        computed, generated = r.num_computed, r.num_generated
+        total = r.prompt_len + generated
+        if generated and computed + 1 == total:  # a decode: one token, always closing the gap
             decode_seqs += 1
-            decode_kv += computed + 1
-        else:  # a prefill chunk (or a recompute)
-            prefill_tokens += n
-            prefill_attention += n * (computed + n)
+            decode_kv += total
+            r.num_computed = total
+            r.num_generated = generated = generated + 1
+            produced.append(rid)
             if fair:
-                s.tenant_counters[r.tenant] += weights.input_weight * n
+                s.tenant_counters[r.tenant] += weights.output_weight
+            if generated >= r.output_len or total + 1 >= max_len:
+                _finish(s, r, out)
+            continue
+        prefill_tokens += n  # a prefill chunk (or a recompute)
+        prefill_attention += n * (computed + n)
+        if fair:
+            s.tenant_counters[r.tenant] += weights.input_weight * n
         r.num_computed = computed = computed + n
         if computed == total:  # the gap is closed: an output token is sampled
             r.num_generated += 1
@@ -369,10 +377,7 @@ def _complete(s: SchedulerState, now_us: int, out: DecisionBuilder) -> StepDecis
             if fair:
                 s.tenant_counters[r.tenant] += weights.output_weight
             if r.num_generated >= r.output_len or total + 1 >= max_len:
-                r.status = Status.FINISHED
-                r.reason = Reason.STOPPED if r.num_generated >= r.output_len else Reason.LENGTH_CAPPED
-                kv.free(s, r)
-                finished.append(rid)
+                _finish(s, r, out)
     if out.finished:
         s.running = [r for r in s.running if r.status is Status.RUNNING]
     total = prefill_tokens + decode_seqs
@@ -386,6 +391,13 @@ def _complete(s: SchedulerState, now_us: int, out: DecisionBuilder) -> StepDecis
         prefill_attention=prefill_attention, decode_kv_tokens=decode_kv,
         kv_blocks_used=s.kv_used, num_running=len(s.running), num_waiting=len(s.waiting),
     )
+
+
+def _finish(s: SchedulerState, r: Request, out: DecisionBuilder) -> None:
+    r.status = Status.FINISHED
+    r.reason = Reason.STOPPED if r.num_generated >= r.output_len else Reason.LENGTH_CAPPED
+    kv.free(s, r)
+    out.finished.append(r.rid)
 
 
 def _assert_budgets(s: SchedulerState, out: DecisionBuilder, total: int) -> None:
