@@ -19,7 +19,7 @@ from checker.policy import (Allocation, HeadOfLine, PhaseMode, Policy, Polarity,
                             Requeue, Trigger, Victim)
 from checker.semantics.state import RequestSpec
 
-SYMBOLIC_MODES = [PhaseMode.DECODE_FIRST, PhaseMode.PREFILL_FIRST, PhaseMode.STATIC]
+SYMBOLIC_MODES = list(PhaseMode)  # the phase modes the symbolic step encodes (all of them)
 
 
 @st.composite

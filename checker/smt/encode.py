@@ -24,8 +24,8 @@ class Unsupported(Exception):
 
 
 def check_supported(policy: Policy) -> None:
-    if policy.batch.phase_mode is PhaseMode.MIXED:
-        raise Unsupported("batch.phase_mode=mixed is not encoded by the symbolic step yet")
+    """Every rule of the policy schema is encoded; kept as the one place to refuse a future rule
+    that is not (a policy is never encoded wrongly)."""
 
 
 @dataclass(frozen=True)
@@ -284,11 +284,13 @@ class SymbolicStep:
             batch_done = self.running == 0
             self.running_pass()
             self.waiting_pass(batch_done)
-        else:  # PREFILL_FIRST
+        elif mode is PhaseMode.PREFILL_FIRST:
             self.running_pass(prefill_only=True)
             self.waiting_pass(True)
             nothing = o.not_(o.or_(*(x > 0 for x in self.sched)))
             self.running_pass(enabled=nothing)
+        else:
+            self.mixed_pass()
 
     def num_new_tokens(self, i: int) -> Term:
         o, p = self.o, self.p
@@ -343,38 +345,80 @@ class SymbolicStep:
         self.running = self.running - o.b2i(cond)
         s.next_seq = s.next_seq + o.b2i(cond)
 
+    def serve_running(self, sel: list[Term], active: Term, want: list[Term], prefill_only: bool = False) -> Term:
+        """One round of serving the selected running request (mirrors step._serve_running): schedule
+        it, skip it, let it stall, or preempt one victim for it. Returns whether it is done."""
+        o, p = self.o, self.p
+        n_slots = self.n
+        skip = o.or_(*(o.and_(sel[i], self.sched[i] > 0) for i in range(n_slots)))
+        if prefill_only:
+            skip = o.or_(skip, o.not_(o.or_(*(o.and_(sel[i], self.in_prefill(i)) for i in range(n_slots)))))
+        fresh = [self.num_new_tokens(i) for i in range(n_slots)]
+        n = self.select(sel, [o.ite(want[i] >= 0, want[i], fresh[i]) for i in range(n_slots)])
+        skip = o.or_(skip, n == 0)
+        need = self.select(sel, [self.new_blocks(i, n) for i in range(n_slots)])
+        fits = True if not p.kv.check_allocation else need <= p.kv.num_blocks - self.s.kv_used
+        go = o.and_(active, o.not_(skip))
+        do_schedule = o.and_(go, fits)
+        do_preempt = o.and_(go, o.not_(fits)) if p.preempts_on_growth else False
+        done = o.or_(o.and_(active, skip), do_schedule, o.and_(go, o.not_(fits), not p.preempts_on_growth))
+        for i in range(n_slots):
+            want[i] = o.ite(o.and_(active, sel[i]), n, want[i])
+        self.charge(sel, n, do_schedule)
+        if p.preempts_on_growth:
+            running = [self.st(i) == int(Status.RUNNING) for i in range(n_slots)]
+            victim = self.last(running, [self.victim_key(i) for i in range(n_slots)])
+            self.preempt(victim, do_preempt)
+            self.growth_preempted = o.or_(self.growth_preempted, do_preempt)
+        return done
+
+    def try_admit(self, sel: list[Term], active: Term) -> tuple[Term, Term]:
+        """One round of admitting the selected waiting request (mirrors step._try_admit): admit it,
+        preempt one running request for it (priority inversion), or give up. Returns (admitted, failed)."""
+        o, p = self.o, self.p
+        n_slots = self.n
+        n = self.select(sel, [self.num_new_tokens(i) for i in range(n_slots)])
+        free = p.kv.num_blocks - self.s.kv_used - o.ite(self.running > 0, p.kv.watermark_blocks, 0)
+        fits_kv = self.select(sel, [self.new_blocks(i, n) for i in range(n_slots)]) <= free
+        if p.admission.reserve_full_prompt:
+            whole = self.select(sel, [
+                o.max(self.target_blocks(i, 0),
+                      self.blocks_for(self.params[i].prompt_len + self.s.slots[i]["num_generated"]))
+                - self.s.slots[i]["blocks"] for i in range(n_slots)])
+            fits_kv = o.and_(fits_kv, whole <= free)
+        fits = o.and_(n > 0, self.running < p.batch.max_num_seqs, fits_kv)
+        do_admit = o.and_(active, fits)
+        victim_exists: Term = False
+        if p.preempts_on_inversion:
+            running = [o.and_(self.st(i) == int(Status.RUNNING), o.not_(self.admitted[i])) for i in range(n_slots)]
+            victim = self.last(running, [self.victim_key(i) for i in range(n_slots)])
+            margin = self.select(victim, [self.norm_priority(i) for i in range(n_slots)]) - \
+                self.select(sel, [self.norm_priority(i) for i in range(n_slots)])
+            victim_exists = o.and_(o.or_(*running), margin > p.preemption.priority_inversion_threshold)
+        do_preempt = o.and_(active, n > 0, o.not_(fits), victim_exists)
+        do_fail = o.and_(active, o.not_(do_admit), o.not_(do_preempt))
+        self.admit(sel, n, do_admit)
+        if p.preempts_on_inversion:
+            self.preempt(victim, do_preempt)
+        return do_admit, do_fail
+
+    def admission_blocked(self) -> Term:
+        if self.p.preemption.block_admission_after_preempt:
+            return self.growth_preempted
+        return False
+
     def running_pass(self, prefill_only: bool = False, enabled: Term = True) -> None:
         """Phase A as a flat loop: each round serves, skips or stalls the first unprocessed running
         request, or preempts one victim for it; 2N rounds suffice."""
-        o, p = self.o, self.p
+        o = self.o
         n_slots = self.n
         processed = [False] * n_slots
-        want = [-1] * n_slots  # tokens fixed when a request is first reached (as in the engine)
-        capacity = p.kv.num_blocks
+        want: list[Term] = [-1] * n_slots  # tokens fixed when a request is first reached (as in the engine)
         for _ in range(2 * n_slots):
             cand = [o.and_(self.st(i) == int(Status.RUNNING), o.not_(processed[i])) for i in range(n_slots)]
             active = o.and_(enabled, self.budget > 0, o.or_(*cand))
             sel = self.first(cand, [(self.s.slots[i]["admitted_seq"],) for i in range(n_slots)])
-            skip = o.or_(*(o.and_(sel[i], self.sched[i] > 0) for i in range(n_slots)))
-            if prefill_only:
-                skip = o.or_(skip, o.not_(o.or_(*(o.and_(sel[i], self.in_prefill(i)) for i in range(n_slots)))))
-            fresh = [self.num_new_tokens(i) for i in range(n_slots)]
-            n = self.select(sel, [o.ite(want[i] >= 0, want[i], fresh[i]) for i in range(n_slots)])
-            skip = o.or_(skip, n == 0)
-            need = self.select(sel, [self.new_blocks(i, n) for i in range(n_slots)])
-            fits = True if not p.kv.check_allocation else need <= capacity - self.s.kv_used
-            go = o.and_(active, o.not_(skip))
-            do_schedule = o.and_(go, fits)
-            do_preempt = o.and_(go, o.not_(fits)) if p.preempts_on_growth else False
-            done = o.or_(o.and_(active, skip), do_schedule, o.and_(go, o.not_(fits), not p.preempts_on_growth))
-            for i in range(n_slots):
-                want[i] = o.ite(o.and_(active, sel[i]), n, want[i])
-            self.charge(sel, n, do_schedule)
-            if p.preempts_on_growth:
-                running = [self.st(i) == int(Status.RUNNING) for i in range(n_slots)]
-                victim = self.last(running, [self.victim_key(i) for i in range(n_slots)])
-                self.preempt(victim, do_preempt)
-                self.growth_preempted = o.or_(self.growth_preempted, do_preempt)
+            done = self.serve_running(sel, active, want, prefill_only)
             processed = [o.or_(processed[i], o.and_(done, sel[i])) for i in range(n_slots)]
 
     def waiting_pass(self, enabled: Term) -> None:
@@ -382,49 +426,55 @@ class SymbolicStep:
         on the first untried request, or preempts one running request for it (priority inversion)."""
         o, p = self.o, self.p
         n_slots = self.n
-        if p.preemption.block_admission_after_preempt:
-            enabled = o.and_(enabled, o.not_(self.growth_preempted))
+        enabled = o.and_(enabled, o.not_(self.admission_blocked()))
         snapshot = [o.and_(self.is_(i, *WAITING_STATES), o.not_(self.preempted[i])) for i in range(n_slots)]
         keys = [self.queue_key(i) for i in range(n_slots)]
         inversion = p.preempts_on_inversion
-        max_seqs = p.batch.max_num_seqs
         strict = p.queue.head_of_line is HeadOfLine.STRICT
         tried = [False] * n_slots
         stopped = o.not_(enabled)
-        headroom = p.kv.watermark_blocks
         for _ in range(2 * n_slots):
             cand = [o.and_(snapshot[i], o.not_(tried[i])) for i in range(n_slots)]
-            room = o.and_(self.budget > 0, True if inversion else self.running < max_seqs)
+            room = o.and_(self.budget > 0, True if inversion else self.running < p.batch.max_num_seqs)
             any_cand = o.or_(*cand)
             stopped = o.or_(stopped, o.and_(any_cand, o.not_(room)))
             active = o.and_(o.not_(stopped), any_cand)
             sel = self.first(cand, keys)
-            n = self.select(sel, [self.num_new_tokens(i) for i in range(n_slots)])
-            free = p.kv.num_blocks - self.s.kv_used - o.ite(self.running > 0, headroom, 0)
-            fits_kv = self.select(sel, [self.new_blocks(i, n) for i in range(n_slots)]) <= free
-            if p.admission.reserve_full_prompt:
-                whole = self.select(sel, [
-                    o.max(self.target_blocks(i, 0),
-                          self.blocks_for(self.params[i].prompt_len + self.s.slots[i]["num_generated"]))
-                    - self.s.slots[i]["blocks"] for i in range(n_slots)])
-                fits_kv = o.and_(fits_kv, whole <= free)
-            fits = o.and_(n > 0, self.running < max_seqs, fits_kv)
-            do_admit = o.and_(active, fits)
-            victim_exists: Term = False
-            if inversion:
-                running = [o.and_(self.st(i) == int(Status.RUNNING), o.not_(self.admitted[i])) for i in range(n_slots)]
-                victim = self.last(running, [self.victim_key(i) for i in range(n_slots)])
-                margin = self.select(victim, [self.norm_priority(i) for i in range(n_slots)]) - \
-                    self.select(sel, [self.norm_priority(i) for i in range(n_slots)])
-                victim_exists = o.and_(o.or_(*running), margin > p.preemption.priority_inversion_threshold)
-            do_preempt = o.and_(active, n > 0, o.not_(fits), victim_exists)
-            do_fail = o.and_(active, o.not_(do_admit), o.not_(do_preempt))
-            self.admit(sel, n, do_admit)
-            if inversion:
-                self.preempt(victim, do_preempt)
-            tried = [o.or_(tried[i], o.and_(sel[i], o.or_(do_admit, do_fail))) for i in range(n_slots)]
+            admitted, failed = self.try_admit(sel, active)
+            tried = [o.or_(tried[i], o.and_(sel[i], o.or_(admitted, failed))) for i in range(n_slots)]
             if strict:
-                stopped = o.or_(stopped, do_fail)
+                stopped = o.or_(stopped, failed)
+
+    def mixed_pass(self) -> None:
+        """Orca's single pass (mirrors step._mixed_pass): running and waiting requests together in
+        queue order; each round serves or admits the first unprocessed one, or preempts one victim."""
+        o, p = self.o, self.p
+        n_slots = self.n
+        keys = [self.queue_key(i) for i in range(n_slots)]  # the order is fixed when the pass starts
+        snapshot = [self.is_(i, Status.RUNNING, *WAITING_STATES) for i in range(n_slots)]
+        inversion = p.preempts_on_inversion
+        strict = p.queue.head_of_line is HeadOfLine.STRICT
+        processed = [False] * n_slots
+        want: list[Term] = [-1] * n_slots
+        admitting: Term = True
+        stopped: Term = False
+        for _ in range(3 * n_slots):
+            cand = [o.and_(snapshot[i], o.not_(processed[i])) for i in range(n_slots)]
+            any_cand = o.or_(*cand)
+            stopped = o.or_(stopped, o.and_(any_cand, self.budget <= 0))
+            active = o.and_(o.not_(stopped), any_cand)
+            sel = self.first(cand, keys)
+            is_running = o.or_(*(o.and_(sel[i], self.st(i) == int(Status.RUNNING)) for i in range(n_slots)))
+            was_preempted = o.or_(*(o.and_(sel[i], self.preempted[i]) for i in range(n_slots)))
+            run_done = self.serve_running(sel, o.and_(active, is_running), want)
+            waiting = o.and_(active, o.not_(is_running))
+            may_admit = o.and_(waiting, admitting, o.not_(was_preempted), o.not_(self.admission_blocked()))
+            seq_full = False if inversion else o.and_(may_admit, self.running >= p.batch.max_num_seqs)
+            admitted, failed = self.try_admit(sel, o.and_(may_admit, o.not_(seq_full)))
+            passed_over = o.and_(waiting, o.not_(may_admit))
+            done = o.or_(run_done, passed_over, seq_full, admitted, failed)
+            processed = [o.or_(processed[i], o.and_(done, sel[i])) for i in range(n_slots)]
+            admitting = o.and_(admitting, o.not_(seq_full), o.not_(failed) if strict else True)
 
     def admit(self, sel: list[Term], n: Term, cond: Term) -> None:
         o, s = self.o, self.s

@@ -10,8 +10,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from checker.smt.conformance import Z3Step, differences, int_outputs, outputs_of_engine
+from checker.smt.encode import check_supported
 from checker.strategies import SYMBOLIC_MODES, small_scenarios
-from tests.helpers import drive
+from tests.helpers import POLICIES, WORKLOADS, drive
 
 SETTINGS = dict(deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -43,11 +44,21 @@ def test_z3_evaluation_of_the_encoding_equals_the_engine_step_on_500_cases():
     assert sum(checked) >= 500, f"only {sum(checked)} steps checked against z3"
 
 
-def test_mixed_phase_mode_is_refused_by_the_encoder_not_mis_encoded():
-    from checker.policy import Policy
-    from checker.smt.encode import Unsupported, check_supported
+@pytest.mark.parametrize("name", sorted(p.name for p in POLICIES.glob("*.yaml")))
+def test_every_shipped_policy_is_encoded_and_its_pinned_step_matches(name):
+    """Each example policy, on a few steps of the shipped workload: engine step == z3 step."""
+    from checker.api import load_policy
+    from checker.strategies import Scenario
+    from checker.traces import load_requests
 
-    policy = Policy.model_validate({"max_model_len": 64, "kv": {"num_blocks": 8}, "chunking": {"enabled": False},
-                                    "batch": {"max_num_seqs": 4, "max_num_batched_tokens": 64, "phase_mode": "mixed"}})
-    with pytest.raises(Unsupported, match="phase_mode=mixed"):
-        check_supported(policy)
+    policy = load_policy(POLICIES / name)
+    check_supported(policy)
+    rs = load_requests(workload=WORKLOADS / "chat_mixed.yaml", limit=4)
+    specs = rs.specs
+    sc = Scenario(policy, specs, len(rs.tenant_names), 200_000)
+    z = Z3Step(policy, len(specs), sc.num_tenants)
+    steps = 0
+    for k, (before, after, d) in enumerate(drive(sc, max_steps=8)):
+        assert not differences(outputs_of_engine(after, d), z.evaluate(before)), f"step {k}"
+        steps += 1
+    assert steps >= 4
