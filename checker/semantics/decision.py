@@ -25,6 +25,7 @@ class StepDecision:
     prefill_attention: int  # sum over prefill chunks of chunk * (context after the chunk)
     decode_kv_tokens: int  # sum over decodes of the context they read
     kv_blocks_used: int
+    kv_blocks_free: int  # num_blocks - used (negative when an over-committing policy over-commits)
     num_running: int
     num_waiting: int
 

@@ -389,7 +389,7 @@ def _complete(s: SchedulerState, now_us: int, out: DecisionBuilder) -> StepDecis
         rejected=tuple(out.rejected), cancelled=tuple(out.cancelled), released=tuple(out.released),
         num_prefill_tokens=prefill_tokens, num_decode_seqs=decode_seqs,
         prefill_attention=prefill_attention, decode_kv_tokens=decode_kv,
-        kv_blocks_used=s.kv_used, num_running=len(s.running), num_waiting=len(s.waiting),
+        kv_blocks_used=s.kv_used, kv_blocks_free=p.kv.num_blocks - s.kv_used, num_running=len(s.running), num_waiting=len(s.waiting),
     )
 
 
