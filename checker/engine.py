@@ -16,7 +16,7 @@ from checker.metrics import RequestTimes, summarize
 from checker.policy import Policy, QueueOrder
 from checker.profile import Profile
 from checker.semantics.decision import StepDecision
-from checker.semantics.state import TERMINAL, Request, SchedulerState, Status
+from checker.semantics.state import TERMINAL, Request, SchedulerState
 from checker.semantics.step import step
 from checker.traces import RequestSet
 
@@ -213,17 +213,3 @@ def _skip_quiet_decodes(s: SchedulerState, result: SimResult, clock: _Clock, now
     if s.waiting and len(s.running) < s.policy.batch.max_num_seqs:
         result.idle_slot_steps += k
     return now + total
-
-
-def check_conservation(s: SchedulerState) -> None:
-    """Every request is in exactly one place; the KV counters equal the sums (used by tests)."""
-    running = {r.rid for r in s.running}
-    waiting = {r.rid for r in s.waiting}
-    assert len(running) == len(s.running) and len(waiting) == len(s.waiting), "duplicate in a queue"
-    assert not running & waiting, "request both running and waiting"
-    for r in s.requests:
-        in_running, in_waiting = r.rid in running, r.rid in waiting
-        assert in_running == (r.status is Status.RUNNING), r
-        assert in_waiting == (r.status in (Status.WAITING, Status.SWAPPED)), r
-    assert s.kv_used == sum(r.blocks for r in s.requests), "kv_used is not the sum of blocks held"
-    assert s.swap_used == sum(r.swapped_blocks for r in s.requests), "swap_used is not the sum"

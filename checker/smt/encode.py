@@ -15,17 +15,8 @@ from dataclasses import dataclass, field, replace
 
 from checker.policy import (Allocation, HeadOfLine, PhaseMode, Policy, Polarity, PreemptMode, QueueOrder,
                             Requeue, Victim)
-from checker.semantics.state import FIELDS, Reason, Status
+from checker.semantics.state import Reason, Status
 from checker.smt.ops import Term, sum_terms
-
-
-class Unsupported(Exception):
-    """The policy uses a feature the symbolic step does not encode yet."""
-
-
-def check_supported(policy: Policy) -> None:
-    """Every rule of the policy schema is encoded; kept as the one place to refuse a future rule
-    that is not (a policy is never encoded wrongly)."""
 
 
 @dataclass(frozen=True)
@@ -69,7 +60,6 @@ WAITING_STATES = (Status.WAITING, Status.SWAPPED)
 class SymbolicStep:
     def __init__(self, ops, policy: Policy, params: list[SlotParams], state: SlotState, now_us: Term,
                  cancels: list[Term]):
-        check_supported(policy)
         self.o = ops
         self.p = policy
         self.params = params
@@ -196,7 +186,7 @@ class SymbolicStep:
             self.set(i, "release_step", rel, -1)
 
     def arrive(self) -> None:
-        o, p, s = self.o, self.p, self.s
+        o, p = self.o, self.p
         adm = p.admission
         running = self.count(Status.RUNNING)
         waiting = self.count(*WAITING_STATES)
@@ -524,6 +514,3 @@ class SymbolicStep:
 def symbolic_step(ops, policy: Policy, params: list[SlotParams], state: SlotState, now_us: Term,
                   cancels: list[Term]) -> StepResult:
     return SymbolicStep(ops, policy, params, state, now_us, cancels).run()
-
-
-__all__ = ["FIELDS", "SlotParams", "SlotState", "StepResult", "Unsupported", "symbolic_step", "check_supported"]

@@ -10,7 +10,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from checker.smt.conformance import Z3Step, differences, int_outputs, outputs_of_engine
-from checker.smt.encode import check_supported
 from checker.strategies import SYMBOLIC_MODES, small_scenarios
 from tests.helpers import POLICIES, WORKLOADS, drive
 
@@ -52,7 +51,6 @@ def test_every_shipped_policy_is_encoded_and_its_pinned_step_matches(name):
     from checker.traces import load_requests
 
     policy = load_policy(POLICIES / name)
-    check_supported(policy)
     rs = load_requests(workload=WORKLOADS / "chat_mixed.yaml", limit=4)
     specs = rs.specs
     sc = Scenario(policy, specs, len(rs.tenant_names), 200_000)
