@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from checker.audit import AuditContract, AuditResult, AuditWorkload
 from checker.engine import SimResult, simulate
 from checker.errors import InputError, Problem
 from checker.loading import load_document, validate
@@ -13,6 +14,7 @@ from checker.traces import Trace, load_azure_csv, load_requests
 from checker.workload import Workload
 
 MODELS = {"policy": Policy, "workload": Workload, "trace": Trace, "profile": Profile}
+MODELS.update({"audit-contract": AuditContract, "audit-workload": AuditWorkload})  # batchcheck audit's records
 
 
 def load_policy(path: str | Path) -> Policy:
@@ -35,6 +37,8 @@ def guess_kind(path: str | Path, data: object) -> str:
             return "trace"
         if data.get("format") == "batchcheck-profile":
             return "profile"
+        if data.get("format") in ("batchcheck-audit-contract", "batchcheck-audit-workload"):
+            return str(data["format"]).removeprefix("batchcheck-")
         if "classes" in data:
             return "workload"
         if "kv" in data or "max_model_len" in data:
@@ -60,3 +64,30 @@ def run_simulation(policy: str | Path, workload: str | Path | None = None, trace
     prof: Profile = load_profile(profile)
     requests = load_requests(workload=workload, trace=trace, limit=limit)
     return simulate(pol, requests, prof, record=record)
+
+
+# ----------------------------------------------------------------------------------------- capacity audit
+def run_audit(contract: str | Path, workload: str | Path) -> AuditResult:
+    """The fluid capacity audit of an audit workload record against the contract it names (docs/audit.md)."""
+    from checker.audit import audit_files
+
+    return audit_files(contract, workload)
+
+
+def run_derived_audit(policy: str | Path, workload: str | Path, profile: str | Path | None = None, *,
+                      queue_slo_ms: int | None = None, ttft_slo_ms: int | None = None,
+                      tpot_slo_ms: int | None = None) -> AuditResult:
+    """The audit of the contract and workload record derived from a policy, a profile (default:
+    spec/profiles/default_linear.json) and a batchcheck workload: the system `simulate` runs."""
+    from checker.audit import audit, content_id
+    from checker.audit.derive import derive
+    from checker.loading import load_model
+    from checker.profile import DEFAULT_PROFILE
+
+    pol = load_policy(policy)
+    prof = load_profile(profile)
+    wl = load_model(Workload, workload)
+    contract, record, derivation = derive(
+        pol, prof, wl, policy_source=str(policy), profile_source=str(profile or DEFAULT_PROFILE),
+        workload_source=str(workload), queue_slo_ms=queue_slo_ms, ttft_slo_ms=ttft_slo_ms, tpot_slo_ms=tpot_slo_ms)
+    return audit(contract, record, content_id(contract), content_id(record), derived=derivation)

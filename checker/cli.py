@@ -16,7 +16,7 @@ from checker import __version__
 from checker.errors import BatchcheckError
 from checker.exitcodes import ExitCode
 
-KINDS = ("policy", "workload", "trace", "profile")
+KINDS = ("policy", "workload", "trace", "profile", "audit-contract", "audit-workload")
 
 
 def _schema(args: argparse.Namespace) -> int:
@@ -49,6 +49,31 @@ def _simulate(args: argparse.Namespace) -> int:
     return ExitCode.OK
 
 
+def _audit(args: argparse.Namespace) -> int:
+    from checker.api import run_audit, run_derived_audit
+    from checker.errors import UsageError
+
+    derived = [flag for flag, value in (("--policy", args.policy), ("--profile", args.profile),
+                                        ("--workload", args.derive_workload), ("--queue-slo-ms", args.queue_slo_ms),
+                                        ("--ttft-slo-ms", args.ttft_slo_ms), ("--tpot-slo-ms", args.tpot_slo_ms))
+               if value is not None]
+    records = [path for path in (args.contract, args.workload) if path is not None]
+    if records and derived:
+        raise UsageError(f"give either CONTRACT WORKLOAD or --policy/--profile/--workload, not both "
+                         f"(got {records[0]} and {derived[0]})")
+    if derived:
+        if args.policy is None or args.derive_workload is None:
+            raise UsageError("the derived form needs --policy FILE and --workload FILE (--profile is optional)")
+        result = run_derived_audit(args.policy, args.derive_workload, args.profile, queue_slo_ms=args.queue_slo_ms,
+                                   ttft_slo_ms=args.ttft_slo_ms, tpot_slo_ms=args.tpot_slo_ms)
+    elif len(records) == 2:
+        result = run_audit(args.contract, args.workload)
+    else:
+        raise UsageError("give CONTRACT WORKLOAD (audit records) or --policy FILE --workload FILE [--profile FILE]")
+    print(json.dumps(result.as_json(), indent=2) if args.json else result.text())
+    return ExitCode.OK if result.failure is None else ExitCode.VIOLATED
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="batchcheck",
@@ -76,6 +101,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, metavar="N", help="only the first N requests")
     p.add_argument("--json", action="store_true", help="print the metrics as JSON")
     p.set_defaults(run=_simulate)
+
+    p = verbs.add_parser("audit", help="integer fluid capacity audit of a batching contract and a workload",
+                         description="Exit 0: within the declared bounds; 1: a bound fails (named); 2: bad input.")
+    p.add_argument("contract", nargs="?", metavar="CONTRACT", help="audit contract record (YAML)")
+    p.add_argument("workload", nargs="?", metavar="WORKLOAD", help="audit workload record written for CONTRACT")
+    p.add_argument("--policy", metavar="FILE", help="derived form: the policy the contract is derived from")
+    p.add_argument("--profile", metavar="FILE", help="derived form: service-curve profile (default: "
+                   "spec/profiles/default_linear.json)")
+    p.add_argument("--workload", dest="derive_workload", metavar="FILE", help="derived form: batchcheck workload")
+    for slo in ("queue", "ttft", "tpot"):
+        p.add_argument(f"--{slo}-slo-ms", type=int, metavar="MS", help=f"derived form: {slo.upper()} bound in ms")
+    p.add_argument("--json", action="store_true", help="print every figure as JSON")
+    p.set_defaults(run=_audit)
     return parser
 
 
