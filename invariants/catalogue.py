@@ -1,61 +1,273 @@
-"""Concrete invariant predicates over (state after a step, the step's decision)."""
+"""The invariant catalogue. Each invariant is a small named predicate with parameters, one property each.
+
+An invariant is written once against ``Ops`` and a TraceContext (the policy, the slots' parameters, the
+frames so far): ``check(o, ctx, t, **params)`` says whether the property holds at frame ``t``, looking
+back at earlier frames where it needs to. The engine's traces evaluate it with IntOps; the verifier
+evaluates the very same function on z3 terms. ``trigger`` says whether the situation the property is
+about happens at frame ``t`` (used to report VACUOUS when it never can).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
-from checker.semantics.decision import StepDecision
-from checker.semantics.state import SchedulerState, Status
+from checker.frames import TraceContext
+from checker.semantics.state import Status
+from checker.smt.ops import Term, sum_terms
 
-Predicate = Callable[[SchedulerState, StepDecision], bool]
+Check = Callable[..., Term]
 
 
 @dataclass(frozen=True)
 class Invariant:
     name: str
-    statement: str
-    holds: Predicate
+    statement: str  # the property in one sentence
+    check: Check
+    trigger: Check
+    defaults: dict[str, int] = field(default_factory=dict)
+
+    def holds(self, o: Any, ctx: TraceContext, t: int, params: dict[str, int] | None = None) -> Term:
+        return self.check(o, ctx, t, **{**self.defaults, **(params or {})})
+
+    def triggered(self, o: Any, ctx: TraceContext, t: int, params: dict[str, int] | None = None) -> Term:
+        return self.trigger(o, ctx, t, **{**self.defaults, **(params or {})})
 
 
-def kv_never_overcommitted(s: SchedulerState, d: StepDecision) -> bool:
-    """Blocks in use never exceed the pool."""
-    return s.kv_used <= s.policy.kv.num_blocks
+def _status_in(o: Any, slot: dict[str, Term], *statuses: Status) -> Term:
+    return o.or_(*(slot["status"] == int(x) for x in statuses))
 
 
-def token_budget(s: SchedulerState, d: StepDecision) -> bool:
+def _decoding(o: Any, ctx: TraceContext, t: int, i: int) -> Term:
+    slot, prm = ctx.frames[t].slots[i], ctx.params[i]
+    return o.and_(slot["status"] == int(Status.RUNNING), slot["num_generated"] >= 1,
+                  slot["num_computed"] + 1 == prm.prompt_len + slot["num_generated"])
+
+
+def _any_slot(o: Any, ctx: TraceContext, pred: Callable[[int], Term]) -> Term:
+    return o.or_(*(pred(i) for i in range(ctx.num_slots)))
+
+
+def _all_slots(o: Any, ctx: TraceContext, pred: Callable[[int], Term]) -> Term:
+    return o.and_(*(pred(i) for i in range(ctx.num_slots)))
+
+
+HAS_WORK = (Status.WAITING, Status.SWAPPED, Status.RUNNING)
+
+
+# ----------------------------------------------------------------------------------------- KV and budgets
+def kv_never_overcommitted(o: Any, ctx: TraceContext, t: int, headroom: int = 0) -> Term:
+    """Blocks in use, plus `headroom` blocks, never exceed the pool."""
+    return ctx.frames[t].kv_used + headroom <= ctx.policy.kv.num_blocks
+
+
+def _kv_fills(o: Any, ctx: TraceContext, t: int, headroom: int = 0) -> Term:
+    return ctx.frames[t].kv_used + headroom >= ctx.policy.kv.num_blocks
+
+
+def token_budget(o: Any, ctx: TraceContext, t: int) -> Term:
     """The tokens scheduled in one step never exceed max_num_batched_tokens."""
-    return sum(n for _, n in d.scheduled) <= s.policy.batch.max_num_batched_tokens
+    return sum_terms(list(ctx.frames[t].scheduled)) <= ctx.policy.batch.max_num_batched_tokens
 
 
-def seq_cap(s: SchedulerState, d: StepDecision) -> bool:
+def _tokens_scheduled(o: Any, ctx: TraceContext, t: int) -> Term:
+    return _any_slot(o, ctx, lambda i: ctx.frames[t].scheduled[i] > 0)
+
+
+def seq_cap(o: Any, ctx: TraceContext, t: int) -> Term:
     """Running requests never exceed max_num_seqs."""
-    return len(s.running) <= s.policy.batch.max_num_seqs
+    running = sum_terms([o.b2i(s["status"] == int(Status.RUNNING)) for s in ctx.frames[t].slots])
+    return running <= ctx.policy.batch.max_num_seqs
 
 
-def request_conservation(s: SchedulerState, d: StepDecision) -> bool:
-    """Each request is in exactly one state and queue; none is lost or duplicated, and the KV
-    counters are the sums of what requests hold."""
-    running = [r.rid for r in s.running]
-    waiting = [r.rid for r in s.waiting]
-    if len(set(running)) != len(running) or len(set(waiting)) != len(waiting) or set(running) & set(waiting):
-        return False
-    run_set, wait_set = set(running), set(waiting)
-    for r in s.requests:
-        if (r.rid in run_set) != (r.status is Status.RUNNING):
-            return False
-        if (r.rid in wait_set) != (r.status in (Status.WAITING, Status.SWAPPED)):
-            return False
-        if r.status in (Status.PENDING, Status.WAITING, Status.FINISHED, Status.REJECTED) and r.blocks:
-            return False
-    return (s.kv_used == sum(r.blocks for r in s.requests)
-            and s.swap_used == sum(r.swapped_blocks for r in s.requests))
+def _something_runs(o: Any, ctx: TraceContext, t: int) -> Term:
+    return _any_slot(o, ctx, lambda i: ctx.frames[t].slots[i]["status"] == int(Status.RUNNING))
 
 
-CATALOGUE: dict[str, Invariant] = {
-    inv.__name__: Invariant(inv.__name__, (inv.__doc__ or "").strip(), inv)
-    for inv in (kv_never_overcommitted, token_budget, seq_cap, request_conservation)
-}
+def request_conservation(o: Any, ctx: TraceContext, t: int) -> Term:
+    """Each request is in exactly one state and holds KV only where that state allows; the KV in use is
+    the sum of what requests hold (none lost or duplicated)."""
+    frame = ctx.frames[t]
+
+    def ok(i: int) -> Term:
+        s = frame.slots[i]
+        holds_pool = o.or_(s["status"] == int(Status.RUNNING),
+                           o.and_(s["status"] == int(Status.CANCELLED), s["release_step"] != -1))
+        return o.and_(s["status"] >= int(Status.PENDING), s["status"] <= int(Status.CANCELLED),
+                      o.or_(holds_pool, s["blocks"] == 0), s["blocks"] >= 0,
+                      o.or_(s["status"] == int(Status.SWAPPED), s["swapped_blocks"] == 0))
+    return o.and_(_all_slots(o, ctx, ok), frame.kv_used == sum_terms([s["blocks"] for s in frame.slots]))
+
+
+def _arrived(o: Any, ctx: TraceContext, t: int) -> Term:
+    return _any_slot(o, ctx, lambda i: ctx.frames[t].slots[i]["status"] != int(Status.PENDING))
+
+
+# ----------------------------------------------------------------------------------------- cancellation
+def cancellation_releases(o: Any, ctx: TraceContext, t: int, steps: int = 1) -> Term:
+    """A cancelled request holds no KV blocks `steps` iterations after the step that cancelled it."""
+    if t < steps:
+        return True
+    then, now = ctx.frames[t - steps], ctx.frames[t]
+    return _all_slots(o, ctx, lambda i: o.or_(then.slots[i]["status"] != int(Status.CANCELLED),
+                                              now.slots[i]["blocks"] == 0))
+
+
+def _cancelled_while_holding(o: Any, ctx: TraceContext, t: int, steps: int = 1) -> Term:
+    return _any_slot(o, ctx, lambda i: o.and_(ctx.frames[t].slots[i]["status"] == int(Status.CANCELLED),
+                                             ctx.frames[t].slots[i]["blocks"] > 0))
+
+
+# ----------------------------------------------------------------------------------------- progress
+def decode_progress(o: Any, ctx: TraceContext, t: int, gap: int = 1) -> Term:
+    """A running request past its prefill produces a token at least every `gap` iterations, unless it is
+    preempted, cancelled or finished."""
+    if t < gap:
+        return True
+    window = range(t - gap + 1, t + 1)
+
+    def ok(i: int) -> Term:
+        stayed = o.and_(_decoding(o, ctx, t - gap, i),
+                        *(ctx.frames[j].slots[i]["status"] == int(Status.RUNNING) for j in window))
+        return o.or_(o.not_(stayed), *(ctx.frames[j].produced[i] for j in window))
+    return _all_slots(o, ctx, ok)
+
+
+def _someone_decodes(o: Any, ctx: TraceContext, t: int, gap: int = 1) -> Term:
+    return _any_slot(o, ctx, lambda i: _decoding(o, ctx, t, i))
+
+
+def bounded_starvation(o: Any, ctx: TraceContext, t: int, steps: int = 8) -> Term:
+    """Every arrived request is admitted (first scheduled), rejected or cancelled within `steps`
+    iterations of its arrival."""
+    if t < steps:
+        return True
+    start = ctx.frames[t - steps].now_us
+    now = ctx.frames[t]
+    return _all_slots(o, ctx, lambda i: o.or_(
+        ctx.params[i].arrival_us > start, now.slots[i]["admitted_seq"] > 0,
+        _status_in(o, now.slots[i], Status.REJECTED, Status.CANCELLED)))
+
+
+def _someone_waits(o: Any, ctx: TraceContext, t: int, steps: int = 8) -> Term:
+    return _any_slot(o, ctx, lambda i: ctx.frames[t].slots[i]["status"] == int(Status.WAITING))
+
+
+def no_deadlock(o: Any, ctx: TraceContext, t: int, steps: int = 2) -> Term:
+    """If requests wait or run for `steps` iterations in a row, some token is scheduled in one of them."""
+    if t < steps - 1:
+        return True
+    window = range(t - steps + 1, t + 1)
+    busy = o.and_(*(_any_slot(o, ctx, lambda i, j=j: _status_in(o, ctx.frames[j].slots[i], *HAS_WORK))
+                    for j in window))
+    worked = o.or_(*(_any_slot(o, ctx, lambda i, j=j: ctx.frames[j].scheduled[i] > 0) for j in window))
+    return o.or_(o.not_(busy), worked)
+
+
+def _work_exists(o: Any, ctx: TraceContext, t: int, steps: int = 2) -> Term:
+    return _any_slot(o, ctx, lambda i: _status_in(o, ctx.frames[t].slots[i], *HAS_WORK))
+
+
+def bounded_preemptions(o: Any, ctx: TraceContext, t: int, times: int = 2) -> Term:
+    """No request is preempted more than `times` times."""
+    return _all_slots(o, ctx, lambda i: ctx.frames[t].slots[i]["num_preemptions"] <= times)
+
+
+def _someone_preempted(o: Any, ctx: TraceContext, t: int, times: int = 2) -> Term:
+    return _any_slot(o, ctx, lambda i: ctx.frames[t].preempted[i])
+
+
+# ----------------------------------------------------------------------------------------- ordering
+def _urgency(ctx: TraceContext, i: int) -> Term:
+    from checker.policy import Polarity
+
+    prio = ctx.params[i].priority
+    return prio if ctx.policy.queue.priority_polarity is Polarity.LOWER_FIRST else -prio
+
+
+def _admitted_in(o: Any, ctx: TraceContext, t: int, i: int) -> Term:
+    now = ctx.frames[t].slots[i]["admitted_seq"]
+    before = ctx.frames[t - 1].slots[i]["admitted_seq"] if t > 0 else 0
+    return now != before
+
+
+def priority_inversion(o: Any, ctx: TraceContext, t: int, bound: int = 0) -> Term:
+    """No request is admitted while a request more urgent by more than `bound` priority levels
+    (in the policy's polarity) keeps waiting."""
+    frame = ctx.frames[t]
+
+    def ok(i: int) -> Term:
+        waits = _status_in(o, frame.slots[i], Status.WAITING, Status.SWAPPED)
+        return o.or_(o.not_(waits), _all_slots(o, ctx, lambda j: o.or_(
+            o.not_(_admitted_in(o, ctx, t, j)), _urgency(ctx, j) - _urgency(ctx, i) <= bound)))
+    return _all_slots(o, ctx, ok)
+
+
+def _admission_with_waiters(o: Any, ctx: TraceContext, t: int, bound: int = 0) -> Term:
+    frame = ctx.frames[t]
+    return o.and_(_any_slot(o, ctx, lambda j: _admitted_in(o, ctx, t, j)),
+                  _any_slot(o, ctx, lambda i: _status_in(o, frame.slots[i], Status.WAITING, Status.SWAPPED)))
+
+
+def _service(o: Any, ctx: TraceContext, t: int, tenant: int, w_in: int, w_out: int) -> Term:
+    """Service received by a tenant's requests up to frame t: prompt tokens of requests that produced a
+    token, and output tokens produced, weighted as in VTC."""
+    frame = ctx.frames[t]
+    total: Term = 0
+    for i in range(ctx.num_slots):
+        s, prm = frame.slots[i], ctx.params[i]
+        mine = prm.tenant == tenant
+        served = o.ite(s["num_generated"] >= 1, w_in * prm.prompt_len, 0) + w_out * s["num_generated"]
+        total = total + o.ite(mine, served, 0)
+    return total
+
+
+def _backlogged(o: Any, ctx: TraceContext, t: int, tenant: int) -> Term:
+    return _any_slot(o, ctx, lambda i: o.and_(ctx.params[i].tenant == tenant, _status_in(
+        o, ctx.frames[t].slots[i], Status.WAITING, Status.SWAPPED)))
+
+
+def tenant_fairness(o: Any, ctx: TraceContext, t: int, bound: int = 1000, tenants: int = 2,
+                    w_in: int = 1, w_out: int = 2) -> Term:
+    """Over any stretch of iterations in which two tenants are both backlogged, the service they receive
+    (w_in per prompt token, w_out per output token) differs by at most `bound`."""
+    clauses = []
+    for start in range(t):
+        both = [o.and_(*(o.and_(_backlogged(o, ctx, j, a), _backlogged(o, ctx, j, b)) for j in range(start, t + 1)))
+                for a in range(tenants) for b in range(a + 1, tenants)]
+        pairs = [(a, b) for a in range(tenants) for b in range(a + 1, tenants)]
+        for (a, b), backlog in zip(pairs, both):
+            gained_a = _service(o, ctx, t, a, w_in, w_out) - _service(o, ctx, start, a, w_in, w_out)
+            gained_b = _service(o, ctx, t, b, w_in, w_out) - _service(o, ctx, start, b, w_in, w_out)
+            diff = gained_a - gained_b
+            clauses.append(o.or_(o.not_(backlog), o.and_(diff <= bound, -diff <= bound)))
+    return o.and_(*clauses) if clauses else True
+
+
+def _two_tenants_backlogged(o: Any, ctx: TraceContext, t: int, tenants: int = 2, **_: int) -> Term:
+    return o.or_(*(o.and_(_backlogged(o, ctx, t, a), _backlogged(o, ctx, t, b))
+                   for a in range(tenants) for b in range(a + 1, tenants)))
+
+
+# ----------------------------------------------------------------------------------------- the catalogue
+def _make(check: Check, trigger: Check, **defaults: int) -> Invariant:
+    return Invariant(check.__name__, " ".join((check.__doc__ or "").split()), check, trigger, defaults)
+
+
+CATALOGUE: dict[str, Invariant] = {inv.name: inv for inv in (
+    _make(kv_never_overcommitted, _kv_fills, headroom=0),
+    _make(token_budget, _tokens_scheduled),
+    _make(seq_cap, _something_runs),
+    _make(request_conservation, _arrived),
+    _make(cancellation_releases, _cancelled_while_holding, steps=1),
+    _make(decode_progress, _someone_decodes, gap=1),
+    _make(bounded_starvation, _someone_waits, steps=8),
+    _make(no_deadlock, _work_exists, steps=2),
+    _make(bounded_preemptions, _someone_preempted, times=2),
+    _make(priority_inversion, _admission_with_waiters, bound=0),
+    _make(tenant_fairness, _two_tenants_backlogged, bound=1000, tenants=2, w_in=1, w_out=2),
+)}
 
 
 def get(name: str) -> Invariant:

@@ -13,7 +13,7 @@ from checker.policy import Policy
 from checker.semantics.decision import StepDecision
 from checker.semantics.state import FIELDS, Request, SchedulerState
 from checker.smt.encode import SlotParams, SlotState, StepResult, symbolic_step
-from checker.smt.ops import IntOps, Z3Ops, bool_var, int_var, pin_and_eval, sum_terms
+from checker.smt.ops import IntOps, Z3Ops, bool_var, int_var, pin_and_eval
 
 PARAM_FIELDS = ("arrival_us", "prompt_len", "output_len", "max_output", "priority", "tenant")
 OUTPUT_NAMES = tuple(f"{f}" for f in FIELDS) + ("scheduled",)
@@ -74,9 +74,7 @@ def _flatten(result: StepResult) -> dict[str, object]:
 
 
 def _state(slots: list[dict], next_seq, step, counters) -> SlotState:
-    return SlotState(slots=slots, next_seq=next_seq, step=step, counters=list(counters),
-                     kv_used=sum_terms([sl["blocks"] for sl in slots]),
-                     swap_used=sum_terms([sl["swapped_blocks"] for sl in slots]))
+    return SlotState(slots=slots, next_seq=next_seq, step=step, counters=list(counters))
 
 
 def int_outputs(policy: Policy, c: Captured) -> dict[str, int]:

@@ -39,8 +39,15 @@ class SlotState:
     next_seq: Term
     step: Term
     counters: list[Term]
-    kv_used: Term = 0
-    swap_used: Term = 0
+
+    @property
+    def kv_used(self) -> Term:
+        """Blocks in use: always the sum of what the slots hold (one fact, stored once)."""
+        return sum_terms([slot["blocks"] for slot in self.slots])
+
+    @property
+    def swap_used(self) -> Term:
+        return sum_terms([slot["swapped_blocks"] for slot in self.slots])
 
     def copy(self) -> SlotState:
         return replace(self, slots=[dict(s) for s in self.slots], counters=list(self.counters))
@@ -110,23 +117,36 @@ class SymbolicStep:
     def blocks_for(self, tokens: Term) -> Term:
         return self.o.ceil_div(tokens, self.p.kv.block_size)
 
-    def max_context(self, i: int) -> Term:
+    def view(self, i: int) -> dict[str, Term]:
+        """Slot i's fields and parameters under one name space (what the arithmetic below reads)."""
         prm = self.params[i]
-        return self.o.min(prm.prompt_len + prm.max_output, self.p.max_model_len) - 1
+        return {**self.s.slots[i], "prompt_len": prm.prompt_len, "output_len": prm.output_len,
+                "max_output": prm.max_output, "sched": self.sched[i], "grown": self.grown[i]}
 
-    def in_prefill(self, i: int) -> Term:
-        sl, prm = self.s.slots[i], self.params[i]
-        return self.o.or_(sl["num_generated"] == 0,
-                          sl["num_computed"] + 1 < prm.prompt_len + sl["num_generated"])
+    def selected(self, sel: list[Term], extra: dict[str, list[Term]] | None = None) -> dict[str, Term]:
+        """The fields of the slot a one-hot selector picks, read once (arithmetic then runs once per
+        round on these, instead of once per slot: far fewer divisions for the solver)."""
+        views = [self.view(i) for i in range(self.n)]
+        names = ("num_computed", "num_generated", "blocks", "prompt_len", "max_output", "sched")
+        out = {name: self.select(sel, [v[name] for v in views]) for name in names}
+        for name, values in (extra or {}).items():
+            out[name] = self.select(sel, values)
+        return out
 
-    def target_blocks(self, i: int, n: Term) -> Term:
-        need = self.blocks_for(self.s.slots[i]["num_computed"] + n)
+    def max_context(self, r: dict[str, Term]) -> Term:
+        return self.o.min(r["prompt_len"] + r["max_output"], self.p.max_model_len) - 1
+
+    def in_prefill(self, r: dict[str, Term]) -> Term:
+        return self.o.or_(r["num_generated"] == 0, r["num_computed"] + 1 < r["prompt_len"] + r["num_generated"])
+
+    def target_blocks(self, r: dict[str, Term], n: Term) -> Term:
+        need = self.blocks_for(r["num_computed"] + n)
         if self.p.kv.allocation is Allocation.FULL_RESERVATION:
-            need = self.o.max(need, self.blocks_for(self.max_context(i)))
+            need = self.o.max(need, self.blocks_for(self.max_context(r)))
         return need
 
-    def new_blocks(self, i: int, n: Term) -> Term:
-        return self.o.max(0, self.target_blocks(i, n) - self.s.slots[i]["blocks"])
+    def new_blocks(self, r: dict[str, Term], n: Term) -> Term:
+        return self.o.max(0, self.target_blocks(r, n) - r["blocks"])
 
     def norm_priority(self, i: int) -> Term:
         prio = self.params[i].priority
@@ -181,7 +201,6 @@ class SymbolicStep:
             sl = s.slots[i]
             rel = o.and_(self.st(i) == int(Status.CANCELLED), sl["release_step"] != -1,
                          sl["release_step"] <= s.step)
-            s.kv_used = s.kv_used - o.ite(rel, sl["blocks"], 0)
             self.set(i, "blocks", rel, 0)
             self.set(i, "release_step", rel, -1)
 
@@ -198,7 +217,7 @@ class SymbolicStep:
             too_long = prm.prompt_len >= p.max_model_len
             never = False
             if adm.reject_never_fits:
-                never = self.blocks_for(self.max_context(i)) > p.kv.num_blocks
+                never = self.blocks_for(self.max_context(self.view(i))) > p.kv.num_blocks
             over = False if adm.max_inflight is None else waiting + running >= adm.max_inflight
             full = False if adm.max_queue_len is None else waiting >= adm.max_queue_len
             if adm.max_queued_tokens is not None:
@@ -236,13 +255,11 @@ class SymbolicStep:
         for i in range(self.n):
             sl = s.slots[i]
             cancelling = o.and_(self.cancels[i], self.is_(i, Status.WAITING, Status.SWAPPED, Status.RUNNING))
-            s.swap_used = s.swap_used - o.ite(cancelling, sl["swapped_blocks"], 0)
             self.set(i, "swapped_blocks", cancelling, 0)
             holds = o.and_(cancelling, sl["blocks"] > 0)
             if lag > 0:
                 self.set(i, "release_step", holds, s.step + lag)
             else:
-                s.kv_used = s.kv_used - o.ite(holds, sl["blocks"], 0)
                 self.set(i, "blocks", holds, 0)
             self.set(i, "reason", cancelling, int(Reason.ABORTED))
             self.set(i, "status", cancelling, int(Status.CANCELLED))
@@ -282,31 +299,28 @@ class SymbolicStep:
         else:
             self.mixed_pass()
 
-    def num_new_tokens(self, i: int) -> Term:
+    def num_new_tokens(self, r: dict[str, Term]) -> Term:
         o, p = self.o, self.p
-        sl, prm = self.s.slots[i], self.params[i]
-        gap = prm.prompt_len + sl["num_generated"] - sl["num_computed"]
+        gap = r["prompt_len"] + r["num_generated"] - r["num_computed"]
         n = o.min(gap, self.budget)
         if p.chunking.long_prefill_token_threshold:
             n = o.min(n, p.chunking.long_prefill_token_threshold)
-        n = o.ite(self.in_prefill(i), o.min(n, self.prefill_budget), n)
+        n = o.ite(self.in_prefill(r), o.min(n, self.prefill_budget), n)
         if not p.chunking.enabled:
             n = o.ite(n < gap, 0, n)
         return o.max(n, 0)
 
-    def charge(self, sel: list[Term], n: Term, cond: Term) -> None:
-        """Schedule n tokens for the selected slot (cond guards it): allocate blocks, charge budget."""
+    def charge(self, sel: list[Term], r: dict[str, Term], n: Term, cond: Term) -> None:
+        """Schedule n tokens for the selected slot r (cond guards it): allocate blocks, charge budget."""
         o = self.o
-        prefill = o.or_(*(o.and_(sel[i], self.in_prefill(i)) for i in range(self.n)))
+        added = self.new_blocks(r, n)
         for i in range(self.n):
             c = o.and_(cond, sel[i])
-            added = self.new_blocks(i, n)
-            self.s.kv_used = self.s.kv_used + o.ite(c, added, 0)
             self.set(i, "blocks", c, self.s.slots[i]["blocks"] + added)
             self.grown[i] = o.ite(c, added, self.grown[i])
             self.sched[i] = o.ite(c, n, self.sched[i])
         self.budget = self.budget - o.ite(cond, n, 0)
-        self.prefill_budget = self.prefill_budget - o.ite(o.and_(cond, prefill), n, 0)
+        self.prefill_budget = self.prefill_budget - o.ite(o.and_(cond, self.in_prefill(r)), n, 0)
 
     def preempt(self, victim: list[Term], cond: Term) -> None:
         o, s = self.o, self.s
@@ -316,11 +330,9 @@ class SymbolicStep:
             sl = s.slots[i]
             v = o.and_(cond, victim[i])
             refund = refund + o.ite(v, self.sched[i], 0)
-            refund_prefill = refund_prefill + o.ite(o.and_(v, self.in_prefill(i)), self.sched[i], 0)
+            refund_prefill = refund_prefill + o.ite(o.and_(v, self.in_prefill(self.view(i))), self.sched[i], 0)
             keep = sl["blocks"] - self.grown[i]
             swapped = o.and_(v, s.swap_used + keep <= self.p.kv.swap_blocks) if swap else False
-            s.swap_used = s.swap_used + o.ite(swapped, keep, 0)
-            s.kv_used = s.kv_used - o.ite(v, sl["blocks"], 0)
             self.set(i, "swapped_blocks", swapped, keep)
             self.set(i, "num_computed", o.and_(v, o.not_(swapped)), 0)
             self.set(i, "blocks", v, 0)
@@ -340,21 +352,20 @@ class SymbolicStep:
         it, skip it, let it stall, or preempt one victim for it. Returns whether it is done."""
         o, p = self.o, self.p
         n_slots = self.n
-        skip = o.or_(*(o.and_(sel[i], self.sched[i] > 0) for i in range(n_slots)))
+        cur = self.selected(sel, {"want": want})
+        skip = cur["sched"] > 0
         if prefill_only:
-            skip = o.or_(skip, o.not_(o.or_(*(o.and_(sel[i], self.in_prefill(i)) for i in range(n_slots)))))
-        fresh = [self.num_new_tokens(i) for i in range(n_slots)]
-        n = self.select(sel, [o.ite(want[i] >= 0, want[i], fresh[i]) for i in range(n_slots)])
+            skip = o.or_(skip, o.not_(self.in_prefill(cur)))
+        n = o.ite(cur["want"] >= 0, cur["want"], self.num_new_tokens(cur))
         skip = o.or_(skip, n == 0)
-        need = self.select(sel, [self.new_blocks(i, n) for i in range(n_slots)])
-        fits = True if not p.kv.check_allocation else need <= p.kv.num_blocks - self.s.kv_used
+        fits = True if not p.kv.check_allocation else self.new_blocks(cur, n) <= p.kv.num_blocks - self.s.kv_used
         go = o.and_(active, o.not_(skip))
         do_schedule = o.and_(go, fits)
         do_preempt = o.and_(go, o.not_(fits)) if p.preempts_on_growth else False
         done = o.or_(o.and_(active, skip), do_schedule, o.and_(go, o.not_(fits), not p.preempts_on_growth))
         for i in range(n_slots):
             want[i] = o.ite(o.and_(active, sel[i]), n, want[i])
-        self.charge(sel, n, do_schedule)
+        self.charge(sel, cur, n, do_schedule)
         if p.preempts_on_growth:
             running = [self.st(i) == int(Status.RUNNING) for i in range(n_slots)]
             victim = self.last(running, [self.victim_key(i) for i in range(n_slots)])
@@ -367,14 +378,13 @@ class SymbolicStep:
         preempt one running request for it (priority inversion), or give up. Returns (admitted, failed)."""
         o, p = self.o, self.p
         n_slots = self.n
-        n = self.select(sel, [self.num_new_tokens(i) for i in range(n_slots)])
+        cur = self.selected(sel)
+        n = self.num_new_tokens(cur)
         free = p.kv.num_blocks - self.s.kv_used - o.ite(self.running > 0, p.kv.watermark_blocks, 0)
-        fits_kv = self.select(sel, [self.new_blocks(i, n) for i in range(n_slots)]) <= free
+        fits_kv = self.new_blocks(cur, n) <= free
         if p.admission.reserve_full_prompt:
-            whole = self.select(sel, [
-                o.max(self.target_blocks(i, 0),
-                      self.blocks_for(self.params[i].prompt_len + self.s.slots[i]["num_generated"]))
-                - self.s.slots[i]["blocks"] for i in range(n_slots)])
+            whole = o.max(self.target_blocks(cur, 0), self.blocks_for(cur["prompt_len"] + cur["num_generated"])) \
+                - cur["blocks"]
             fits_kv = o.and_(fits_kv, whole <= free)
         fits = o.and_(n > 0, self.running < p.batch.max_num_seqs, fits_kv)
         do_admit = o.and_(active, fits)
@@ -387,7 +397,7 @@ class SymbolicStep:
             victim_exists = o.and_(o.or_(*running), margin > p.preemption.priority_inversion_threshold)
         do_preempt = o.and_(active, n > 0, o.not_(fits), victim_exists)
         do_fail = o.and_(active, o.not_(do_admit), o.not_(do_preempt))
-        self.admit(sel, n, do_admit)
+        self.admit(sel, cur, n, do_admit)
         if p.preempts_on_inversion:
             self.preempt(victim, do_preempt)
         return do_admit, do_fail
@@ -466,18 +476,17 @@ class SymbolicStep:
             processed = [o.or_(processed[i], o.and_(done, sel[i])) for i in range(n_slots)]
             admitting = o.and_(admitting, o.not_(seq_full), o.not_(failed) if strict else True)
 
-    def admit(self, sel: list[Term], n: Term, cond: Term) -> None:
+    def admit(self, sel: list[Term], r: dict[str, Term], n: Term, cond: Term) -> None:
         o, s = self.o, self.s
         for i in range(self.n):
             c = o.and_(cond, sel[i])
-            s.swap_used = s.swap_used - o.ite(c, s.slots[i]["swapped_blocks"], 0)
             self.set(i, "swapped_blocks", c, 0)
             self.set(i, "status", c, int(Status.RUNNING))
             self.set(i, "admitted_seq", c, s.next_seq)
             self.admitted[i] = o.or_(self.admitted[i], c)
         s.next_seq = s.next_seq + o.b2i(cond)
         self.running = self.running + o.b2i(cond)
-        self.charge(sel, n, cond)
+        self.charge(sel, r, n, cond)
 
     # ------------------------------------------------------------------ complete
     def complete(self) -> list[Term]:
@@ -489,7 +498,7 @@ class SymbolicStep:
             sl, prm = s.slots[i], self.params[i]
             n = self.sched[i]
             scheduled = n > 0
-            prefill = self.in_prefill(i)
+            prefill = self.in_prefill(self.view(i))
             total = prm.prompt_len + sl["num_generated"]
             computed = sl["num_computed"] + n
             produced = o.and_(scheduled, computed == total)
@@ -504,7 +513,6 @@ class SymbolicStep:
             self.set(i, "reason", finish, o.ite(generated >= prm.output_len, int(Reason.STOPPED),
                                                  int(Reason.LENGTH_CAPPED)))
             self.set(i, "status", finish, int(Status.FINISHED))
-            s.kv_used = s.kv_used - o.ite(finish, sl["blocks"], 0)
             self.set(i, "blocks", finish, 0)
             produced_all.append(produced)
         s.step = s.step + 1

@@ -178,3 +178,49 @@ def _py(v: Any) -> int | bool:
 
 def sum_terms(xs: list[Term]) -> Term:
     return reduce(lambda a, b: a + b, xs, 0)
+
+
+class SmtSession:
+    """A z3 solver behind the small interface the verifier needs (so only this module imports z3)."""
+
+    def __init__(self, timeout_ms: int | None = None):
+        self.solver = z3.Solver()
+        if timeout_ms is not None:
+            self.solver.set("timeout", max(1, int(timeout_ms)))
+        self.last_reason = ""
+
+    @staticmethod
+    def int_var(name: str) -> z3.ArithRef:
+        return z3.Int(name)
+
+    @staticmethod
+    def bool_var(name: str) -> z3.BoolRef:
+        return z3.Bool(name)
+
+    @staticmethod
+    def implies(a: Term, b: Term) -> Term:
+        return z3.Implies(a, b)
+
+    def add(self, *terms: Term) -> None:
+        for term in terms:
+            if term is True:
+                continue
+            self.solver.add(term)
+
+    def set_timeout(self, timeout_ms: int) -> None:
+        self.solver.set("timeout", max(1, int(timeout_ms)))
+
+    def check(self, *assumptions: Term) -> str:
+        """'sat', 'unsat' or 'unknown' (with the reason in last_reason)."""
+        result = self.solver.check(*assumptions)
+        if result == z3.sat:
+            return "sat"
+        if result == z3.unsat:
+            return "unsat"
+        self.last_reason = self.solver.reason_unknown()
+        return "unknown"
+
+    def value(self, term: Term) -> int | bool:
+        if isinstance(term, (int, bool)):
+            return term
+        return _py(self.solver.model().eval(term, model_completion=True))

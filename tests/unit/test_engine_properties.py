@@ -9,6 +9,8 @@ from checker.profile import load_profile
 from checker.semantics.state import TERMINAL
 from checker.strategies import small_scenarios
 from checker.traces import RequestSet
+from checker.frames import TraceContext, frame_from_engine, params_from_engine
+from checker.smt.ops import IntOps
 from invariants import CATALOGUE
 from tests.helpers import drive
 
@@ -19,11 +21,14 @@ PROFILE = load_profile(None)
 @settings(max_examples=300, **SETTINGS)
 @given(sc=small_scenarios(max_requests=6))
 def test_conservation_and_budgets_hold_after_every_step(sc):
+    frames, ctx = [], None
     for k, (_, s, d) in enumerate(drive(sc, max_steps=60)):
+        frames.append(frame_from_engine(s, d))
+        ctx = TraceContext(sc.policy, params_from_engine(s), frames)
         for name in ("request_conservation", "token_budget", "seq_cap"):
-            assert CATALOGUE[name].holds(s, d), f"{name} broken at step {k}"
+            assert CATALOGUE[name].holds(IntOps, ctx, k), f"{name} broken at step {k}"
         if sc.policy.kv.check_allocation:
-            assert CATALOGUE["kv_never_overcommitted"].holds(s, d), f"KV over-committed at step {k}"
+            assert CATALOGUE["kv_never_overcommitted"].holds(IntOps, ctx, k), f"KV over-committed at step {k}"
 
 
 @settings(max_examples=150, **SETTINGS)

@@ -1,0 +1,110 @@
+"""Counterexample files: self-contained, replayable, written atomically.
+
+Format (``batchcheck-counterexample`` version 1, documented in docs/counterexamples.md): the policy
+(its spec and its hash), the property and its parameters, the environment assumptions, the requests
+(the same shape as the JSON trace format), the clock, and the state after every iteration as a list
+of states in the ITF convention (``#meta``, ``vars``, ``states``), so TLA+ trace tools can read it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from checker.errors import InputError, Problem
+from checker.loading import load_document
+from checker.policy import Policy
+from checker.semantics.state import RequestSpec, Status
+
+FORMAT = "batchcheck-counterexample"
+STATUS_NAMES = {int(s): s.name for s in Status}
+
+
+def policy_hash(policy: Policy) -> str:
+    canonical = json.dumps(policy.model_dump(mode="json", exclude={"name"}), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def requests_json(specs: list[RequestSpec]) -> list[dict]:
+    return [{"id": s.rid, "arrival_ms": s.arrival_us / 1000, "prompt_tokens": s.prompt_len,
+             "output_tokens": s.output_len, "max_output_tokens": s.max_output, "priority": s.priority,
+             "tenant": s.tenant, "cancel_after_ms": None if s.cancel_us is None else (s.cancel_us - s.arrival_us) / 1000}
+            for s in specs]
+
+
+def specs_from_json(rows: list[dict]) -> list[RequestSpec]:
+    specs = []
+    for row in rows:
+        arrival = round(row["arrival_ms"] * 1000)
+        cancel = row.get("cancel_after_ms")
+        specs.append(RequestSpec(rid=row["id"], arrival_us=arrival, prompt_len=row["prompt_tokens"],
+                                 output_len=row["output_tokens"], max_output=row["max_output_tokens"],
+                                 priority=row.get("priority", 0), tenant=row.get("tenant", 0), cls=0,
+                                 cancel_us=None if cancel is None else arrival + round(cancel * 1000)))
+    return specs
+
+
+def build(policy: Policy, policy_file: str | None, prop: dict[str, Any], verdict: dict[str, Any],
+          environment: dict[str, Any], specs: list[RequestSpec], step_us: int, violation_step: int,
+          frames: list[dict], found_by: str) -> dict[str, Any]:
+    states = []
+    for k, f in enumerate(frames):
+        states.append({"#meta": {"index": k}, "iteration": k, "now_us": f["now_us"], "kv_used": f["kv_used"],
+                       "requests": [{"id": i, **{**r, "status": STATUS_NAMES[r["status"]]}}
+                                    for i, r in enumerate(f["requests"][:len(specs)])]})
+    return {
+        "#meta": {"format": "ITF", "format-description": "https://apalache-mc.org/docs/adr/015adr-trace.html",
+                  "source": found_by, "description": f"{prop['name']} violated by {policy.name}"},
+        "format": FORMAT, "version": 1,
+        "policy": {"name": policy.name, "file": policy_file, "sha256": policy_hash(policy),
+                   "spec": policy.model_dump(mode="json")},
+        "property": prop, "verdict": verdict, "environment": environment,
+        "clock": {"step_us": step_us}, "requests": requests_json(specs),
+        "violation": {"iteration": violation_step},
+        "vars": ["iteration", "now_us", "kv_used", "requests"],
+        "states": states,
+    }
+
+
+def file_name(doc: dict[str, Any]) -> str:
+    digest = hashlib.sha256(json.dumps([doc["policy"]["sha256"], doc["property"], doc["requests"]],
+                                       sort_keys=True).encode()).hexdigest()[:8]
+    safe = "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in (doc["policy"]["name"] or "policy"))
+    return f"{safe}__{doc['property']['name']}__{digest}.json"
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write a file so that readers see the old content or the new one, never a part."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def save(doc: dict[str, Any], out_dir: Path) -> Path:
+    path = out_dir / file_name(doc)
+    write_atomic(path, json.dumps(doc, indent=1) + "\n")
+    return path
+
+
+def load(path: str | Path) -> dict[str, Any]:
+    data, _ = load_document(path)
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise InputError(Problem("format", data.get("format") if isinstance(data, dict) else data,
+                                 f"'{FORMAT}' (a counterexample written by batchcheck)"), str(path))
+    for key in ("policy", "property", "requests", "clock", "violation"):
+        if key not in data:
+            raise InputError(Problem(key, "<missing>", "this section of a counterexample file"), str(path))
+    return data

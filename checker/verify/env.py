@@ -1,0 +1,142 @@
+"""The environment model: what the solver may choose, stated explicitly and printed with every verdict.
+
+N request slots within a depth of K iterations. Slot i arrives at iteration ``arrival_step`` in
+[0, K] (K: it never arrives within the horizon, so N slots cover every smaller number of requests),
+slots are numbered in arrival order (symmetry breaking, and the encoder's assumption), its prompt and
+output lengths lie in declared ranges, its declared max output lies between its output length and a
+cap, its priority and tenant come from declared sets, and (if allowed) the client cancels it at some
+iteration at or after its arrival. The clock is fixed: iteration k starts at k * step_us.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from checker.errors import InputError, Problem
+from checker.policy import Policy
+from checker.semantics.state import RequestSpec
+from checker.smt.encode import SlotParams
+from checker.smt.ops import SmtSession, Term
+from checker.workload import Workload
+
+DEFAULT_STEP_US = 10_000
+
+
+@dataclass(frozen=True)
+class Environment:
+    requests: int
+    depth: int
+    prompt: tuple[int, int]
+    output: tuple[int, int]
+    max_output_cap: int
+    priorities: tuple[int, ...] = (0,)
+    tenants: int = 1
+    cancellations: bool = True
+    step_us: int = DEFAULT_STEP_US
+
+    def describe(self) -> list[str]:
+        return [
+            f"{self.requests} request slots, {self.depth} iterations of {self.step_us / 1000:g} ms each; "
+            f"a slot arrives at any iteration (or never), slots in arrival order",
+            f"prompt tokens in [{self.prompt[0]}, {self.prompt[1]}], output tokens in "
+            f"[{self.output[0]}, {self.output[1]}], declared max output in [output, {self.max_output_cap}]",
+            f"priorities in {{{', '.join(map(str, self.priorities))}}}, {self.tenants} tenant(s); "
+            + ("a client may cancel at any iteration after arrival" if self.cancellations else "no cancellations"),
+        ]
+
+    def as_dict(self) -> dict:
+        return {"requests": self.requests, "depth": self.depth, "prompt_tokens": list(self.prompt),
+                "output_tokens": list(self.output), "max_output_cap": self.max_output_cap,
+                "priorities": list(self.priorities), "tenants": self.tenants,
+                "cancellations": self.cancellations, "step_us": self.step_us}
+
+
+def default_environment(policy: Policy, requests: int, depth: int, workload: Workload | None = None,
+                        prompt: tuple[int, int] | None = None, output: tuple[int, int] | None = None,
+                        cancellations: bool = True, step_us: int = DEFAULT_STEP_US) -> Environment:
+    """Ranges from flags, else from a workload's classes, else from the policy (any prompt up to
+    max_model_len, outputs up to twice the depth)."""
+    if workload is not None:
+        lo_p = min(_low(c.prompt_tokens) for c in workload.classes)
+        hi_p = max(c.prompt_tokens.upper for c in workload.classes)
+        lo_o = min(_low(c.output_tokens) for c in workload.classes)
+        hi_o = max(c.output_tokens.upper for c in workload.classes)
+        cap = max(c.max_output for c in workload.classes)
+        priorities = tuple(sorted({c.priority for c in workload.classes}))
+        tenants = len(workload.tenants)
+        cancellations = cancellations and any(c.cancel is not None for c in workload.classes)
+    else:
+        lo_p, hi_p = 1, policy.max_model_len
+        lo_o, hi_o = 1, max(2, 2 * depth)
+        cap, priorities, tenants = hi_o, (0, 1), 2
+    lo_p, hi_p = prompt or (lo_p, hi_p)
+    lo_o, hi_o = output or (lo_o, hi_o)
+    for name, (lo, hi) in (("--prompt-range", (lo_p, hi_p)), ("--output-range", (lo_o, hi_o))):
+        if not 1 <= lo <= hi:
+            raise InputError(Problem(name, f"{lo}:{hi}", "LOW:HIGH with 1 <= LOW <= HIGH"))
+    if requests < 1 or depth < 1:
+        raise InputError(Problem("--requests/--depth", f"{requests}/{depth}", "both >= 1"))
+    return Environment(requests, depth, (lo_p, hi_p), (lo_o, hi_o), max(cap, hi_o), priorities, tenants,
+                       cancellations, step_us)
+
+
+def _low(dist) -> int:
+    return getattr(dist, "low", None) or getattr(dist, "min", None) or getattr(dist, "value", None) or min(dist.values)
+
+
+@dataclass
+class SymbolicRequests:
+    """The solver's choices for N slots, and the constraints that keep them inside the environment."""
+
+    arrival_step: list[Term]
+    cancel_step: list[Term]
+    params: list[SlotParams]
+    constraints: list[Term]
+
+    def cancels_at(self, o, k: int) -> list[Term]:
+        return [c == k for c in self.cancel_step]
+
+
+def symbolic_requests(smt: SmtSession, o, env: Environment, n: int, tag: str = "") -> SymbolicRequests:
+    arrival, cancel, params, cons = [], [], [], []
+    for i in range(n):
+        a = smt.int_var(f"{tag}arrival_step_{i}")
+        c = smt.int_var(f"{tag}cancel_step_{i}")
+        prompt = smt.int_var(f"{tag}prompt_{i}")
+        output = smt.int_var(f"{tag}output_{i}")
+        max_out = smt.int_var(f"{tag}max_output_{i}")
+        prio = smt.int_var(f"{tag}priority_{i}")
+        tenant = smt.int_var(f"{tag}tenant_{i}")
+        cons += [a >= 0, a <= env.depth,
+                 prompt >= env.prompt[0], prompt <= env.prompt[1],
+                 output >= env.output[0], output <= env.output[1],
+                 max_out >= output, max_out <= env.max_output_cap,
+                 o.or_(*(prio == p for p in env.priorities)),
+                 tenant >= 0, tenant < env.tenants]
+        if env.cancellations:
+            cons.append(o.or_(c == -1, o.and_(c >= a, c < env.depth)))
+        else:
+            cons.append(c == -1)
+        if i:
+            cons.append(arrival[-1] <= a)
+        arrival.append(a)
+        cancel.append(c)
+        params.append(SlotParams(a * env.step_us, prompt, output, max_out, prio, tenant))
+    return SymbolicRequests(arrival, cancel, params, cons)
+
+
+def concrete_requests(smt: SmtSession, sym: SymbolicRequests, env: Environment, horizon: int) -> list[RequestSpec]:
+    """The solver's model as requests; slots that arrive after the horizon are left out (they are the
+    last ones, so request numbers stay the same)."""
+    specs = []
+    for i, prm in enumerate(sym.params):
+        a = smt.value(sym.arrival_step[i])
+        if a >= horizon:
+            break
+        c = smt.value(sym.cancel_step[i])
+        specs.append(RequestSpec(
+            rid=i, arrival_us=a * env.step_us, prompt_len=smt.value(prm.prompt_len),
+            output_len=smt.value(prm.output_len), max_output=smt.value(prm.max_output),
+            priority=smt.value(prm.priority), tenant=smt.value(prm.tenant), cls=0,
+            cancel_us=None if c < 0 else c * env.step_us))
+    return specs

@@ -1,0 +1,143 @@
+"""``verify``: check invariants of a policy with z3, replay every counterexample on the engine, and
+say how strong each verdict is."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+
+from checker.errors import InputError, InternalError, Problem
+from checker.exitcodes import ExitCode
+from checker.policy import Policy
+from checker.verify import counterexample as cex
+from checker.verify.bmc import Found, search
+from checker.verify.env import Environment
+from checker.verify.replay import first_violation, frame_differences, replay_fixed_clock
+from invariants.catalogue import CATALOGUE, Invariant
+
+
+class Verdict(StrEnum):
+    VIOLATED = "VIOLATED"  # with a counterexample replayed on the engine
+    PROVED = "PROVED"  # unbounded in iterations, for the stated number of request slots
+    HOLDS_UP_TO = "HOLDS_UP_TO"  # no violation within N requests and K iterations (bounded, not a proof)
+    VACUOUS = "VACUOUS"  # holds only because its situation never occurs within the bounds
+    UNKNOWN = "UNKNOWN"  # timeout or solver unknown
+
+
+EXIT = {Verdict.VIOLATED: ExitCode.VIOLATED, Verdict.UNKNOWN: ExitCode.INCONCLUSIVE,
+        Verdict.VACUOUS: ExitCode.INCONCLUSIVE, Verdict.HOLDS_UP_TO: ExitCode.OK, Verdict.PROVED: ExitCode.OK}
+
+
+@dataclass
+class Checked:
+    invariant: Invariant
+    params: dict[str, int]
+    verdict: Verdict
+    env: Environment
+    seconds: float
+    depth: int = 0  # iterations decided (or of the counterexample)
+    requests: int = 0  # requests in the counterexample
+    violation_step: int | None = None
+    counterexample: Path | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        if not self.params:
+            return self.invariant.name
+        return f"{self.invariant.name}({', '.join(f'{k}={v}' for k, v in self.params.items())})"
+
+    def line(self) -> str:
+        e = self.env
+        if self.verdict is Verdict.VIOLATED:
+            detail = (f"{self.requests} request(s), fails at iteration {self.violation_step}; "
+                      + ("minimal: no violation with fewer requests up to depth "
+                         f"{e.depth}, none shorter with {self.requests}" if not self.notes else "; ".join(self.notes))
+                      + f"; replayed on the engine: {self.counterexample}")
+        elif self.verdict is Verdict.HOLDS_UP_TO:
+            detail = f"{e.requests} requests, {e.depth} iterations (bounded check, not a proof)"
+        elif self.verdict is Verdict.VACUOUS:
+            detail = (f"its situation never occurs within {e.requests} requests, {e.depth} iterations, "
+                      "so nothing was checked")
+        else:
+            detail = f"timeout or solver unknown; no violation up to depth {self.depth} with {e.requests} requests"
+        return f"{self.verdict.value:<12} {self.label:<40} {detail}  [{self.seconds:.2f} s]"
+
+    def as_dict(self) -> dict:
+        return {"invariant": self.invariant.name, "params": self.params, "verdict": self.verdict.value,
+                "statement": self.invariant.statement, "requests": self.requests or self.env.requests,
+                "depth": self.depth, "violation_iteration": self.violation_step,
+                "counterexample": str(self.counterexample) if self.counterexample else None,
+                "seconds": round(self.seconds, 3), "notes": self.notes}
+
+
+def parse_invariant(text: str) -> tuple[Invariant, dict[str, int]]:
+    """NAME, NAME:VALUE (its first parameter) or NAME:KEY=VALUE,KEY=VALUE."""
+    name, _, rest = text.partition(":")
+    if name not in CATALOGUE:
+        raise InputError(Problem("--invariant", name, "one of: " + ", ".join(sorted(CATALOGUE))))
+    inv = CATALOGUE[name]
+    params: dict[str, int] = {}
+    for i, part in enumerate(p for p in rest.split(",") if p):
+        key, eq, value = part.partition("=")
+        if not eq:
+            key, value = (list(inv.defaults) or [""])[0], part
+            if i or not key:
+                raise InputError(Problem("--invariant", text, f"{name}:KEY=VALUE with KEY in {list(inv.defaults)}"))
+        if key not in inv.defaults:
+            raise InputError(Problem("--invariant", text, f"parameters of {name}: {', '.join(inv.defaults) or 'none'}"))
+        try:
+            params[key] = int(value)
+        except ValueError:
+            raise InputError(Problem("--invariant", text, f"{key}=an integer")) from None
+    return inv, params
+
+
+def check_one(policy: Policy, policy_file: str | None, inv: Invariant, params: dict[str, int], env: Environment,
+              timeout_s: float, out_dir: Path | None) -> Checked:
+    started = time.monotonic()
+    outcome = search(policy, inv, params, env, timeout_s)
+    seconds = time.monotonic() - started
+    if outcome.status == "unknown":
+        return Checked(inv, params, Verdict.UNKNOWN, env, seconds, depth=outcome.depth_reached)
+    if outcome.status == "holds":
+        verdict = Verdict.VACUOUS if outcome.vacuous else Verdict.HOLDS_UP_TO
+        return Checked(inv, params, verdict, env, seconds, depth=outcome.depth_reached)
+    found = outcome.found
+    assert found is not None
+    step = confirm_on_engine(policy, inv, params, env, found)
+    path = None
+    if out_dir is not None:
+        doc = cex.build(policy, policy_file, {"kind": "invariant", "name": inv.name, "params": {**inv.defaults, **params},
+                                              "statement": inv.statement},
+                        {"verdict": Verdict.VIOLATED.value, "minimal": outcome.minimal_checked,
+                         "minimality": "fewest requests, then fewest iterations" if outcome.minimal_checked else
+                         "; ".join(outcome.notes)},
+                        env.as_dict(), found.specs, env.step_us, step, found.frames, "z3 bounded model checking")
+        path = cex.save(doc, out_dir)
+    return Checked(inv, params, Verdict.VIOLATED, env, time.monotonic() - started, depth=found.depth,
+                   requests=len(found.specs), violation_step=step, counterexample=path, notes=outcome.notes)
+
+
+def confirm_on_engine(policy: Policy, inv: Invariant, params: dict[str, int], env: Environment, found: Found) -> int:
+    """Replay the solver's counterexample on the engine; any disagreement is a bug in batchcheck."""
+    replay = replay_fixed_clock(policy, found.specs, found.depth, env.step_us, env.tenants)
+    diffs = frame_differences(replay, found.frames)
+    step = first_violation(inv, params, replay)
+    if diffs or step != found.depth - 1:
+        raise InternalError(
+            f"engine and solver disagree on a counterexample to {inv.name} for policy {policy.name}: the solver "
+            f"says it fails at iteration {found.depth - 1}, the engine's replay says "
+            f"{'it holds' if step is None else f'iteration {step}'}; first differences: {diffs[:5]}; "
+            f"requests: {cex.requests_json(found.specs)}")
+    return step
+
+
+def overall_exit(results: list[Checked]) -> ExitCode:
+    codes = {EXIT[r.verdict] for r in results}
+    for code in (ExitCode.VIOLATED, ExitCode.INCONCLUSIVE):
+        if code in codes:
+            return code
+    return ExitCode.OK
