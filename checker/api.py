@@ -91,3 +91,31 @@ def run_derived_audit(policy: str | Path, workload: str | Path, profile: str | P
         pol, prof, wl, policy_source=str(policy), profile_source=str(profile or DEFAULT_PROFILE),
         workload_source=str(workload), queue_slo_ms=queue_slo_ms, ttft_slo_ms=ttft_slo_ms, tpot_slo_ms=tpot_slo_ms)
     return audit(contract, record, content_id(contract), content_id(record), derived=derivation)
+
+
+# ----------------------------------------------------------------------------------------- verification
+DEFAULT_INVARIANTS = ("kv_never_overcommitted", "token_budget", "seq_cap", "request_conservation")
+
+
+def run_verify(policy: str | Path, invariants: list[str] | None = None, requests: int = 3, depth: int = 5,
+               timeout_s: float = 60.0, workload: str | Path | None = None, out_dir: str | Path | None = "counterexamples",
+               prompt: tuple[int, int] | None = None, output: tuple[int, int] | None = None,
+               cancellations: bool = True, step_ms: float = 10.0):
+    """Check invariants of a policy with z3 (bounded model checking); returns (environment, results)."""
+    from checker.loading import load_model
+    from checker.verify.env import default_environment
+    from checker.verify.run import check_one, parse_invariant
+
+    pol = load_policy(policy)
+    chosen = [parse_invariant(text) for text in (invariants or DEFAULT_INVARIANTS)]
+    wl = load_model(Workload, workload) if workload is not None else None
+    env = default_environment(pol, requests, depth, wl, prompt, output, cancellations, round(step_ms * 1000))
+    out = Path(out_dir) if out_dir is not None else None
+    return env, [check_one(pol, str(policy), inv, params, env, timeout_s, out) for inv, params in chosen]
+
+
+def run_replay(counterexample: str | Path, policy: str | Path | None = None):
+    """Re-run a counterexample on the engine (under its own policy, or under another one)."""
+    from checker.verify.replay import replay_counterexample
+
+    return replay_counterexample(counterexample, load_policy(policy) if policy is not None else None)

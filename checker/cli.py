@@ -74,6 +74,52 @@ def _audit(args: argparse.Namespace) -> int:
     return ExitCode.OK if result.failure is None else ExitCode.VIOLATED
 
 
+def _range(text: str) -> tuple[int, int]:
+    low, sep, high = text.partition(":")
+    try:
+        return int(low), int(high if sep else low)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} (expected LOW:HIGH, two integers)") from None
+
+
+def _verify(args: argparse.Namespace) -> int:
+    from checker.api import run_verify
+    from checker.errors import UsageError
+    from checker.verify.run import overall_exit
+
+    if args.unbounded:
+        raise UsageError("--unbounded (k-induction proofs) is not available in this version yet; "
+                         "run without it for a bounded check (HOLDS_UP_TO N requests, K iterations)")
+    env, results = run_verify(args.policy, args.invariant, args.requests, args.depth, args.timeout, args.workload,
+                              args.out, args.prompt_range, args.output_range, not args.no_cancellations, args.step_ms)
+    code = overall_exit(results)
+    if args.json:
+        print(json.dumps({"policy": args.policy, "environment": env.as_dict(), "assumptions": env.describe(),
+                          "results": [r.as_dict() for r in results], "exit_code": int(code)}, indent=2))
+    else:
+        print(f"policy {args.policy}; assumptions:")
+        for line in env.describe():
+            print(f"  - {line}")
+        for r in results:
+            print(r.line())
+    return code
+
+
+def _replay(args: argparse.Namespace) -> int:
+    from checker.api import run_replay
+    from checker.verify.replay import replay_table
+
+    report = run_replay(args.counterexample, args.policy)
+    print(f"replaying {args.counterexample} under policy {report.policy.name}")
+    print(replay_table(report))
+    if report.violation is None:
+        print(f"{report.invariant.name} holds on this trace: the policy no longer fails it")
+        return ExitCode.OK
+    print(f"{report.invariant.name} VIOLATED at iteration {report.violation} "
+          f"(recorded: iteration {report.recorded_violation})")
+    return ExitCode.VIOLATED
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="batchcheck",
@@ -101,6 +147,31 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, metavar="N", help="only the first N requests")
     p.add_argument("--json", action="store_true", help="print the metrics as JSON")
     p.set_defaults(run=_simulate)
+
+    p = verbs.add_parser("verify", help="check invariants of a policy with z3 (bounded model checking)",
+                         description="Exit 0: every invariant holds within the bounds; 1: one is violated "
+                                     "(counterexample replayed and saved); 3: a check was inconclusive or vacuous.")
+    p.add_argument("policy", metavar="POLICY")
+    p.add_argument("--invariant", action="append", metavar="NAME[:PARAMS]",
+                   help="e.g. kv_never_overcommitted, decode_progress:gap=2 (repeatable; default: the four safety invariants)")
+    p.add_argument("--requests", type=int, default=3, metavar="N", help="request slots (default 3)")
+    p.add_argument("--depth", type=int, default=5, metavar="K", help="iterations (default 5)")
+    p.add_argument("--timeout", type=float, default=60.0, metavar="S", help="seconds per invariant (default 60)")
+    p.add_argument("--workload", metavar="FILE", help="take length ranges, priorities and tenants from a workload")
+    p.add_argument("--prompt-range", type=_range, metavar="LOW:HIGH", help="prompt tokens (default 1:max_model_len)")
+    p.add_argument("--output-range", type=_range, metavar="LOW:HIGH", help="output tokens (default 1:2K)")
+    p.add_argument("--no-cancellations", action="store_true", help="clients never cancel")
+    p.add_argument("--step-ms", type=float, default=10.0, metavar="MS", help="clock: ms per iteration (default 10)")
+    p.add_argument("--unbounded", action="store_true", help="prove for every depth (not available yet)")
+    p.add_argument("--out", default="counterexamples", metavar="DIR", help="where counterexamples go (default counterexamples/)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(run=_verify)
+
+    p = verbs.add_parser("replay", help="re-run a counterexample on the engine, iteration by iteration",
+                         description="Exit 1 while the policy still fails on the trace, 0 once it does not.")
+    p.add_argument("counterexample", metavar="FILE")
+    p.add_argument("--policy", metavar="POLICY", help="replay under this policy instead of the recorded one")
+    p.set_defaults(run=_replay)
 
     p = verbs.add_parser("audit", help="integer fluid capacity audit of a batching contract and a workload",
                          description="Exit 0: within the declared bounds; 1: a bound fails (named); 2: bad input.")

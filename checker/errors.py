@@ -27,11 +27,13 @@ class Problem:
     line: int | None = None  # 1-based line in the file, where known
 
     def render(self, source: str | None) -> str:
-        where = source or "<input>"
-        if self.line is not None:
-            where = f"{where}:{self.line}"
+        """``file:line: path=value (expected ...)``; without a file (a command-line flag), no prefix."""
         name = self.path or "(document)"
-        return f"{where}: {name}={_show(self.value)} (expected {self.expected})"
+        text = f"{name}={_show(self.value)} (expected {self.expected})"
+        if source is None:
+            return text
+        where = source if self.line is None else f"{source}:{self.line}"
+        return f"{where}: {text}"
 
 
 def _show(value: object) -> str:

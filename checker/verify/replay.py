@@ -67,3 +67,53 @@ def frame_differences(replay: Replay, solver_frames: list[dict]) -> list[str]:
                 if ours != slot[name]:
                     diffs.append(f"iteration {k}: request {i} {name} engine={ours} solver={slot[name]}")
     return diffs
+
+
+@dataclass
+class ReplayReport:
+    policy: Policy
+    invariant: Invariant
+    params: dict[str, int]
+    replay: Replay
+    violation: int | None  # first iteration at which the property fails, or None
+    recorded_violation: int
+
+
+def replay_counterexample(path, policy: Policy | None = None) -> ReplayReport:
+    """Replay a counterexample file on the engine: under the policy it stores, or under ``policy``
+    (to check whether a changed policy still fails on it)."""
+    from checker.errors import InputError, Problem
+    from checker.verify import counterexample as cex
+    from invariants.catalogue import CATALOGUE
+
+    doc = cex.load(path)
+    prop = doc["property"]
+    if prop.get("kind") != "invariant" or prop.get("name") not in CATALOGUE:
+        raise InputError(Problem("property", prop.get("name"), "an invariant of the catalogue (SLO properties "
+                                 "are replayed by the fuzzer's tools)"), str(path))
+    if policy is None:
+        policy = Policy.model_validate(doc["policy"]["spec"])
+    specs = cex.specs_from_json(doc["requests"])
+    inv = CATALOGUE[prop["name"]]
+    params = {k: v for k, v in prop.get("params", {}).items() if k in inv.defaults}
+    steps = doc["violation"]["iteration"] + 1
+    tenants = max((s.tenant for s in specs), default=0) + 1
+    replay = replay_fixed_clock(policy, specs, steps, doc["clock"]["step_us"], tenants)
+    return ReplayReport(policy, inv, params, replay, first_violation(inv, params, replay), doc["violation"]["iteration"])
+
+
+def replay_table(report: ReplayReport) -> str:
+    """One row per iteration: what the engine did, and whether the property held."""
+    inv, params, r = report.invariant, report.params, report.replay
+    label = inv.name + ("(" + ", ".join(f"{k}={v}" for k, v in params.items()) + ")" if params else "")
+    rows = [("iter", "t_ms", "admitted", "scheduled (req:tokens)", "preempted", "finished", "cancelled",
+             "kv_used", "run", "wait", label)]
+    for k, d in enumerate(r.decisions):
+        ok = inv.holds(IntOps, r.ctx, k, params)
+        rows.append((str(k), f"{d.now_us / 1000:g}", ",".join(map(str, d.admitted)) or "-",
+                     " ".join(f"{rid}:{n}" for rid, n in d.scheduled) or "-",
+                     ",".join(map(str, d.preempted)) or "-", ",".join(map(str, d.finished)) or "-",
+                     ",".join(map(str, d.cancelled)) or "-", f"{d.kv_blocks_used}/{report.policy.kv.num_blocks}",
+                     str(d.num_running), str(d.num_waiting), "holds" if ok else "VIOLATED"))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows)
