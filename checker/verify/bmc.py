@@ -152,5 +152,6 @@ def search(policy: Policy, inv: Invariant, params: dict[str, int], env: Environm
             break
         if status == "unknown":
             return Search("violated", reached, best, minimal_checked=False,
-                          notes=[f"minimality not checked below {n} requests (timeout)"])
+                          notes=[f"shortest with {best.requests} slots; fewer requests not excluded "
+                                 f"(timeout while checking {n})"])
     return Search("violated", reached, best, minimal_checked=True)
