@@ -100,7 +100,8 @@ DEFAULT_INVARIANTS = ("kv_never_overcommitted", "token_budget", "seq_cap", "requ
 def run_verify(policy: str | Path, invariants: list[str] | None = None, requests: int = 3, depth: int = 5,
                timeout_s: float = 60.0, workload: str | Path | None = None, out_dir: str | Path | None = "counterexamples",
                prompt: tuple[int, int] | None = None, output: tuple[int, int] | None = None,
-               cancellations: bool = True, step_ms: float = 10.0):
+               cancellations: bool = True, step_ms: float = 10.0, unbounded: bool = False,
+               proof_dir: str | Path | None = "proofs"):
     """Check invariants of a policy with z3 (bounded model checking); returns (environment, results)."""
     from checker.loading import load_model
     from checker.verify.env import default_environment
@@ -111,7 +112,17 @@ def run_verify(policy: str | Path, invariants: list[str] | None = None, requests
     wl = load_model(Workload, workload) if workload is not None else None
     env = default_environment(pol, requests, depth, wl, prompt, output, cancellations, round(step_ms * 1000))
     out = Path(out_dir) if out_dir is not None else None
-    return env, [check_one(pol, str(policy), inv, params, env, timeout_s, out) for inv, params in chosen]
+    proofs = Path(proof_dir) if proof_dir is not None else None
+    return env, [check_one(pol, str(policy), inv, params, env, timeout_s, out, unbounded, proofs)
+                 for inv, params in chosen]
+
+
+def run_recheck(certificate: str | Path) -> str:
+    """Re-check a proof certificate with a fresh solver: 'unsat' confirms it."""
+    from checker.loading import read_text
+    from checker.smt.ops import recheck_smt2
+
+    return recheck_smt2(read_text(certificate))
 
 
 def run_replay(counterexample: str | Path, policy: str | Path | None = None):

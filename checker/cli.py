@@ -84,14 +84,11 @@ def _range(text: str) -> tuple[int, int]:
 
 def _verify(args: argparse.Namespace) -> int:
     from checker.api import run_verify
-    from checker.errors import UsageError
     from checker.verify.run import overall_exit
 
-    if args.unbounded:
-        raise UsageError("--unbounded (k-induction proofs) is not available in this version yet; "
-                         "run without it for a bounded check (HOLDS_UP_TO N requests, K iterations)")
     env, results = run_verify(args.policy, args.invariant, args.requests, args.depth, args.timeout, args.workload,
-                              args.out, args.prompt_range, args.output_range, not args.no_cancellations, args.step_ms)
+                              args.out, args.prompt_range, args.output_range, not args.no_cancellations, args.step_ms,
+                              args.unbounded, args.proof_dir)
     code = overall_exit(results)
     if args.json:
         print(json.dumps({"policy": args.policy, "environment": env.as_dict(), "assumptions": env.describe(),
@@ -118,6 +115,17 @@ def _replay(args: argparse.Namespace) -> int:
     print(f"{report.invariant.name} VIOLATED at iteration {report.violation} "
           f"(recorded: iteration {report.recorded_violation})")
     return ExitCode.VIOLATED
+
+
+def _recheck(args: argparse.Namespace) -> int:
+    from checker.api import run_recheck
+
+    result = run_recheck(args.certificate)
+    if result == "unsat":
+        print(f"{args.certificate}: certificate holds (the step query is unsat with a fresh solver)")
+        return ExitCode.OK
+    print(f"{args.certificate}: certificate does NOT hold (the fresh solver says {result})")
+    return ExitCode.VIOLATED if result == "sat" else ExitCode.INCONCLUSIVE
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -162,10 +170,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output-range", type=_range, metavar="LOW:HIGH", help="output tokens (default 1:2K)")
     p.add_argument("--no-cancellations", action="store_true", help="clients never cancel")
     p.add_argument("--step-ms", type=float, default=10.0, metavar="MS", help="clock: ms per iteration (default 10)")
-    p.add_argument("--unbounded", action="store_true", help="prove for every depth (not available yet)")
+    p.add_argument("--unbounded", action="store_true",
+                   help="after the bounded check, try to prove the invariant for any number of iterations (induction)")
+    p.add_argument("--proof-dir", default="proofs", metavar="DIR", help="where proof certificates go (default proofs/)")
     p.add_argument("--out", default="counterexamples", metavar="DIR", help="where counterexamples go (default counterexamples/)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(run=_verify)
+
+    p = verbs.add_parser("recheck", help="verify a PROVED verdict's certificate with a fresh solver",
+                         description="Exit 0: the certificate holds; 1: it does not; 3: the solver could not decide.")
+    p.add_argument("certificate", metavar="FILE.smt2")
+    p.set_defaults(run=_recheck)
 
     p = verbs.add_parser("replay", help="re-run a counterexample on the engine, iteration by iteration",
                          description="Exit 1 while the policy still fails on the trace, 0 once it does not.")

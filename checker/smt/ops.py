@@ -220,7 +220,20 @@ class SmtSession:
         self.last_reason = self.solver.reason_unknown()
         return "unknown"
 
+    def to_smt2(self) -> str:
+        """The solver's assertions as SMT-LIB2 (a certificate: unsat when rechecked)."""
+        return self.solver.to_smt2()
+
     def value(self, term: Term) -> int | bool:
         if isinstance(term, (int, bool)):
             return term
         return _py(self.solver.model().eval(term, model_completion=True))
+
+
+def recheck_smt2(text: str, timeout_ms: int = 60_000) -> str:
+    """Check an SMT-LIB2 certificate with a fresh solver: 'unsat' confirms the proof."""
+    solver = z3.Solver()
+    solver.set("timeout", timeout_ms)
+    solver.from_string(text)
+    result = solver.check()
+    return "unsat" if result == z3.unsat else "sat" if result == z3.sat else "unknown"

@@ -41,6 +41,8 @@ class Checked:
     requests: int = 0  # requests in the counterexample
     violation_step: int | None = None
     counterexample: Path | None = None
+    certificate: Path | None = None
+    lemmas: int = 0
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -56,8 +58,14 @@ class Checked:
                       + ("minimal: no violation with fewer requests up to depth "
                          f"{e.depth}, none shorter with {self.requests}" if not self.notes else "; ".join(self.notes))
                       + f"; replayed on the engine: {self.counterexample}")
+        elif self.verdict is Verdict.PROVED:
+            detail = (f"for {e.requests} request slots and any number of iterations (induction with "
+                      f"{self.lemmas} structural lemmas; no violation up to depth {e.depth}); certificate: "
+                      f"{self.certificate}")
         elif self.verdict is Verdict.HOLDS_UP_TO:
             detail = f"{e.requests} requests, {e.depth} iterations (bounded check, not a proof)"
+            if self.notes:
+                detail += "; " + "; ".join(self.notes)
         elif self.verdict is Verdict.VACUOUS:
             detail = (f"its situation never occurs within {e.requests} requests, {e.depth} iterations, "
                       "so nothing was checked")
@@ -70,6 +78,7 @@ class Checked:
                 "statement": self.invariant.statement, "requests": self.requests or self.env.requests,
                 "depth": self.depth, "violation_iteration": self.violation_step,
                 "counterexample": str(self.counterexample) if self.counterexample else None,
+                "certificate": str(self.certificate) if self.certificate else None,
                 "seconds": round(self.seconds, 3), "notes": self.notes}
 
 
@@ -96,15 +105,21 @@ def parse_invariant(text: str) -> tuple[Invariant, dict[str, int]]:
 
 
 def check_one(policy: Policy, policy_file: str | None, inv: Invariant, params: dict[str, int], env: Environment,
-              timeout_s: float, out_dir: Path | None) -> Checked:
+              timeout_s: float, out_dir: Path | None, unbounded: bool = False,
+              proof_dir: Path | None = None) -> Checked:
     started = time.monotonic()
     outcome = search(policy, inv, params, env, timeout_s)
     seconds = time.monotonic() - started
     if outcome.status == "unknown":
         return Checked(inv, params, Verdict.UNKNOWN, env, seconds, depth=outcome.depth_reached)
     if outcome.status == "holds":
-        verdict = Verdict.VACUOUS if outcome.vacuous else Verdict.HOLDS_UP_TO
-        return Checked(inv, params, verdict, env, seconds, depth=outcome.depth_reached)
+        if outcome.vacuous:
+            return Checked(inv, params, Verdict.VACUOUS, env, seconds, depth=outcome.depth_reached)
+        checked = Checked(inv, params, Verdict.HOLDS_UP_TO, env, seconds, depth=outcome.depth_reached)
+        if unbounded:
+            _try_induction(checked, policy, timeout_s - seconds, proof_dir)
+            checked.seconds = time.monotonic() - started
+        return checked
     found = outcome.found
     assert found is not None
     step = confirm_on_engine(policy, inv, params, env, found)
@@ -119,6 +134,31 @@ def check_one(policy: Policy, policy_file: str | None, inv: Invariant, params: d
         path = cex.save(doc, out_dir)
     return Checked(inv, params, Verdict.VIOLATED, env, time.monotonic() - started, depth=found.depth,
                    requests=len(found.specs), violation_step=step, counterexample=path, notes=outcome.notes)
+
+
+def _try_induction(checked: Checked, policy: Policy, timeout_s: float, proof_dir: Path | None) -> None:
+    """Upgrade a bounded result to PROVED when the invariant plus the structural lemmas is inductive."""
+    from checker.verify.induction import prove
+
+    inv = checked.invariant
+    result = prove(policy, inv, checked.params, checked.env, max(1.0, timeout_s))
+    if result.status == "proved":
+        checked.verdict = Verdict.PROVED
+        checked.lemmas = len(result.lemmas)
+        if proof_dir is not None:
+            name = f"{policy.name}__{inv.name}__N{checked.env.requests}.smt2"
+            path = proof_dir / name
+            cex.write_atomic(path, f"; batchcheck certificate: {inv.name} for policy {policy.name}, "
+                                   f"{checked.env.requests} request slots, any depth.\n"
+                                   f"; The step query below is unsat iff the invariant with its lemmas is inductive.\n"
+                                   f"; Lemmas: {', '.join(result.lemmas)}\n" + result.certificate)
+            checked.certificate = path
+    elif result.status == "cti":
+        checked.notes.append("induction failed, counterexample to induction: " + "; ".join(result.cti[:3]))
+    elif result.status == "unknown":
+        checked.notes.append("induction timed out")
+    else:
+        checked.notes.append(f"unbounded proofs of {inv.name} are not available yet (it looks back over iterations)")
 
 
 def confirm_on_engine(policy: Policy, inv: Invariant, params: dict[str, int], env: Environment, found: Found) -> int:

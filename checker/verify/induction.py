@@ -1,0 +1,202 @@
+"""Unbounded proofs by induction: the invariant, strengthened by structural lemmas, holds initially
+and is preserved by every step, for N request slots and any number of iterations.
+
+The lemmas describe the states the step can reach (e.g. a waiting request holds no blocks; a running
+request under on-demand allocation holds exactly the blocks of its computed tokens; sequence numbers
+are below the counter). They are conditioned on the policy's rules, proved together with the invariant
+(never assumed alone), and written with the verdict as a certificate that ``batchcheck recheck``
+verifies with a fresh solver. When the step query is satisfiable, the model is a
+counterexample-to-induction (CTI): a state the lemmas allow from which one step breaks something; it is
+reported, and the verdict stays bounded.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from checker.frames import Frame, TraceContext
+from checker.policy import Allocation, Policy, PreemptMode
+from checker.semantics.state import FIELDS, Status
+from checker.smt.encode import SlotParams, SlotState, symbolic_step
+from checker.smt.ops import SmtSession, Term, Z3Ops, sum_terms
+from checker.verify.env import Environment
+from invariants.catalogue import Invariant
+
+# Invariants whose check reads only the frame it is evaluated at (1-step induction applies).
+STATE_INVARIANTS = frozenset({"kv_never_overcommitted", "token_budget", "seq_cap", "request_conservation"})
+
+LIVE = (Status.WAITING, Status.SWAPPED, Status.RUNNING)
+
+
+def lemmas(o, policy: Policy, params: list[SlotParams], slots: list[dict[str, Term]], step: Term,
+           next_seq: Term, step_us: int) -> list[tuple[str, Term]]:
+    """Named structural facts about reachable states, conditioned on the policy's rules."""
+    kv, max_len = policy.kv, policy.max_model_len
+    swap = policy.preemption.mode is PreemptMode.SWAP
+    lag = policy.cancellation.release_lag_steps
+    out: list[tuple[str, Term]] = []
+
+    def ceil(x: Term) -> Term:
+        return o.ceil_div(x, kv.block_size)
+
+    def held(i: int, tokens: Term) -> Term:
+        """The blocks a request holds for `tokens` computed tokens."""
+        if kv.allocation is Allocation.FULL_RESERVATION:
+            prm = params[i]
+            return o.max(ceil(tokens), ceil(o.min(prm.prompt_len + prm.max_output, max_len) - 1))
+        return ceil(tokens)
+
+    for i, (s, prm) in enumerate(zip(slots, params)):
+        st = s["status"]
+
+        def is_(*xs: Status, st: Term = st) -> Term:
+            return o.or_(*(st == int(x) for x in xs))
+
+        arrived_step = prm.arrival_us / step_us  # arrival_us is a multiple of step_us
+        out += [
+            (f"slot{i}.ranges", o.and_(st >= int(Status.PENDING), st <= int(Status.CANCELLED), s["num_generated"] >= 0,
+                                       s["num_computed"] >= 0, s["blocks"] >= 0, s["swapped_blocks"] >= 0,
+                                       s["num_preemptions"] >= 0, s["admitted_seq"] >= 0, s["requeue_seq"] >= 0,
+                                       s["admitted_seq"] < next_seq, s["requeue_seq"] < next_seq)),
+            (f"slot{i}.pending", o.or_(o.not_(is_(Status.PENDING)), o.and_(
+                arrived_step >= step, s["num_computed"] == 0, s["num_generated"] == 0, s["blocks"] == 0,
+                s["swapped_blocks"] == 0, s["admitted_seq"] == 0, s["requeue_seq"] == 0, s["num_preemptions"] == 0,
+                s["release_step"] == -1))),
+            (f"slot{i}.arrived", o.or_(is_(Status.PENDING), arrived_step < step)),
+            (f"slot{i}.live_fits", o.or_(o.not_(is_(*LIVE)), o.and_(
+                prm.prompt_len + s["num_generated"] < max_len, s["num_generated"] < prm.output_len,
+                s["num_computed"] + 1 <= prm.prompt_len + s["num_generated"]))),
+            (f"slot{i}.admitted_prompt", o.or_(is_(Status.PENDING, Status.REJECTED), prm.prompt_len < max_len)),
+            (f"slot{i}.waiting", o.or_(o.not_(is_(Status.WAITING)), o.and_(
+                s["blocks"] == 0, s["num_computed"] == 0, s["swapped_blocks"] == 0))),
+            (f"slot{i}.running", o.or_(o.not_(is_(Status.RUNNING)), o.and_(
+                s["blocks"] == held(i, s["num_computed"]), s["num_computed"] >= 1, s["admitted_seq"] >= 1,
+                s["swapped_blocks"] == 0))),
+            (f"slot{i}.ended", o.or_(o.not_(is_(Status.FINISHED, Status.REJECTED)), o.and_(
+                s["blocks"] == 0, s["swapped_blocks"] == 0))),
+            (f"slot{i}.rejected", o.or_(o.not_(is_(Status.REJECTED)), o.and_(
+                s["admitted_seq"] == 0, s["num_computed"] == 0, s["num_generated"] == 0))),
+            (f"slot{i}.holds_only_running", o.or_(is_(Status.RUNNING, Status.CANCELLED), s["blocks"] == 0)),
+        ]
+        if swap:
+            out.append((f"slot{i}.swapped", o.or_(o.not_(is_(Status.SWAPPED)), o.and_(
+                s["blocks"] == 0, s["num_computed"] >= 1, s["swapped_blocks"] == held(i, s["num_computed"])))))
+            out.append((f"slot{i}.swap_only_swapped", o.or_(is_(Status.SWAPPED), s["swapped_blocks"] == 0)))
+        else:
+            out.append((f"slot{i}.never_swapped", o.and_(o.not_(is_(Status.SWAPPED)), s["swapped_blocks"] == 0)))
+        if lag == 0:
+            out.append((f"slot{i}.released", o.and_(s["release_step"] == -1,
+                                                     o.or_(o.not_(is_(Status.CANCELLED)), s["blocks"] == 0))))
+        else:
+            out.append((f"slot{i}.release_pending", o.or_(
+                s["release_step"] == -1,
+                o.and_(is_(Status.CANCELLED), s["release_step"] >= step, s["release_step"] <= step - 1 + lag))))
+            out.append((f"slot{i}.released", o.or_(o.not_(is_(Status.CANCELLED)), s["release_step"] != -1,
+                                                    s["blocks"] == 0)))
+            out.append((f"slot{i}.release_only_cancelled", o.or_(s["release_step"] == -1, is_(Status.CANCELLED))))
+    for i in range(len(slots)):
+        for j in range(i + 1, len(slots)):
+            both = o.and_(slots[i]["status"] == int(Status.RUNNING), slots[j]["status"] == int(Status.RUNNING))
+            out.append((f"slots{i},{j}.distinct_admission", o.or_(o.not_(both),
+                                                                   slots[i]["admitted_seq"] != slots[j]["admitted_seq"])))
+    running = sum_terms([o.b2i(s["status"] == int(Status.RUNNING)) for s in slots])
+    out.append(("seq_cap", running <= policy.batch.max_num_seqs))
+    if kv.check_allocation:
+        out.append(("kv_within_pool", sum_terms([s["blocks"] for s in slots]) <= kv.num_blocks))
+    out.append(("swap_within_space", sum_terms([s["swapped_blocks"] for s in slots]) <= kv.swap_blocks))
+    out.append(("step_nonnegative", step >= 0))
+    return out
+
+
+@dataclass
+class InductionResult:
+    status: str  # "proved", "cti" (step query satisfiable), "unknown", "unsupported"
+    seconds: float = 0.0
+    lemmas: list[str] = field(default_factory=list)
+    certificate: str = ""  # SMT-LIB2 of the step query (unsat = proof)
+    cti: list[str] = field(default_factory=list)  # what breaks, and the state before the step
+
+
+def _symbolic_state(smt: SmtSession, env: Environment, n: int, tag: str):
+    o = Z3Ops
+    params, slots, cons = [], [], []
+    for i in range(n):
+        a = smt.int_var(f"{tag}arrival_step_{i}")
+        prm = SlotParams(a * env.step_us, smt.int_var(f"{tag}prompt_{i}"), smt.int_var(f"{tag}output_{i}"),
+                         smt.int_var(f"{tag}max_output_{i}"), smt.int_var(f"{tag}priority_{i}"),
+                         smt.int_var(f"{tag}tenant_{i}"))
+        cons += [a >= 0, prm.prompt_len >= env.prompt[0], prm.prompt_len <= env.prompt[1],
+                 prm.output_len >= env.output[0], prm.output_len <= env.output[1], prm.max_output >= prm.output_len,
+                 prm.max_output <= env.max_output_cap, o.or_(*(prm.priority == p for p in env.priorities)),
+                 prm.tenant >= 0, prm.tenant < env.tenants]
+        if params:
+            cons.append(params[-1].arrival_us <= prm.arrival_us)
+        params.append(prm)
+        slots.append({f: smt.int_var(f"{tag}{f}_{i}") for f in FIELDS})
+    state = SlotState(slots, smt.int_var(f"{tag}next_seq"), smt.int_var(f"{tag}step"),
+                      [smt.int_var(f"{tag}counter_{t}") for t in range(env.tenants)])
+    cons += [c >= 0 for c in state.counters]
+    return params, state, cons
+
+
+def prove(policy: Policy, inv: Invariant, params_: dict[str, int], env: Environment, timeout_s: float) -> InductionResult:
+    if inv.name not in STATE_INVARIANTS:
+        return InductionResult("unsupported")
+    started = time.monotonic()
+    o = Z3Ops
+    n = env.requests
+    smt = SmtSession(timeout_ms=int(timeout_s * 1000))
+    params, state, cons = _symbolic_state(smt, env, n, "")
+    smt.add(*cons)
+    pre = lemmas(o, policy, params, state.slots, state.step, state.next_seq, env.step_us)
+    zeros = tuple([0] * n)
+    before = Frame(tuple(state.slots), zeros, tuple([False] * n), tuple([False] * n), state.kv_used,
+                   (state.step - 1) * env.step_us, tuple(state.counters))
+    ctx0 = TraceContext(policy, tuple(params), [before])
+    for _, term in pre:
+        smt.add(term)
+    smt.add(inv.holds(o, ctx0, 0, params_))
+    cancels = [smt.bool_var(f"cancel_{i}") for i in range(n)]
+    result = symbolic_step(o, policy, params, state, state.step * env.step_us, cancels)
+    after = Frame(tuple(result.state.slots), tuple(result.scheduled), tuple(result.produced), tuple(result.preempted),
+                  result.state.kv_used, state.step * env.step_us, tuple(result.state.counters))
+    ctx1 = TraceContext(policy, tuple(params), [before, after])
+    post = lemmas(o, policy, params, result.state.slots, result.state.step, result.state.next_seq, env.step_us)
+    goal = [(inv.name, inv.holds(o, ctx1, 1, params_))] + post
+    broken = smt.bool_var("goal_broken")
+    smt.add(smt.implies(broken, o.not_(o.and_(*(t for _, t in goal)))))
+    verdict = smt.check(broken)
+    seconds = time.monotonic() - started
+    names = [name for name, _ in pre]
+    if verdict == "unsat":
+        if not _base_case(policy, inv, params_, env):
+            return InductionResult("cti", seconds, names, cti=["the initial state breaks a lemma (a bug in the lemmas)"])
+        smt.add(broken)
+        return InductionResult("proved", seconds, names, certificate=smt.to_smt2())
+    if verdict == "unknown":
+        return InductionResult("unknown", seconds, names)
+    cti = [f"breaks: {name}" for name, term in goal if smt.value(term) is False]
+    for i, s in enumerate(state.slots):
+        prm = params[i]
+        cti.append(f"slot {i} before the step: " + ", ".join(f"{f}={smt.value(s[f])}" for f in FIELDS)
+                   + f"; prompt={smt.value(prm.prompt_len)} output={smt.value(prm.output_len)}")
+    return InductionResult("cti", seconds, names, cti=cti)
+
+
+def _base_case(policy: Policy, inv: Invariant, params_: dict[str, int], env: Environment) -> bool:
+    """The initial state (nothing arrived, counters at their start) satisfies the lemmas and the invariant."""
+    from checker.verify.bmc import initial_state
+
+    o = Z3Ops
+    smt = SmtSession()
+    params, _, cons = _symbolic_state(smt, env, env.requests, "init_")
+    smt.add(*cons)
+    init = initial_state(env.requests, env.tenants)
+    n = env.requests
+    frame = Frame(tuple(init.slots), tuple([0] * n), tuple([False] * n), tuple([False] * n), 0, 0, tuple(init.counters))
+    ctx = TraceContext(policy, tuple(params), [frame])
+    terms = [t for _, t in lemmas(o, policy, params, init.slots, init.step, init.next_seq, env.step_us)]
+    broken = smt.bool_var("init_broken")
+    smt.add(smt.implies(broken, o.not_(o.and_(inv.holds(o, ctx, 0, params_), *terms))))
+    return smt.check(broken) == "unsat"
