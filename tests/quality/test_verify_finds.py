@@ -1,0 +1,61 @@
+"""What `batchcheck verify` must find and prove (issue 3's list; the slow ones live in bench/).
+
+Each find asserts the verdict, the minimal size, and that a counterexample of that size is checked into
+counterexamples/ (tests/regression replays them all).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from checker.api import run_verify
+from checker.verify.run import Verdict
+from tests.helpers import POLICIES, ROOT
+
+FINDS = [
+    # (policy, invariant, requests, depth, prompt range, minimal requests, failing iteration)
+    ("tgi_router", "cancellation_releases:0", 2, 3, (1, 64), 1, 1),  # lazy release: KV held one more step
+    ("vllm_v0_no_chunking", "decode_progress:1", 2, 4, (1, 64), 2, 1),  # a prefill-first step stalls decodes
+    ("broken/unchecked_growth", "kv_never_overcommitted", 3, 6, None, 2, 1),  # on-demand, unchecked growth
+]
+
+
+@pytest.mark.parametrize("policy,invariant,requests,depth,prompt,minimal,iteration", FINDS,
+                         ids=[f"{p}:{i}" for p, i, *_ in FINDS])
+def test_finds_the_weakness_with_a_minimal_replayed_counterexample(tmp_path, policy, invariant, requests, depth,
+                                                                    prompt, minimal, iteration):
+    _, (result,) = run_verify(POLICIES / f"{policy}.yaml", [invariant], requests, depth, timeout_s=60,
+                              out_dir=tmp_path, prompt=prompt)
+    assert result.verdict is Verdict.VIOLATED
+    assert (result.requests, result.violation_step) == (minimal, iteration)
+    assert not result.notes  # minimality was checked
+    # A counterexample of the same minimal size is checked in (z3's model, hence the file, can differ between
+    # processes: only its size is canonical).
+    prefix = result.counterexample.name.rsplit("__", 1)[0]
+    shipped = [json.loads(p.read_text()) for p in (ROOT / "counterexamples").glob(f"{prefix}__*.json")]
+    assert shipped, f"check in the counterexample: cp {result.counterexample} counterexamples/"
+    assert [(len(doc["requests"]), doc["violation"]["iteration"]) for doc in shipped] == [(minimal, iteration)]
+
+
+@pytest.mark.parametrize("policy", ["vllm_v1", "sarathi_serve"])
+def test_proves_the_safety_invariants_for_any_depth(tmp_path, policy):
+    _, results = run_verify(POLICIES / f"{policy}.yaml", None, requests=2, depth=2, timeout_s=60,
+                            out_dir=tmp_path, prompt=(1, 2048), unbounded=True, proof_dir=tmp_path)
+    assert {r.invariant.name: r.verdict for r in results} == {
+        "kv_never_overcommitted": Verdict.VACUOUS,  # two 2,048-token prompts cannot fill 2,500 blocks
+        "token_budget": Verdict.PROVED, "seq_cap": Verdict.PROVED, "request_conservation": Verdict.PROVED}
+
+
+def test_proves_kv_safety_where_the_pool_can_fill(tmp_path):
+    from checker.api import load_policy
+    from checker.verify.env import default_environment
+    from checker.verify.run import check_one
+    from invariants import CATALOGUE
+
+    policy = load_policy(POLICIES / "vllm_v1.yaml")
+    small = policy.model_copy(update={"kv": policy.kv.model_copy(update={"num_blocks": 64})})
+    env = default_environment(small, 2, 3, prompt=(1, 1024), output=(1, 8))
+    result = check_one(small, None, CATALOGUE["kv_never_overcommitted"], {}, env, 60, tmp_path, True, tmp_path)
+    assert result.verdict is Verdict.PROVED
