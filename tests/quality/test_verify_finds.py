@@ -19,6 +19,7 @@ FINDS = [
     ("tgi_router", "cancellation_releases:0", 2, 3, (1, 64), 1, 1),  # lazy release: KV held one more step
     ("vllm_v0_no_chunking", "decode_progress:1", 2, 4, (1, 64), 2, 1),  # a prefill-first step stalls decodes
     ("broken/unchecked_growth", "kv_never_overcommitted", 3, 6, None, 2, 1),  # on-demand, unchecked growth
+    ("broken/vllm_v1_small_pool", "no_deadlock:2", 2, 4, None, 1, 1),  # a head larger than the pool blocks all
 ]
 
 
@@ -37,6 +38,14 @@ def test_finds_the_weakness_with_a_minimal_replayed_counterexample(tmp_path, pol
     shipped = [json.loads(p.read_text()) for p in (ROOT / "counterexamples").glob(f"{prefix}__*.json")]
     assert shipped, f"check in the counterexample: cp {result.counterexample} counterexamples/"
     assert [(len(doc["requests"]), doc["violation"]["iteration"]) for doc in shipped] == [(minimal, iteration)]
+
+
+def test_rejecting_requests_that_never_fit_removes_the_deadlock(tmp_path):
+    fixed = tmp_path / "fixed.yaml"
+    text = (POLICIES / "broken" / "vllm_v1_small_pool.yaml").read_text()
+    fixed.write_text(text.replace("\nkv:", "\nadmission: {reject_never_fits: true}\nkv:"))
+    _, (result,) = run_verify(fixed, ["no_deadlock:2"], 2, 4, timeout_s=60, out_dir=tmp_path)
+    assert result.verdict is Verdict.HOLDS_UP_TO
 
 
 @pytest.mark.parametrize("policy", ["vllm_v1", "sarathi_serve"])
