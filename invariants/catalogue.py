@@ -169,6 +169,31 @@ def _work_exists(o: Any, ctx: TraceContext, t: int, steps: int = 2) -> Term:
     return _any_slot(o, ctx, lambda i: _status_in(o, ctx.frames[t].slots[i], *HAS_WORK))
 
 
+def work_conserving(o: Any, ctx: TraceContext, t: int) -> Term:
+    """A step that preempted nobody never ends with a free slot, unused budget and free KV blocks while a
+    request that arrived before it waits and would fit them (its whole sequence's blocks, and its whole
+    prompt when chunking is off)."""
+    frame, p = ctx.frames[t], ctx.policy
+    running = sum_terms([o.b2i(s["status"] == int(Status.RUNNING)) for s in frame.slots])
+    used = sum_terms(list(frame.scheduled))
+    free = p.kv.num_blocks - frame.kv_used - p.kv.watermark_blocks
+    preempted = o.or_(*frame.preempted)
+
+    def idle_for(i: int) -> Term:
+        s, prm = frame.slots[i], ctx.params[i]
+        tokens = prm.prompt_len + s["num_generated"]
+        need_budget = tokens if not p.chunking.enabled else 1
+        return o.and_(s["status"] == int(Status.WAITING), prm.arrival_us <= frame.now_us,
+                      o.ceil_div(tokens, p.kv.block_size) <= free, used + need_budget <= p.batch.max_num_batched_tokens)
+    return o.or_(preempted, running >= p.batch.max_num_seqs, o.not_(_any_slot(o, ctx, idle_for)))
+
+
+def _slot_free_while_waiting(o: Any, ctx: TraceContext, t: int) -> Term:
+    frame = ctx.frames[t]
+    running = sum_terms([o.b2i(s["status"] == int(Status.RUNNING)) for s in frame.slots])
+    return o.and_(running < ctx.policy.batch.max_num_seqs, _someone_waits(o, ctx, t))
+
+
 def bounded_preemptions(o: Any, ctx: TraceContext, t: int, times: int = 2) -> Term:
     """No request is preempted more than `times` times."""
     return _all_slots(o, ctx, lambda i: ctx.frames[t].slots[i]["num_preemptions"] <= times)
@@ -265,6 +290,7 @@ CATALOGUE: dict[str, Invariant] = {inv.name: inv for inv in (
     _make(bounded_starvation, _someone_waits, steps=8),
     _make(no_deadlock, _work_exists, steps=2),
     _make(bounded_preemptions, _someone_preempted, times=2),
+    _make(work_conserving, _slot_free_while_waiting),
     _make(priority_inversion, _admission_with_waiters, bound=0),
     _make(tenant_fairness, _two_tenants_backlogged, bound=1000, tenants=2, w_in=1, w_out=2),
 )}

@@ -20,6 +20,7 @@ FINDS = [
     ("vllm_v0_no_chunking", "decode_progress:1", 2, 4, (1, 64), 2, 1),  # a prefill-first step stalls decodes
     ("broken/unchecked_growth", "kv_never_overcommitted", 3, 6, None, 2, 1),  # on-demand, unchecked growth
     ("broken/vllm_v1_small_pool", "no_deadlock:2", 2, 4, None, 1, 1),  # a head larger than the pool blocks all
+    ("static_batching", "work_conserving", 2, 4, (1, 64), 2, 1),  # slots idle while the batch runs on
 ]
 
 

@@ -26,3 +26,11 @@ def test_every_policy_names_its_system_and_weakness():
         header = path.read_text().split("\nname:")[0]
         assert header.startswith("# "), path.name
         assert "weakness" in header.lower(), path.name
+
+
+def test_every_invariant_is_documented():
+    from invariants import CATALOGUE
+
+    text = (ROOT / "docs" / "invariants.md").read_text()
+    for name, inv in CATALOGUE.items():
+        assert f"| `{name}` |" in text and inv.statement in text, name
