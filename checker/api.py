@@ -101,12 +101,17 @@ def run_verify(policy: str | Path, invariants: list[str] | None = None, requests
                timeout_s: float = 60.0, workload: str | Path | None = None, out_dir: str | Path | None = "counterexamples",
                prompt: tuple[int, int] | None = None, output: tuple[int, int] | None = None,
                cancellations: bool = True, step_ms: float = 10.0, unbounded: bool = False,
-               proof_dir: str | Path | None = "proofs"):
+               proof_dir: str | Path | None = "proofs", invariant_modules: list[str] | None = None):
     """Check invariants of a policy with z3 (bounded model checking); returns (environment, results)."""
     from checker.loading import load_model
     from checker.verify.env import default_environment
     from checker.verify.run import check_one, parse_invariant
 
+    from invariants.plugins import load_entry_points, load_module
+
+    load_entry_points()
+    for module in invariant_modules or []:
+        load_module(module)
     pol = load_policy(policy)
     chosen = [parse_invariant(text) for text in (invariants or DEFAULT_INVARIANTS)]
     wl = load_model(Workload, workload) if workload is not None else None

@@ -88,7 +88,7 @@ def _verify(args: argparse.Namespace) -> int:
 
     env, results = run_verify(args.policy, args.invariant, args.requests, args.depth, args.timeout, args.workload,
                               args.out, args.prompt_range, args.output_range, not args.no_cancellations, args.step_ms,
-                              args.unbounded, args.proof_dir)
+                              args.unbounded, args.proof_dir, args.invariant_module)
     code = overall_exit(results)
     if args.json:
         print(json.dumps({"policy": args.policy, "environment": env.as_dict(), "assumptions": env.describe(),
@@ -162,6 +162,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("policy", metavar="POLICY")
     p.add_argument("--invariant", action="append", metavar="NAME[:PARAMS]",
                    help="e.g. kv_never_overcommitted, decode_progress:gap=2 (repeatable; default: the four safety invariants)")
+    p.add_argument("--invariant-module", action="append", metavar="MODULE",
+                   help="load user invariants from a module or .py file with an INVARIANTS list (repeatable)")
     p.add_argument("--requests", type=int, default=3, metavar="N", help="request slots (default 3)")
     p.add_argument("--depth", type=int, default=5, metavar="K", help="iterations (default 5)")
     p.add_argument("--timeout", type=float, default=60.0, metavar="S", help="seconds per invariant (default 60)")

@@ -5,6 +5,6 @@ concrete state after a step (``holds(state, decision)``). The symbolic form of e
 z3 terms, comes with the verification engine (issue: Z3 verification).
 """
 
-from invariants.catalogue import CATALOGUE, Invariant, get
+from invariants.catalogue import CATALOGUE, Invariant, get, invariant
 
-__all__ = ["CATALOGUE", "Invariant", "get"]
+__all__ = ["CATALOGUE", "Invariant", "get", "invariant"]

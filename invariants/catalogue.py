@@ -276,23 +276,25 @@ def _two_tenants_backlogged(o: Any, ctx: TraceContext, t: int, tenants: int = 2,
 
 
 # ----------------------------------------------------------------------------------------- the catalogue
-def _make(check: Check, trigger: Check, **defaults: int) -> Invariant:
+def invariant(check: Check, trigger: Check, **defaults: int) -> Invariant:
+    """An invariant from its check (its name and docstring become the invariant's name and statement),
+    the trigger used for vacuity, and default parameters."""
     return Invariant(check.__name__, " ".join((check.__doc__ or "").split()), check, trigger, defaults)
 
 
 CATALOGUE: dict[str, Invariant] = {inv.name: inv for inv in (
-    _make(kv_never_overcommitted, _kv_fills, headroom=0),
-    _make(token_budget, _tokens_scheduled),
-    _make(seq_cap, _something_runs),
-    _make(request_conservation, _arrived),
-    _make(cancellation_releases, _cancelled_while_holding, steps=1),
-    _make(decode_progress, _someone_decodes, gap=1),
-    _make(bounded_starvation, _someone_waits, steps=8),
-    _make(no_deadlock, _work_exists, steps=2),
-    _make(bounded_preemptions, _someone_preempted, times=2),
-    _make(work_conserving, _slot_free_while_waiting),
-    _make(priority_inversion, _admission_with_waiters, bound=0),
-    _make(tenant_fairness, _two_tenants_backlogged, bound=1000, tenants=2, w_in=1, w_out=2),
+    invariant(kv_never_overcommitted, _kv_fills, headroom=0),
+    invariant(token_budget, _tokens_scheduled),
+    invariant(seq_cap, _something_runs),
+    invariant(request_conservation, _arrived),
+    invariant(cancellation_releases, _cancelled_while_holding, steps=1),
+    invariant(decode_progress, _someone_decodes, gap=1),
+    invariant(bounded_starvation, _someone_waits, steps=8),
+    invariant(no_deadlock, _work_exists, steps=2),
+    invariant(bounded_preemptions, _someone_preempted, times=2),
+    invariant(work_conserving, _slot_free_while_waiting),
+    invariant(priority_inversion, _admission_with_waiters, bound=0),
+    invariant(tenant_fairness, _two_tenants_backlogged, bound=1000, tenants=2, w_in=1, w_out=2),
 )}
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from checker.cli import main
 from tests.helpers import POLICIES
 
@@ -141,3 +143,47 @@ def test_unbounded_says_why_a_temporal_invariant_stays_bounded(capsys, tmp_path)
     assert code == 0
     assert "HOLDS_UP_TO  decode_progress   " in out
     assert "unbounded proofs of decode_progress are not available yet (it looks back over iterations)" in out
+
+
+@pytest.fixture
+def restore_catalogue():
+    from invariants import CATALOGUE
+
+    before = dict(CATALOGUE)
+    yield
+    CATALOGUE.clear()
+    CATALOGUE.update(before)
+
+
+def test_user_invariant_from_a_module_without_editing_the_package(capsys, tmp_path, restore_catalogue):
+    plugin = tmp_path / "my_invariants.py"
+    plugin.write_text('''
+from invariants import invariant
+from checker.semantics.state import Status
+
+
+def at_most_one_running(o, ctx, t):
+    """At most one request runs at a time."""
+    frame = ctx.frames[t]
+    return sum(o.b2i(s["status"] == int(Status.RUNNING)) for s in frame.slots) <= 1
+
+
+def two_arrived(o, ctx, t):
+    return sum(o.b2i(s["status"] != int(Status.PENDING)) for s in ctx.frames[t].slots) >= 2
+
+
+INVARIANTS = [invariant(at_most_one_running, two_arrived)]
+''')
+    code, out, err = run(capsys, "verify", str(BROKEN), "--invariant-module", str(plugin), "--invariant",
+                         "at_most_one_running", "--requests", "2", "--depth", "3", "--prompt-range", "1:32",
+                         "--out", str(tmp_path))
+    assert code == 1, err
+    assert out.splitlines()[-1].startswith("VIOLATED     at_most_one_running                      2 request(s)")
+
+
+def test_broken_user_module_is_an_input_error(capsys, tmp_path):
+    plugin = tmp_path / "bad.py"
+    plugin.write_text("INVARIANTS = 3\n")
+    code, _, err = run(capsys, "verify", str(BROKEN), "--invariant-module", str(plugin))
+    assert code == 2
+    assert err == f"batchcheck: error: {plugin}.INVARIANTS='int' (expected a list of invariants.Invariant (see docs/invariants.md))\n"

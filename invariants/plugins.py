@@ -1,0 +1,61 @@
+"""User invariants, added without editing this package: from a module (``--invariant-module``, a dotted
+name or a .py file) or from the ``batchcheck.invariants`` entry-point group. A module provides a list
+``INVARIANTS`` of ``invariants.Invariant`` (build them with ``invariants.invariant(check, trigger, ...)``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from importlib.metadata import entry_points
+from pathlib import Path
+from types import ModuleType
+
+from checker.errors import InputError, Problem
+from invariants.catalogue import CATALOGUE, Invariant
+
+ENTRY_POINT_GROUP = "batchcheck.invariants"
+
+
+def _import(spec: str) -> ModuleType:
+    try:
+        if spec.endswith(".py"):
+            path = Path(spec)
+            module_spec = importlib.util.spec_from_file_location(f"batchcheck_user_{path.stem}", path)
+            if module_spec is None or module_spec.loader is None or not path.exists():
+                raise InputError(Problem("--invariant-module", spec, "an existing .py file or an importable module"))
+            module = importlib.util.module_from_spec(module_spec)
+            module_spec.loader.exec_module(module)
+            return module
+        return importlib.import_module(spec)
+    except InputError:
+        raise
+    except Exception as exc:  # the user's module failed to import: say so, no traceback
+        raise InputError(Problem("--invariant-module", spec, f"a module that imports cleanly "
+                                 f"(it raised {type(exc).__name__}: {exc})")) from None
+
+
+def register(found: object, source: str) -> list[str]:
+    if not isinstance(found, (list, tuple)) or not all(isinstance(x, Invariant) for x in found):
+        raise InputError(Problem(f"{source}.INVARIANTS", type(found).__name__,
+                                 "a list of invariants.Invariant (see docs/invariants.md)"))
+    names = []
+    for inv in found:
+        if inv.name in CATALOGUE and CATALOGUE[inv.name] is not inv:
+            raise InputError(Problem(f"{source}.INVARIANTS", inv.name, "a name not already in the catalogue"))
+        CATALOGUE[inv.name] = inv
+        names.append(inv.name)
+    return names
+
+
+def load_module(spec: str) -> list[str]:
+    module = _import(spec)
+    return register(getattr(module, "INVARIANTS", None), spec)
+
+
+def load_entry_points() -> list[str]:
+    names = []
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        loaded = ep.load()
+        names += register(getattr(loaded, "INVARIANTS", loaded), f"entry point {ep.name}")
+    return names
