@@ -183,16 +183,12 @@ class RequestClass(_Strict):
         return self.max_output_tokens or self.output_tokens.upper
 
 
-class Workload(_Strict):
-    name: str | None = None
-    seed: Annotated[int, Field(ge=0)] = 0
-    duration_s: Annotated[float, Field(gt=0, le=MAX_DURATION_S)]
-    max_requests: Annotated[int | None, Field(ge=1, le=MAX_REQUESTS)] = None
-    classes: Annotated[list[RequestClass], Field(min_length=1)]
+class NamedClasses(BaseModel):
+    """Shared by every record with request classes: names are unique; tenants are derived from them."""
 
     @model_validator(mode="after")
-    def _unique_names(self) -> Workload:
-        names = [c.name for c in self.classes]
+    def _unique_names(self):
+        names = [c.name for c in self.classes]  # type: ignore[attr-defined]
         for i, name in enumerate(names):
             if names.index(name) != i:
                 raise _fail(f"classes.{i}.name", name, "a class name used once")
@@ -200,7 +196,17 @@ class Workload(_Strict):
 
     @property
     def tenants(self) -> list[str]:
-        return sorted({c.tenant for c in self.classes})
+        return sorted({c.tenant for c in self.classes})  # type: ignore[attr-defined]
+
+
+class Workload(_Strict, NamedClasses):
+    """Request classes with arrival processes and length distributions, and a seed."""
+
+    name: str | None = None
+    seed: Annotated[int, Field(ge=0)] = 0
+    duration_s: Annotated[float, Field(gt=0, le=MAX_DURATION_S)]
+    max_requests: Annotated[int | None, Field(ge=1, le=MAX_REQUESTS)] = None
+    classes: Annotated[list[RequestClass], Field(min_length=1)]
 
 
 def generate(w: Workload) -> list[RequestSpec]:

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
 from checker.policy import MAX_MS
+from checker.workload import NamedClasses
 
 MAX_RATE = 10**15  # tokens/s: larger rates are absurd inputs, not capacity plans
 MAX_TOKENS_PER_REQUEST = 10**9
@@ -165,7 +166,7 @@ class AuditClass(_Strict):
         return self.max_prompt_tokens or self.prompt_tokens
 
 
-class AuditWorkload(_Strict):
+class AuditWorkload(_Strict, NamedClasses):
     """A workload written for one contract: steady request classes."""
 
     format: Literal["batchcheck-audit-workload"] = "batchcheck-audit-workload"
@@ -179,17 +180,6 @@ class AuditWorkload(_Strict):
     classes: Annotated[list[AuditClass], Field(min_length=1, max_length=10_000)]
     """Request classes."""
 
-    @model_validator(mode="after")
-    def _unique_names(self) -> AuditWorkload:
-        names = [c.name for c in self.classes]
-        for i, name in enumerate(names):
-            if names.index(name) != i:
-                raise _fail(f"classes.{i}.name", name, "a class name used once")
-        return self
-
-    @property
-    def tenants(self) -> list[str]:
-        return sorted({c.tenant for c in self.classes})
 
 
 def canonical_json(record: BaseModel) -> str:

@@ -189,13 +189,8 @@ class SmtSession:
             self.solver.set("timeout", max(1, int(timeout_ms)))
         self.last_reason = ""
 
-    @staticmethod
-    def int_var(name: str) -> z3.ArithRef:
-        return z3.Int(name)
-
-    @staticmethod
-    def bool_var(name: str) -> z3.BoolRef:
-        return z3.Bool(name)
+    int_var = staticmethod(int_var)
+    bool_var = staticmethod(bool_var)
 
     @staticmethod
     def implies(a: Term, b: Term) -> Term:
