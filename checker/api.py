@@ -101,7 +101,8 @@ def run_verify(policy: str | Path, invariants: list[str] | None = None, requests
                timeout_s: float = 60.0, workload: str | Path | None = None, out_dir: str | Path | None = "counterexamples",
                prompt: tuple[int, int] | None = None, output: tuple[int, int] | None = None,
                cancellations: bool = True, step_ms: float = 10.0, unbounded: bool = False,
-               proof_dir: str | Path | None = "proofs", invariant_modules: list[str] | None = None):
+               proof_dir: str | Path | None = "proofs", invariant_modules: list[str] | None = None,
+               progress=None):
     """Check invariants of a policy with z3 (bounded model checking); returns (environment, results)."""
     from checker.loading import load_model
     from checker.verify.env import default_environment
@@ -118,7 +119,7 @@ def run_verify(policy: str | Path, invariants: list[str] | None = None, requests
     env = default_environment(pol, requests, depth, wl, prompt, output, cancellations, round(step_ms * 1000))
     out = Path(out_dir) if out_dir is not None else None
     proofs = Path(proof_dir) if proof_dir is not None else None
-    return env, [check_one(pol, str(policy), inv, params, env, timeout_s, out, unbounded, proofs)
+    return env, [check_one(pol, str(policy), inv, params, env, timeout_s, out, unbounded, proofs, progress)
                  for inv, params in chosen]
 
 

@@ -82,13 +82,43 @@ def _range(text: str) -> tuple[int, int]:
         raise argparse.ArgumentTypeError(f"{text!r} (expected LOW:HIGH, two integers)") from None
 
 
+class _TerminalProgress:
+    """A one-line progress display on stderr, only when stderr is a terminal."""
+
+    def __init__(self):
+        self.started = 0.0
+        self.shown = False
+
+    def __call__(self):
+        import time
+
+        if not sys.stderr.isatty():
+            return None
+        self.started = time.monotonic()
+
+        def show(message: str) -> None:
+            elapsed = time.monotonic() - self.started
+            print(f"\r\033[K  ... {message} ({elapsed:.1f} s)", end="", file=sys.stderr, flush=True)
+            self.shown = True
+        return show
+
+    def clear(self) -> None:
+        if self.shown:
+            print("\r\033[K", end="", file=sys.stderr, flush=True)
+            self.shown = False
+
+
+_terminal_progress = _TerminalProgress()
+
+
 def _verify(args: argparse.Namespace) -> int:
     from checker.api import run_verify
     from checker.verify.run import overall_exit
 
     env, results = run_verify(args.policy, args.invariant, args.requests, args.depth, args.timeout, args.workload,
                               args.out, args.prompt_range, args.output_range, not args.no_cancellations, args.step_ms,
-                              args.unbounded, args.proof_dir, args.invariant_module)
+                              args.unbounded, args.proof_dir, args.invariant_module, _terminal_progress())
+    _terminal_progress.clear()
     code = overall_exit(results)
     if args.json:
         print(json.dumps({"policy": args.policy, "environment": env.as_dict(), "assumptions": env.describe(),

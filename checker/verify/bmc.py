@@ -9,6 +9,7 @@ than push/pop or a fresh solver per depth). The first satisfiable depth is the s
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from checker.frames import Frame, TraceContext
@@ -104,8 +105,12 @@ class Deadline:
         return self.left_ms() <= 0
 
 
+Progress = Callable[[str], None]
+
+
 def _shortest_violation(policy: Policy, inv: Invariant, params: dict[str, int], env: Environment, n: int,
-                        max_depth: int, deadline: Deadline, check_trigger: bool = False) -> tuple[str, int, Found | None, bool]:
+                        max_depth: int, deadline: Deadline, check_trigger: bool = False,
+                        progress: Progress | None = None) -> tuple[str, int, Found | None, bool]:
     """Check depths 1..max_depth with n slots. Returns (status, depth reached, found, trigger reachable)."""
     smt = SmtSession()
     u = Unrolling(smt, policy, env, n)
@@ -113,6 +118,8 @@ def _shortest_violation(policy: Policy, inv: Invariant, params: dict[str, int], 
     for depth in range(1, max_depth + 1):
         if deadline.passed:
             return "unknown", depth - 1, None, True
+        if progress is not None:
+            progress(f"{inv.name}: {n} requests, depth {depth}/{max_depth}")
         u.extend()
         t = depth - 1
         fails = smt.bool_var(f"fails@{t}")
@@ -135,18 +142,20 @@ def _shortest_violation(policy: Policy, inv: Invariant, params: dict[str, int], 
     return "holds", max_depth, None, reachable
 
 
-def search(policy: Policy, inv: Invariant, params: dict[str, int], env: Environment, timeout_s: float) -> Search:
+def search(policy: Policy, inv: Invariant, params: dict[str, int], env: Environment, timeout_s: float,
+           progress: Progress | None = None) -> Search:
     """The shortest violation with the fewest requests, or how far the invariant holds."""
     deadline = Deadline(timeout_s)
     status, reached, found, reachable = _shortest_violation(policy, inv, params, env, env.requests, env.depth,
-                                                             deadline, check_trigger=True)
+                                                             deadline, check_trigger=True, progress=progress)
     if status == "unknown":
         return Search("unknown", reached)
     if status == "holds":
         return Search("holds", reached, vacuous=not reachable)
     best = found
     for n in range(1, env.requests):  # fewest requests first, then fewest iterations
-        status, _, smaller, _ = _shortest_violation(policy, inv, params, env, n, env.depth, deadline)
+        status, _, smaller, _ = _shortest_violation(policy, inv, params, env, n, env.depth, deadline,
+                                                    progress=progress)
         if status == "violated":
             best = smaller
             break

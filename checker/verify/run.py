@@ -4,6 +4,7 @@ say how strong each verdict is."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -106,9 +107,9 @@ def parse_invariant(text: str) -> tuple[Invariant, dict[str, int]]:
 
 def check_one(policy: Policy, policy_file: str | None, inv: Invariant, params: dict[str, int], env: Environment,
               timeout_s: float, out_dir: Path | None, unbounded: bool = False,
-              proof_dir: Path | None = None) -> Checked:
+              proof_dir: Path | None = None, progress: Callable[[str], None] | None = None) -> Checked:
     started = time.monotonic()
-    outcome = search(policy, inv, params, env, timeout_s)
+    outcome = search(policy, inv, params, env, timeout_s, progress)
     seconds = time.monotonic() - started
     if outcome.status == "unknown":
         return Checked(inv, params, Verdict.UNKNOWN, env, seconds, depth=outcome.depth_reached)
