@@ -10,7 +10,7 @@ from checker.errors import InputError, Problem
 from checker.loading import load_document, validate
 from checker.policy import Policy
 from checker.profile import Profile, load_profile
-from checker.traces import Trace, load_azure_csv, load_requests
+from checker.traces import Trace, TraceOptions, load_azure_csv, load_requests
 from checker.workload import Workload
 
 MODELS = {"policy": Policy, "workload": Workload, "trace": Trace, "profile": Profile}
@@ -59,10 +59,11 @@ def validate_file(path: str | Path, kind: str | None = None) -> str:
 
 
 def run_simulation(policy: str | Path, workload: str | Path | None = None, trace: str | Path | None = None,
-                   profile: str | Path | None = None, limit: int | None = None, record: bool = False) -> SimResult:
+                   profile: str | Path | None = None, limit: int | None = None, record: bool = False,
+                   options: TraceOptions | None = None) -> SimResult:
     pol = load_policy(policy)
     prof: Profile = load_profile(profile)
-    requests = load_requests(workload=workload, trace=trace, limit=limit)
+    requests = load_requests(workload=workload, trace=trace, limit=limit, options=options)
     return simulate(pol, requests, prof, record=record)
 
 
@@ -136,3 +137,22 @@ def run_replay(counterexample: str | Path, policy: str | Path | None = None):
     from checker.verify.replay import replay_counterexample
 
     return replay_counterexample(counterexample, load_policy(policy) if policy is not None else None)
+
+
+# ----------------------------------------------------------------------------------------- runtime verification
+CHECK_LOG_INVARIANTS = ("kv_never_overcommitted", "token_budget", "seq_cap", "request_conservation")
+
+
+def run_check_log(policy: str | Path, log: str | Path, arrivals: str | Path, invariants: list[str] | None = None,
+                  with_conformance: bool = False):
+    """Check invariants on a real scheduler's per-step log; optionally compare it with the engine."""
+    from checker.checklog import check_log, conformance, load_arrivals, load_log
+    from checker.verify.run import parse_invariant
+
+    pol = load_policy(policy)
+    arr = load_arrivals(arrivals)
+    steps = load_log(log, arr)
+    chosen = [parse_invariant(text) for text in (invariants or CHECK_LOG_INVARIANTS)]
+    violation, notes = check_log(pol, arr, steps, chosen)
+    conf = conformance(pol, arr, steps) if with_conformance else None
+    return len(steps), chosen, violation, notes, conf

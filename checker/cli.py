@@ -35,12 +35,41 @@ def _validate(args: argparse.Namespace) -> int:
     return ExitCode.OK
 
 
+def _bounds(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in text.split(",") if part)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} (expected token bounds like 512,4096)") from None
+
+
+def _window(text: str) -> tuple[float, float]:
+    start, sep, end = text.partition(":")
+    try:
+        return float(start), float(end)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} (expected START:END in seconds)") from None
+
+
+def _trace_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--window", type=_window, metavar="START:END", help="only arrivals in this window (s from the first)")
+    p.add_argument("--rate-scale", type=float, default=1.0, metavar="X", help="replay at X times the load (default 1)")
+    p.add_argument("--class-by-prompt", type=_bounds, default=(), metavar="B1,B2,...",
+                   help="classes by prompt-length bucket, e.g. 512,4096")
+    p.add_argument("--class-column", metavar="NAME", help="class from this trace column (CSV) or field (JSONL)")
+
+
+def _options_from(args: argparse.Namespace):
+    from checker.traces import TraceOptions
+
+    return TraceOptions(args.window, args.rate_scale, args.class_by_prompt, args.class_column)
+
+
 def _simulate(args: argparse.Namespace) -> int:
     from checker.api import run_simulation
     from checker.report import format_summary
 
     result = run_simulation(args.policy, workload=args.workload, trace=args.trace, profile=args.profile,
-                            limit=args.limit)
+                            limit=args.limit, options=_options_from(args))
     summary = result.summary()
     if args.json:
         print(json.dumps(summary, indent=2))
@@ -158,6 +187,31 @@ def _recheck(args: argparse.Namespace) -> int:
     return ExitCode.VIOLATED if result == "sat" else ExitCode.INCONCLUSIVE
 
 
+def _check_log(args: argparse.Namespace) -> int:
+    from checker.api import run_check_log
+
+    steps, chosen, violation, notes, conf = run_check_log(args.policy, args.log, args.arrivals, args.invariant,
+                                                          args.conformance)
+    names = ", ".join(inv.name for inv, _ in chosen)
+    for note in notes[:5]:
+        print(f"note: {note}")
+    code = ExitCode.OK
+    if violation is None:
+        print(f"{args.log}: {steps} steps, no violation of {names}")
+    else:
+        print(f"{args.log}: {violation.invariant} VIOLATED at step {violation.step} (log line {violation.line})")
+        for line in violation.context:
+            print(f"  {line}")
+        code = ExitCode.VIOLATED
+    if conf is not None:
+        print(f"conformance with the engine under {args.policy}: {conf.agreeing}/{conf.steps} steps agree "
+              f"({100 * conf.share:.1f} %)")
+        if conf.first_divergence is not None:
+            print(f"  first divergence: {conf.detail}")
+            code = ExitCode.VIOLATED
+    return code
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="batchcheck",
@@ -180,9 +234,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("policy", metavar="POLICY")
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--workload", metavar="FILE", help="workload spec (YAML)")
-    source.add_argument("--trace", metavar="FILE", help="trace: batchcheck JSON or Azure CSV")
+    source.add_argument("--trace", metavar="FILE", help="trace: batchcheck JSON, Azure CSV or Mooncake JSONL")
     p.add_argument("--profile", metavar="FILE", help="service-curve profile (default: spec/profiles/default_linear.json)")
     p.add_argument("--limit", type=int, metavar="N", help="only the first N requests")
+    _trace_options(p)
     p.add_argument("--json", action="store_true", help="print the metrics as JSON")
     p.set_defaults(run=_simulate)
 
@@ -232,6 +287,17 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument(f"--{slo}-slo-ms", type=int, metavar="MS", help=f"derived form: {slo.upper()} bound in ms")
     p.add_argument("--json", action="store_true", help="print every figure as JSON")
     p.set_defaults(run=_audit)
+    p = verbs.add_parser("check-log", help="check the invariants on a real scheduler's per-step log",
+                         description="Exit 1 at the first violating step (or, with --conformance, when the log "
+                                     "diverges from the engine); 0 otherwise. Format: docs/check-log.md.")
+    p.add_argument("policy", metavar="POLICY")
+    p.add_argument("log", metavar="LOG.jsonl")
+    p.add_argument("--arrivals", required=True, metavar="FILE", help="JSON list of {id, arrival_step, prompt_tokens, "
+                   "output_tokens, priority, abort_step?}")
+    p.add_argument("--invariant", action="append", metavar="NAME[:PARAMS]",
+                   help="repeatable; default: the four safety invariants")
+    p.add_argument("--conformance", action="store_true", help="also compare the log with the engine, step by step")
+    p.set_defaults(run=_check_log)
     return parser
 
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import csv
 import io
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Literal
@@ -111,12 +112,18 @@ AZURE_REBASED = ("arrived_at", "num_prefill_tokens", "num_decode_tokens")  # sec
 AZURE_ORIGINAL = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")  # datetime stamps
 
 
-def load_azure_csv(path: str | Path, limit: int | None = None) -> RequestSet:
+def load_azure_csv(path: str | Path, limit: int | None = None, class_column: str | None = None) -> RequestSet:
     """The Azure LLM inference trace, in its original (TIMESTAMP, ContextTokens, GeneratedTokens) or
-    Vidur-rebased (arrived_at, num_prefill_tokens, num_decode_tokens) form. One class, one tenant."""
+    Vidur-rebased (arrived_at, num_prefill_tokens, num_decode_tokens) form. One tenant; one class, or
+    the value of ``class_column`` as the class."""
     source = str(path)
     reader = csv.reader(io.StringIO(read_text(path)))
     header = tuple(h.strip() for h in next(reader, ()))
+    column = None
+    if class_column is not None:
+        if class_column not in header:
+            raise InputError(Problem("--class-column", class_column, "a column of the trace: " + ", ".join(header)), source)
+        column = header.index(class_column)
     if header[:3] == AZURE_REBASED:
         parse_time, origin = _seconds, None
     elif header[:3] == AZURE_ORIGINAL:
@@ -135,7 +142,8 @@ def load_azure_csv(path: str | Path, limit: int | None = None) -> RequestSet:
             origin = t
         prompt = _positive_int(row[1], header[1], line_no, source)
         output = _positive_int(row[2], header[2], line_no, source)
-        rows.append(((t - origin) * 1000.0, prompt, output, None, 0, "default", "default", None))
+        cls = "default" if column is None else (row[column].strip() if column < len(row) else "")
+        rows.append(((t - origin) * 1000.0, prompt, output, None, 0, "default", cls or "default", None))
         if limit is not None and len(rows) >= limit:
             break
     if not rows:
@@ -180,16 +188,129 @@ def _positive_int(cell: str, column: str, line: int, source: str) -> int:
     return value
 
 
+# ----------------------------------------------------------------------------------------- Mooncake JSONL
+MOONCAKE_FIELDS = ("timestamp", "input_length", "output_length")
+
+
+def load_mooncake_jsonl(path: str | Path, limit: int | None = None, class_column: str | None = None) -> RequestSet:
+    """Mooncake-style JSON lines: ``timestamp`` (ms), ``input_length``, ``output_length`` and ``hash_ids``
+    (prefix-cache block hashes: read, not modelled, since the policy model has no prefix cache)."""
+    source = str(path)
+    rows: list = []
+    for line_no, line in enumerate(read_text(path).splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise InputError(Problem(f"line {line_no}", line[:40], f"a JSON object ({exc.msg})", line_no), source) from None
+        if not isinstance(record, dict):
+            raise InputError(Problem(f"line {line_no}", line[:40], "a JSON object", line_no), source)
+        for key in MOONCAKE_FIELDS:
+            if key not in record:
+                raise InputError(Problem(key, "<missing>", "timestamp (ms), input_length and output_length", line_no), source)
+        t = _seconds(str(record["timestamp"]), "timestamp", line_no, source)
+        prompt = _positive_int(str(record["input_length"]), "input_length", line_no, source)
+        output = _positive_int(str(record["output_length"]), "output_length", line_no, source)
+        cls = "default"
+        if class_column is not None:
+            if class_column not in record:
+                raise InputError(Problem("--class-column", class_column, "a field of every record", line_no), source)
+            cls = str(record[class_column])
+        rows.append((t, prompt, output, None, 0, "default", cls, None))
+        if limit is not None and len(rows) >= limit:
+            break
+    if not rows:
+        raise InputError(Problem("rows", 0, "at least one request line"), source)
+    origin = min(r[0] for r in rows)
+    return _build([(r[0] - origin, *r[1:]) for r in rows], source)
+
+
+# ----------------------------------------------------------------------------------------- options
+@dataclass(frozen=True)
+class TraceOptions:
+    """How to replay a trace: a time window, a load scale, and class assignment rules."""
+
+    window_s: tuple[float, float] | None = None  # keep arrivals in [start, end) seconds from the first
+    rate_scale: float = 1.0  # replay at this multiple of the load: inter-arrival gaps are divided by it
+    class_by_prompt: tuple[int, ...] = ()  # prompt-length bucket bounds: a class per bucket
+    class_column: str | None = None  # a trace column (CSV) or field (JSONL) holding the class
+
+    def check(self) -> None:
+        if self.window_s is not None and not 0 <= self.window_s[0] < self.window_s[1]:
+            raise InputError(Problem("--window", f"{self.window_s[0]}:{self.window_s[1]}", "START:END seconds with 0 <= START < END"))
+        if not 0 < self.rate_scale <= 1e6:
+            raise InputError(Problem("--rate-scale", self.rate_scale, "a factor > 0 (2 replays at twice the load)"))
+        if list(self.class_by_prompt) != sorted(set(self.class_by_prompt)) or any(b < 1 for b in self.class_by_prompt):
+            raise InputError(Problem("--class-by-prompt", ",".join(map(str, self.class_by_prompt)),
+                                     "increasing token bounds >= 1, e.g. 512,4096"))
+        if self.class_by_prompt and self.class_column:
+            raise InputError(Problem("--class-by-prompt/--class-column", "both", "one class rule"))
+
+
+def prompt_bucket_names(bounds: tuple[int, ...]) -> list[str]:
+    edges = [None, *bounds, None]
+    names = []
+    for low, high in zip(edges, edges[1:]):
+        if low is None:
+            names.append(f"prompt<{high}")
+        elif high is None:
+            names.append(f"prompt>={low}")
+        else:
+            names.append(f"{low}<=prompt<{high}")
+    return names
+
+
+def apply_options(rs: RequestSet, opt: TraceOptions) -> RequestSet:
+    """Window, then rate scaling (relative to the window's start), then prompt buckets."""
+    opt.check()
+    specs = rs.specs
+    start_us = 0
+    if opt.window_s is not None:
+        start_us, end_us = round(opt.window_s[0] * 1e6), round(opt.window_s[1] * 1e6)
+        specs = [s for s in specs if start_us <= s.arrival_us < end_us]
+    classes = rs.class_names
+    out = []
+    for rid, s in enumerate(specs):
+        arrival = start_us + round((s.arrival_us - start_us) / opt.rate_scale)
+        cancel = None if s.cancel_us is None else arrival + round((s.cancel_us - s.arrival_us) / opt.rate_scale)
+        cls = s.cls
+        if opt.class_by_prompt:
+            cls = sum(1 for bound in opt.class_by_prompt if s.prompt_len >= bound)
+        out.append(replace(s, rid=rid, arrival_us=arrival, cancel_us=cancel, cls=cls))
+    if opt.class_by_prompt:
+        classes = prompt_bucket_names(opt.class_by_prompt)
+    source = rs.source + "".join([f" window={opt.window_s[0]:g}:{opt.window_s[1]:g}s" if opt.window_s else "",
+                                  f" x{opt.rate_scale:g} load" if opt.rate_scale != 1 else ""])
+    return RequestSet(out, classes, rs.tenant_names, source)
+
+
+def load_trace(trace: str | Path, limit: int | None = None, class_column: str | None = None) -> RequestSet:
+    name = str(trace)
+    if name.endswith(".csv"):
+        return load_azure_csv(trace, None, class_column)
+    if name.endswith(".jsonl"):
+        return load_mooncake_jsonl(trace, None, class_column)
+    rs = load_json_trace(trace)
+    if class_column is not None:
+        raise InputError(Problem("--class-column", class_column, "a CSV or JSONL trace (JSON traces carry a class)"))
+    return rs
+
+
 def load_requests(workload: str | Path | None = None, trace: str | Path | None = None,
-                  limit: int | None = None) -> RequestSet:
-    """Requests from a workload spec (YAML) or a trace (batchcheck JSON or Azure CSV)."""
+                  limit: int | None = None, options: TraceOptions | None = None) -> RequestSet:
+    """Requests from a workload spec (YAML) or a trace (batchcheck JSON, Azure CSV, Mooncake JSONL),
+    with the trace options applied (window, load scale, class rules), then the first ``limit``."""
+    opt = options or TraceOptions()
     if workload is not None:
         w = load_model(Workload, workload)
         rs = from_workload(w, str(workload))
     elif trace is not None:
-        rs = load_azure_csv(trace, limit) if str(trace).endswith(".csv") else load_json_trace(trace)
+        rs = load_trace(trace, None, opt.class_column)
     else:
         raise InputError(Problem("--workload/--trace", "<none>", "one of them"))
+    if opt != TraceOptions(class_column=opt.class_column):
+        rs = apply_options(rs, opt)
     if limit is not None and len(rs.specs) > limit:
         rs = RequestSet(rs.specs[:limit], rs.class_names, rs.tenant_names, rs.source)
     return rs
