@@ -6,6 +6,7 @@ from pathlib import Path
 
 from checker.audit import AuditContract, AuditResult, AuditWorkload
 from checker.engine import SimResult, simulate
+from checker.fuzz.slo import SLOFile
 from checker.errors import InputError, Problem
 from checker.loading import load_document, validate
 from checker.policy import Policy
@@ -15,6 +16,7 @@ from checker.workload import Workload
 
 MODELS = {"policy": Policy, "workload": Workload, "trace": Trace, "profile": Profile}
 MODELS.update({"audit-contract": AuditContract, "audit-workload": AuditWorkload})  # batchcheck audit's records
+MODELS["slo"] = SLOFile
 
 
 def load_policy(path: str | Path) -> Policy:
@@ -37,6 +39,8 @@ def guess_kind(path: str | Path, data: object) -> str:
             return "trace"
         if data.get("format") == "batchcheck-profile":
             return "profile"
+        if data.get("format") == "batchcheck-slo":
+            return "slo"
         if data.get("format") in ("batchcheck-audit-contract", "batchcheck-audit-workload"):
             return str(data["format"]).removeprefix("batchcheck-")
         if "classes" in data:
@@ -132,11 +136,31 @@ def run_recheck(certificate: str | Path) -> str:
     return recheck_smt2(read_text(certificate))
 
 
-def run_replay(counterexample: str | Path, policy: str | Path | None = None):
-    """Re-run a counterexample on the engine (under its own policy, or under another one)."""
-    from checker.verify.replay import replay_counterexample
+def run_replay(counterexample: str | Path, policy: str | Path | None = None) -> tuple[str, bool]:
+    """Re-run a counterexample on the engine (under its own policy, or under another one). Returns the
+    text to show (an iteration or request table and a verdict line) and whether it still fails."""
+    from checker.verify import counterexample as cex
+    from checker.verify.replay import replay_counterexample, replay_table
 
-    return replay_counterexample(counterexample, load_policy(policy) if policy is not None else None)
+    pol = load_policy(policy) if policy is not None else None
+    doc = cex.load(counterexample)
+    if doc["property"].get("kind") == "slo":
+        from checker.fuzz.counterexample import replay as replay_slo
+
+        r = replay_slo(doc, pol)
+        head = f"replaying {counterexample} under policy {r.policy.name}"
+        o = r.outcome
+        verdict = (f"{r.prop.name} VIOLATED: observed {o.observed} > allowed {o.allowed} ({o.detail}); recorded "
+                   f"observed {r.recorded.get('observed')}" if r.violated else
+                   f"{r.prop.name} holds on this trace (observed {o.observed}, allowed {o.allowed}): "
+                   "the policy no longer fails it")
+        return "\n".join([head, r.table, verdict]), r.violated
+    report = replay_counterexample(counterexample, pol)
+    head = f"replaying {counterexample} under policy {report.policy.name}"
+    name = report.invariant.name
+    verdict = (f"{name} holds on this trace: the policy no longer fails it" if report.violation is None else
+               f"{name} VIOLATED at iteration {report.violation} (recorded: iteration {report.recorded_violation})")
+    return "\n".join([head, replay_table(report), verdict]), report.violation is not None
 
 
 # ----------------------------------------------------------------------------------------- runtime verification
@@ -156,3 +180,91 @@ def run_check_log(policy: str | Path, log: str | Path, arrivals: str | Path, inv
     violation, notes = check_log(pol, arr, steps, chosen)
     conf = conformance(pol, arr, steps) if with_conformance else None
     return len(steps), chosen, violation, notes, conf
+
+
+# ----------------------------------------------------------------------------------------- fuzzing
+def slo_file_for(workload: str | Path) -> Path:
+    """The SLO file declared next to a workload: ``name.yaml`` -> ``name.slo.yaml``."""
+    path = Path(workload)
+    return path.with_name(path.stem + ".slo.yaml")
+
+
+def run_fuzz(policy: str | Path, workload: str | Path, slo: str | Path | None = None,
+             properties: list[str] | None = None, max_examples: int = 200, time_budget_s: float = 60.0,
+             seed: int = 0, profile: str | Path | None = None, out_dir: str | Path | None = "counterexamples",
+             database_dir: str | Path | None = ".batchcheck/hypothesis", max_requests: int = 20,
+             stresses: list[str] | None = None, progress=None):
+    """Search adversarial traces for SLO violations (one Hypothesis search per property); save and
+    return the shrunk, replayed counterexamples."""
+    from checker.fuzz import counterexample as fuzz_cex
+    from checker.fuzz.run import run_property
+    from checker.fuzz.slo import SLOFile
+    from checker.fuzz.strategies import STRESSES, to_requests
+    from checker.loading import load_model
+    from checker.verify.counterexample import save
+
+    pol = load_policy(policy)
+    wl = load_model(Workload, workload)
+    slo_path = Path(slo) if slo is not None else slo_file_for(workload)
+    if slo is None and not slo_path.exists():
+        raise InputError(Problem("--slo", "<none>", f"an SLO file (none given, and no {slo_path.name} next to the "
+                                 "workload)"))
+    slo_file = load_model(SLOFile, slo_path)
+    known = {p.name: p for p in slo_file.properties}
+    for name in properties or []:
+        if name not in known:
+            raise InputError(Problem("--property", name, "one of: " + ", ".join(known)), str(slo_path))
+    for name in stresses or []:
+        if name not in STRESSES:
+            raise InputError(Problem("--stress", name, "one of: " + ", ".join(STRESSES)))
+    for prop in slo_file.properties:
+        classes = [getattr(prop, attr, None) for attr in ("request_class", "protected", "background")]
+        for cls in classes:
+            if cls is not None and cls not in [c.name for c in wl.classes]:
+                raise InputError(Problem(f"properties.{prop.name}", cls, "a class of the workload: " +
+                                         ", ".join(c.name for c in wl.classes)), str(slo_path))
+    prof = load_profile(profile)
+    chosen = [known[name] for name in properties] if properties else slo_file.properties
+    results = []
+    for prop in chosen:
+        result = run_property(pol, wl, prof, prop, max_examples, time_budget_s / len(chosen), seed,
+                              Path(database_dir) if database_dir is not None else None, max_requests, stresses, progress)
+        if result.violated and out_dir is not None:
+            requests = to_requests(result.trace, wl, "fuzz")
+            search = {"seed": seed, "max_examples": max_examples, "examples_run": result.examples,
+                      "stresses": stresses or list(STRESSES), "max_requests_per_stress": max_requests,
+                      "workload": str(workload), "slo": str(slo_path)}
+            doc = fuzz_cex.build(pol, str(policy), prof, prop, result.outcome, requests, search)
+            replayed = fuzz_cex.replay(doc)
+            if not replayed.violated:
+                from checker.errors import InternalError
+
+                raise InternalError(f"the shrunk trace for {prop.name} does not fail when replayed "
+                                    f"(observed {replayed.outcome.observed}, allowed {replayed.outcome.allowed})")
+            result.counterexample = save(doc, Path(out_dir))
+        results.append(result)
+    return results
+
+
+# ----------------------------------------------------------------------------------------- importers
+def run_import(system: str, args: list[str] | tuple[str, ...] = (), config: str | Path | None = None, *,
+               out: str | Path | None = None, name: str | None = None, vllm_version: str | None = None,
+               usage_context: str | None = None, gpu_memory_gib: float | None = None,
+               model_weights_gib: float | None = None, kv_bytes_per_token: int | None = None,
+               overhead_gib: float | None = None, profile: str | Path | None = None):
+    """Import a real server's scheduler configuration as a policy (docs/importers.md): ``system`` is one
+    of vllm, sglang, tgi, trtllm, triton; ``args`` are that server's own arguments; ``config`` its config
+    file (vLLM YAML, TensorRT-LLM LLM-API YAML, Triton config.pbtxt). The machine options size a KV pool
+    that the server would compute at start-up. Returns an ImportResult (validated policy, YAML text, the
+    assumed / approximated / ignored notes); with ``out``, also writes the YAML there atomically. Raises
+    InputError/UsageError (exit 2) for an option the policy model cannot express or does not know."""
+    from checker.importers import import_policy
+    from checker.importers.common import Machine
+    from checker.importers.output import write_atomic
+
+    machine = Machine(gpu_memory_gib, model_weights_gib, kv_bytes_per_token, overhead_gib, profile)
+    result = import_policy(system, list(args), config, name=name, machine=machine, vllm_version=vllm_version,
+                           usage_context=usage_context)
+    if out is not None:
+        write_atomic(out, result.text)
+    return result

@@ -16,7 +16,7 @@ from checker import __version__
 from checker.errors import BatchcheckError
 from checker.exitcodes import ExitCode
 
-KINDS = ("policy", "workload", "trace", "profile", "audit-contract", "audit-workload")
+KINDS = ("policy", "workload", "trace", "profile", "audit-contract", "audit-workload", "slo")
 
 
 def _schema(args: argparse.Namespace) -> int:
@@ -163,17 +163,10 @@ def _verify(args: argparse.Namespace) -> int:
 
 def _replay(args: argparse.Namespace) -> int:
     from checker.api import run_replay
-    from checker.verify.replay import replay_table
 
-    report = run_replay(args.counterexample, args.policy)
-    print(f"replaying {args.counterexample} under policy {report.policy.name}")
-    print(replay_table(report))
-    if report.violation is None:
-        print(f"{report.invariant.name} holds on this trace: the policy no longer fails it")
-        return ExitCode.OK
-    print(f"{report.invariant.name} VIOLATED at iteration {report.violation} "
-          f"(recorded: iteration {report.recorded_violation})")
-    return ExitCode.VIOLATED
+    text, violated = run_replay(args.counterexample, args.policy)
+    print(text)
+    return ExitCode.VIOLATED if violated else ExitCode.OK
 
 
 def _recheck(args: argparse.Namespace) -> int:
@@ -185,6 +178,19 @@ def _recheck(args: argparse.Namespace) -> int:
         return ExitCode.OK
     print(f"{args.certificate}: certificate does NOT hold (the fresh solver says {result})")
     return ExitCode.VIOLATED if result == "sat" else ExitCode.INCONCLUSIVE
+
+
+def _fuzz(args: argparse.Namespace) -> int:
+    from checker.api import run_fuzz
+
+    database = None if args.database == "none" else args.database
+    results = run_fuzz(args.policy, args.workload, args.slo, args.property, args.max_examples, args.time_budget,
+                       args.seed, args.profile, args.out, database, args.max_requests, args.stress,
+                       _terminal_progress())
+    _terminal_progress.clear()
+    for r in results:
+        print(r.line())
+    return ExitCode.VIOLATED if any(r.violated for r in results) else ExitCode.OK
 
 
 def _check_log(args: argparse.Namespace) -> int:
@@ -210,6 +216,30 @@ def _check_log(args: argparse.Namespace) -> int:
             print(f"  first divergence: {conf.detail}")
             code = ExitCode.VIOLATED
     return code
+
+
+def _import(args: argparse.Namespace) -> int:
+    from checker.api import run_import
+    from checker.errors import UsageError
+    from checker.importers import OWN_OPTIONS, split_options
+
+    if any(a in ("-h", "--help") for a in args.args):  # after SYSTEM, argparse would pass it on
+        print(args.import_help())
+        print(f"\nThe options of {args.system} that batchcheck reads: docs/importers.md")
+        return ExitCode.OK
+    own, system_args = split_options(args.args)
+    options = {key: getattr(args, key) for key, _ in OWN_OPTIONS.values() if getattr(args, key) is not None}
+    for key in set(options) & set(own):
+        raise UsageError(f"--{key.replace('_', '-')} given twice (before and after {args.system})")
+    options.update(own)
+    result = run_import(args.system, system_args, **options)
+    for note in result.notes():
+        print(f"batchcheck: {note}", file=sys.stderr)
+    if options.get("out") is None:
+        sys.stdout.write(result.text)
+    else:
+        print(f"{options['out']}: policy imported from {args.system}")
+    return ExitCode.OK
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -240,6 +270,31 @@ def build_parser() -> argparse.ArgumentParser:
     _trace_options(p)
     p.add_argument("--json", action="store_true", help="print the metrics as JSON")
     p.set_defaults(run=_simulate)
+
+    p = verbs.add_parser("import", help="turn a real server's scheduler configuration into a policy",
+                         description="Import vLLM, SGLang or TGI server arguments, a TensorRT-LLM LLM-API YAML or "
+                                     "a Triton config.pbtxt as a policy (docs/importers.md). Everything after SYSTEM "
+                                     "goes to SYSTEM (its arguments look like flags; a -- is optional), except "
+                                     "batchcheck's own options below, which may come before or after SYSTEM. "
+                                     "Defaults filled in are listed on stderr as 'assumed'. Exit 2: an option the "
+                                     "policy model cannot express, or an unknown one.")
+    p.add_argument("system", choices=("vllm", "sglang", "tgi", "trtllm", "triton"), metavar="SYSTEM",
+                   help="vllm, sglang, tgi, trtllm or triton")
+    p.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS", help="SYSTEM's own arguments")
+    p.add_argument("--out", metavar="FILE", help="write the policy here (atomically) instead of to stdout")
+    p.add_argument("--name", metavar="NAME", help="policy name (default: the file name)")
+    p.add_argument("--config", metavar="FILE", help="vLLM YAML config, TensorRT-LLM LLM-API YAML or Triton config.pbtxt")
+    p.add_argument("--vllm-version", metavar="X.Y", help="vllm: the version whose semantics and defaults apply "
+                   "(default 0.33; < 0.8 is the V0 scheduler)")
+    p.add_argument("--usage-context", choices=("api-server", "llm-class"), help="vllm: whose defaults (default "
+                   "api-server, i.e. vllm serve)")
+    p.add_argument("--gpu-memory-gib", type=float, metavar="GIB", help="machine: memory of one GPU")
+    p.add_argument("--model-weights-gib", type=float, metavar="GIB", help="machine: the model's weights (all GPUs)")
+    p.add_argument("--kv-bytes-per-token", type=int, metavar="BYTES", help="machine: KV bytes per token, all layers")
+    p.add_argument("--overhead-gib", type=float, metavar="GIB", help="machine: activations and other memory per GPU "
+                   "(default 0)")
+    p.add_argument("--profile", metavar="FILE", help="machine: take KV bytes per token from this profile's model shape")
+    p.set_defaults(run=_import, import_help=p.format_help)
 
     p = verbs.add_parser("verify", help="check invariants of a policy with z3 (bounded model checking)",
                          description="Exit 0: every invariant holds within the bounds; 1: one is violated "
@@ -287,6 +342,24 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument(f"--{slo}-slo-ms", type=int, metavar="MS", help=f"derived form: {slo.upper()} bound in ms")
     p.add_argument("--json", action="store_true", help="print every figure as JSON")
     p.set_defaults(run=_audit)
+    p = verbs.add_parser("fuzz", help="search adversarial traces for SLO violations (Hypothesis), shrink, replay",
+                         description="Exit 1 if a property is violated (minimal trace saved), 0 if no "
+                                     "counterexample was found in the examples run (a search, not a proof).")
+    p.add_argument("policy", metavar="POLICY")
+    p.add_argument("--workload", required=True, metavar="FILE")
+    p.add_argument("--slo", metavar="FILE", help="SLO properties (default: NAME.slo.yaml next to the workload)")
+    p.add_argument("--property", action="append", metavar="NAME", help="only these properties (repeatable)")
+    p.add_argument("--max-examples", type=int, default=200, metavar="N", help="examples per property (default 200)")
+    p.add_argument("--time-budget", type=float, default=60.0, metavar="S", help="seconds in all (default 60)")
+    p.add_argument("--seed", type=int, default=0, metavar="N")
+    p.add_argument("--profile", metavar="FILE", help="service-curve profile (default: the linear default)")
+    p.add_argument("--max-requests", type=int, default=20, metavar="N", help="requests per stress segment (default 20)")
+    p.add_argument("--stress", action="append", metavar="NAME", help="only these stresses (repeatable)")
+    p.add_argument("--out", default="counterexamples", metavar="DIR")
+    p.add_argument("--database", default=".batchcheck/hypothesis", metavar="DIR",
+                   help="Hypothesis example database (earlier failures are tried first); 'none' to disable")
+    p.set_defaults(run=_fuzz)
+
     p = verbs.add_parser("check-log", help="check the invariants on a real scheduler's per-step log",
                          description="Exit 1 at the first violating step (or, with --conformance, when the log "
                                      "diverges from the engine); 0 otherwise. Format: docs/check-log.md.")

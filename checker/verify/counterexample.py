@@ -104,7 +104,9 @@ def load(path: str | Path) -> dict[str, Any]:
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise InputError(Problem("format", data.get("format") if isinstance(data, dict) else data,
                                  f"'{FORMAT}' (a counterexample written by batchcheck)"), str(path))
-    for key in ("policy", "property", "requests", "clock", "violation"):
+    needed = ("policy", "property", "requests", "profile") if data.get("property", {}).get("kind") == "slo" else \
+        ("policy", "property", "requests", "clock", "violation")
+    for key in needed:
         if key not in data:
             raise InputError(Problem(key, "<missing>", "this section of a counterexample file"), str(path))
     return data

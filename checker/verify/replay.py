@@ -89,8 +89,8 @@ def replay_counterexample(path, policy: Policy | None = None) -> ReplayReport:
     doc = cex.load(path)
     prop = doc["property"]
     if prop.get("kind") != "invariant" or prop.get("name") not in CATALOGUE:
-        raise InputError(Problem("property", prop.get("name"), "an invariant of the catalogue (SLO properties "
-                                 "are replayed by the fuzzer's tools)"), str(path))
+        raise InputError(Problem("property", prop.get("name"), "an invariant of the catalogue (load user invariants "
+                                 "first) or an SLO property"), str(path))
     if policy is None:
         policy = Policy.model_validate(doc["policy"]["spec"])
     specs = cex.specs_from_json(doc["requests"])
