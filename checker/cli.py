@@ -7,6 +7,7 @@ Exit codes (checker.exitcodes, docs/cli.md): 0 ok, 1 violated, 2 usage or input 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import sys
@@ -15,6 +16,11 @@ from collections.abc import Callable
 from checker import __version__
 from checker.errors import BatchcheckError
 from checker.exitcodes import ExitCode
+
+# Modules that add their own verbs (a function register(verbs) taking the subparsers object; each
+# handler returns an exit code). One line per module; keep cli.py a thin shell.
+VERB_MODULES: list[str] = [
+]
 
 KINDS = ("policy", "workload", "trace", "profile", "audit-contract", "audit-workload", "slo")
 
@@ -371,6 +377,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="repeatable; default: the four safety invariants")
     p.add_argument("--conformance", action="store_true", help="also compare the log with the engine, step by step")
     p.set_defaults(run=_check_log)
+
+    for module in VERB_MODULES:  # verbs that live beside their library code: each module has register(verbs)
+        importlib.import_module(module).register(verbs)
     return parser
 
 
