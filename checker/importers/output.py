@@ -3,16 +3,14 @@ assumed), and an atomic write (temporary file in the target's directory, then ``
 
 from __future__ import annotations
 
-import os
 import shlex
-import tempfile
 import textwrap
-from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
 
-from checker.errors import InputError, InternalError, Problem
+from checker.errors import InternalError
+from checker.fileio import write_atomic  # noqa: F401  (re-exported)
 from checker.importers.common import Draft, scalar
 from checker.policy import Policy
 
@@ -81,34 +79,3 @@ def render(draft: Draft, args: list[str], config: str | None, name: str | None) 
     return "\n".join(lines) + "\n"
 
 
-def write_atomic(path: str | Path, text: str) -> None:
-    """Write ``text`` to ``path`` so that readers see the old file or the new one, never a part: a
-    temporary file in the same directory, flushed and synced, then renamed over the target."""
-    target = Path(path)
-    directory = target.parent
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
-    except OSError as exc:
-        raise InputError(Problem("--out", str(path), f"a file in an existing, writable directory ({exc.strerror})")) \
-            from None
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        if target.exists():
-            mode = target.stat().st_mode & 0o777
-        else:
-            umask = os.umask(0)
-            os.umask(umask)
-            mode = 0o666 & ~umask
-        os.chmod(tmp, mode)
-        os.replace(tmp, target)
-    except BaseException as exc:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        if isinstance(exc, OSError):
-            raise InputError(Problem("--out", str(path), f"a writable file path ({exc.strerror})")) from None
-        raise

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
+from checker import fileio
 from checker.errors import InputError, Problem
 from checker.loading import load_document
 from checker.policy import Policy
@@ -54,7 +53,7 @@ def build(policy: Policy, policy_file: str | None, prop: dict[str, Any], verdict
     states = []
     for k, f in enumerate(frames):
         states.append({"#meta": {"index": k}, "iteration": k, "now_us": f["now_us"], "kv_used": f["kv_used"],
-                       "requests": [{"id": i, **{**r, "status": STATUS_NAMES[r["status"]]}}
+                       "requests": [{"id": i, **r, "status": STATUS_NAMES[r["status"]]}
                                     for i, r in enumerate(f["requests"][:len(specs)])]})
     return {
         "#meta": {"format": "ITF", "format-description": "https://apalache-mc.org/docs/adr/015adr-trace.html",
@@ -78,19 +77,8 @@ def file_name(doc: dict[str, Any]) -> str:
 
 
 def write_atomic(path: Path, text: str) -> None:
-    """Write a file so that readers see the old content or the new one, never a part."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    """Write a file atomically, making its directory if needed."""
+    fileio.write_atomic(path, text, create_dirs=True)
 
 
 def save(doc: dict[str, Any], out_dir: Path) -> Path:

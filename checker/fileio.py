@@ -1,0 +1,45 @@
+"""Atomic file writes: readers see the old file or the new one, never a part. Every report,
+counterexample, policy and plot batchcheck writes goes through ``write_atomic``."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from checker.errors import InputError, Problem
+
+
+def write_atomic(path: str | Path, data: str | bytes, *, create_dirs: bool = False, flag: str = "--out") -> None:
+    """Write ``data`` to ``path``: a temporary file in the same directory, flushed and synced, then
+    renamed over the target (keeping the target's permissions). ``create_dirs`` makes missing parent
+    directories; otherwise a missing or unwritable directory is an input error naming ``flag``."""
+    target = Path(path)
+    if create_dirs:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    except OSError as exc:
+        raise InputError(Problem(flag, str(path), f"a file in an existing, writable directory ({exc.strerror})")) \
+            from None
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data.encode("utf-8") if isinstance(data, str) else data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        if target.exists():
+            mode = target.stat().st_mode & 0o777
+        else:
+            umask = os.umask(0)
+            os.umask(umask)
+            mode = 0o666 & ~umask
+        os.chmod(tmp, mode)
+        os.replace(tmp, target)
+    except BaseException as exc:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        if isinstance(exc, OSError):
+            raise InputError(Problem(flag, str(path), f"a writable file path ({exc.strerror})")) from None
+        raise
