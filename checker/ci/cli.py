@@ -1,0 +1,64 @@
+"""The ``ci`` verb: a thin shell over checker.ci.run.run_ci (docs/ci.md)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from checker.exitcodes import ExitCode
+
+
+def _jobs(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} (expected a number of processes >= 1)")
+    return value
+
+
+def _ci(args: argparse.Namespace) -> int:
+    from checker.api import run_ci
+
+    progress = sys.stderr.isatty()
+
+    def done(i, total, check, result) -> None:
+        if progress:
+            print(f"\r\033[K  ... [{i + 1}/{total}] {check.policy.shown} {check.label}: {result.verdict}", end="",
+                  file=sys.stderr, flush=True)
+
+    only = (args.policy or []) + args.policies
+    outcome = run_ci(args.config, jobs=args.jobs, scheduler=args.scheduler, junit=args.junit, sarif=args.sarif,
+                     summary=args.summary, policies=only or None, done=done)
+    if progress:
+        print("\r\033[K", end="", file=sys.stderr, flush=True)
+    for f in outcome.findings:
+        gate = "" if f.gating or f.level is None else "  (warning only)"
+        print(f"{f.check.policy.shown}: {f.result.line}{gate}")
+    for note in outcome.notes:
+        print(f"note: {note}")
+    for path in outcome.written:
+        print(f"wrote {path}")
+    violated = sum(1 for f in outcome.findings if f.gating and f.outcome == "failed")
+    print(f"{len(outcome.findings)} checks, {violated} gating violation(s); {outcome.where}, "
+          f"{outcome.seconds:.1f} s; exit {int(outcome.exit_code)}")
+    return ExitCode(outcome.exit_code)
+
+
+def register(verbs) -> None:
+    p = verbs.add_parser("ci", help="run the checks batchcheck.toml names; write JUnit XML, SARIF and a summary",
+                         description="Exit 0: no gating finding; 1: a gating check is violated; 3: a gating check "
+                                     "was inconclusive (and none violated); 2: bad config or input. docs/ci.md.")
+    p.add_argument("--config", default="batchcheck.toml", metavar="FILE", help="project config (default batchcheck.toml)")
+    p.add_argument("--jobs", type=_jobs, metavar="N", help="parallel checks on this machine (default: config's jobs, "
+                   "else the CPU count)")
+    p.add_argument("--scheduler", metavar="ADDRESS", help="run on a Dask cluster instead (tcp://HOST:PORT); "
+                   "needs batchcheck[scale]")
+    p.add_argument("--policy", action="append", metavar="FILE", help="only the checks of this policy file "
+                   "(repeatable; e.g. the files a pull request changed)")
+    p.add_argument("--junit", metavar="FILE", help="write JUnit XML here")
+    p.add_argument("--sarif", metavar="FILE", help="write SARIF 2.1.0 here (for code scanning)")
+    p.add_argument("--summary", metavar="FILE", help="write a markdown summary here (for a PR comment)")
+    p.add_argument("policies", nargs="*", metavar="POLICY", help="same as --policy (pre-commit passes changed files)")
+    p.set_defaults(run=_ci)

@@ -1,0 +1,162 @@
+"""The project config of ``batchcheck ci`` (``batchcheck.toml``), validated by pydantic.
+
+It names the policies (globs allowed), the invariants to verify with their parameters and bounds, the
+fuzz budgets and SLO files, and whether each finding gates the change (``error``) or only warns
+(``warning``). Every bad value is reported as ``batchcheck.toml:LINE: path=value (expected ...)``.
+The format is documented in docs/ci.md.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from checker.ci.tomllines import LineMap, toml_lines
+from checker.errors import InputError, Problem
+from checker.loading import read_text, validate
+
+Level = Literal["error", "warning"]
+"""error: the finding gates (exit 1 when violated); warning: it is reported, the exit code ignores it."""
+
+MAX_REQUESTS = 16  # request slots: beyond this the bounded search does not finish in CI time
+MAX_DEPTH = 64
+MAX_TIMEOUT_S = 3600.0
+MAX_EXAMPLES = 100_000
+MAX_JOBS = 1024
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+
+Requests = Annotated[int, Field(ge=1, le=MAX_REQUESTS)]
+Depth = Annotated[int, Field(ge=1, le=MAX_DEPTH)]
+Timeout = Annotated[float, Field(gt=0, le=MAX_TIMEOUT_S)]
+Names = Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)]
+
+
+class Defaults(_Strict):
+    """What every [[verify]] and [[fuzz]] entry inherits unless it says otherwise."""
+
+    requests: Requests = 3
+    """Request slots of the bounded search (verify --requests)."""
+    depth: Depth = 5
+    """Iterations of the bounded search (verify --depth)."""
+    timeout_s: Timeout = 60.0
+    """Seconds per invariant (verify --timeout)."""
+    unbounded: bool = False
+    """Also try induction proofs (verify --unbounded)."""
+    level: Level = "error"
+    """Whether a finding gates the change (error) or only warns (warning)."""
+
+
+class Gate(_Strict):
+    inconclusive: Level = "error"
+    """What an UNKNOWN or VACUOUS verdict of an error-level check does: error makes the run inconclusive
+    (exit 3); warning only reports it."""
+
+
+class Output(_Strict):
+    """Where results go (relative to the config file; the command-line flags override these)."""
+
+    junit: str | None = None
+    sarif: str | None = None
+    summary: str | None = None
+    counterexamples: str = "counterexamples"
+    """Directory for the counterexamples of violated checks."""
+    proofs: str | None = None
+    """Directory for the certificates of PROVED checks (none: not kept)."""
+
+
+class VerifyEntry(_Strict):
+    """Invariants to check on some policies, with bounds (batchcheck verify)."""
+
+    invariants: Names
+    """NAME or NAME:PARAMS, as for ``verify --invariant``."""
+    policies: Names | None = None
+    """Policy files or globs (default: the top-level ``policies``)."""
+    requests: Requests | None = None
+    depth: Depth | None = None
+    timeout_s: Timeout | None = None
+    unbounded: bool | None = None
+    workload: str | None = None
+    """Take length ranges, priorities and tenants from this workload."""
+    level: Level | None = None
+
+
+class FuzzEntry(_Strict):
+    """An SLO fuzzing budget on some policies (batchcheck fuzz)."""
+
+    workload: str
+    slo: str | None = None
+    """SLO file (default: NAME.slo.yaml next to the workload)."""
+    properties: Names | None = None
+    """Only these SLO properties (default: all in the file)."""
+    policies: Names | None = None
+    max_examples: Annotated[int, Field(ge=1, le=MAX_EXAMPLES)] = 100
+    time_budget_s: Timeout = 30.0
+    """Seconds per policy, shared by its properties."""
+    seed: Annotated[int, Field(ge=0)] = 0
+    max_requests: Annotated[int, Field(ge=1, le=1000)] = 20
+    profile: str | None = None
+    level: Level | None = None
+
+
+class DiffEntry(_Strict):
+    """Two versions of a policy to compare (``batchcheck diff OLD NEW``): see checker/ci/diffhook.py."""
+
+    old: str
+    new: str
+    invariants: Names | None = None
+    requests: Requests | None = None
+    depth: Depth | None = None
+    timeout_s: Timeout | None = None
+    level: Level | None = None
+
+
+class CiConfig(_Strict):
+    policies: list[Annotated[str, Field(min_length=1)]] = Field(default_factory=list)
+    """Policy files or globs that entries without their own ``policies`` check."""
+    invariant_modules: list[str] = Field(default_factory=list)
+    """User invariants: modules or .py files (relative to the config) with an INVARIANTS list."""
+    jobs: Annotated[int | None, Field(ge=1, le=MAX_JOBS)] = None
+    """Parallel checks on this machine (default: the number of CPUs)."""
+    defaults: Defaults = Field(default_factory=Defaults)
+    gate: Gate = Field(default_factory=Gate)
+    output: Output = Field(default_factory=Output)
+    verify: list[VerifyEntry] = Field(default_factory=list)
+    fuzz: list[FuzzEntry] = Field(default_factory=list)
+    diff: list[DiffEntry] = Field(default_factory=list)
+
+
+_TOML_POSITION = re.compile(r"\s*\(at line (\d+), column \d+\)$|\s*\(at end of document\)$")
+
+
+def parse_toml(text: str, source: str) -> tuple[dict, LineMap]:
+    """Parse TOML text; a syntax error is an input error at its line."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        message = str(exc)
+        match = _TOML_POSITION.search(message)
+        line = int(match.group(1)) if match and match.group(1) else (text.count("\n") + 1 if match else None)
+        reason = _TOML_POSITION.sub("", message)
+        raise InputError(Problem("", "<unparsable>", f"valid TOML: {reason}", line), source) from None
+    return data, toml_lines(text)
+
+
+def load_config(path: str | Path) -> tuple[CiConfig, LineMap]:
+    """Read and validate a config file; return it with its line map (for later, located errors)."""
+    source = str(path)
+    data, lines = parse_toml(read_text(path), source)
+    if not data:
+        raise InputError(Problem("", "<empty>", "at least one [[verify]] or [[fuzz]] entry"), source)
+    config = validate(CiConfig, data, source, lambda: lines)
+    if not (config.verify or config.fuzz or config.diff):
+        raise InputError(Problem("verify", "<missing>", "at least one [[verify]], [[fuzz]] or [[diff]] entry"),
+                         source)
+    return config, lines

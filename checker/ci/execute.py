@@ -1,0 +1,206 @@
+"""Running the checks: serially, on local processes (``--jobs N``), or on a Dask cluster
+(``--scheduler tcp://HOST:PORT``, or a ``distributed.Client``).
+
+A worker gets a Check (with the text of the files it needs), writes them to a private temporary folder,
+runs the library API (checker.api.run_verify / run_fuzz) there, and returns a Result holding the
+verdict and the text of any counterexample or certificate it produced. Nothing is written to the
+project by workers: the caller writes every file once all checks have finished.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any
+
+from checker.ci.plan import FUZZ, Check, InputFile
+from checker.errors import BatchcheckError
+from checker.exitcodes import ExitCode
+
+FAILED = "failed"
+INCONCLUSIVE = "inconclusive"
+PASSED = "passed"
+OUTCOME = {"VIOLATED": FAILED, "UNKNOWN": INCONCLUSIVE, "VACUOUS": INCONCLUSIVE,
+           "PROVED": PASSED, "HOLDS_UP_TO": PASSED, "NO_COUNTEREXAMPLE": PASSED}
+COUNTEREXAMPLE = "counterexample"
+CERTIFICATE = "certificate"
+
+
+@dataclass
+class Artifact:
+    kind: str  # COUNTEREXAMPLE or CERTIFICATE
+    name: str  # file name
+    text: str
+
+
+@dataclass
+class Result:
+    verdict: str  # VIOLATED, PROVED, HOLDS_UP_TO, VACUOUS, UNKNOWN, NO_COUNTEREXAMPLE
+    line: str  # the one-line report, as `verify` / `fuzz` print it
+    detail: dict[str, Any]
+    seconds: float
+    artifacts: list[Artifact] = field(default_factory=list)
+
+    @property
+    def outcome(self) -> str:
+        return OUTCOME[self.verdict]
+
+
+def _materialise(folder: Path, files: dict[str, InputFile | None]) -> dict[str, str | None]:
+    out: dict[str, str | None] = {}
+    for i, (role, ref) in enumerate(files.items()):
+        if ref is None:
+            out[role] = None
+            continue
+        path = folder / f"in{i}" / Path(ref.shown).name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(ref.text, encoding="utf-8")
+        out[role] = str(path)
+    return out
+
+
+def _shown_paths(doc: dict, paths: dict[str, str | None], check: Check) -> dict:
+    """Counterexamples record the files they came from: name the project's files, not the worker's copies."""
+    shown = {paths[role]: ref.shown for role, ref in (("policy", check.policy), ("workload", check.workload),
+                                                      ("slo", check.slo)) if ref is not None}
+    doc["policy"]["file"] = shown.get(doc["policy"].get("file"), check.policy.shown)
+    search = doc.get("search")
+    if isinstance(search, dict):
+        for key in ("workload", "slo"):
+            if search.get(key) in shown:
+                search[key] = shown[search[key]]
+    return doc
+
+
+class CheckError(BatchcheckError):
+    """An error raised by a check in a worker, carried back with its exit code (picklable)."""
+
+    def __init__(self, message: str, code: int):
+        super().__init__(message, code)
+        self.message, self.exit_code = message, ExitCode(code)
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def run_check(check: Check) -> Result:
+    """Run one check in a private temporary folder; return its verdict and artifacts (picklable)."""
+    try:
+        return _run_check(check)
+    except BatchcheckError as exc:
+        raise CheckError(f"{check.where}, policy {check.policy.shown}, {check.name}: {exc}", int(exc.exit_code)) \
+            from None
+
+
+def _run_check(check: Check) -> Result:
+    from checker import api
+
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="batchcheck-ci-") as tmp:
+        folder = Path(tmp)
+        paths = _materialise(folder, {"policy": check.policy, "workload": check.workload, "slo": check.slo,
+                                      "profile": check.profile})
+        modules = [m if isinstance(m, str) else _materialise(folder / "modules", {m.shown: m})[m.shown]
+                   for m in check.modules]
+        cex_dir, proof_dir = folder / "counterexamples", folder / "proofs"
+        if check.kind == FUZZ:
+            results = api.run_fuzz(paths["policy"], paths["workload"], slo=paths["slo"], properties=[check.name],
+                                   max_examples=check.max_examples, time_budget_s=check.time_budget_s,
+                                   seed=check.seed, profile=paths["profile"], out_dir=cex_dir, database_dir=None,
+                                   max_requests=check.max_requests)
+            r = results[0]
+            verdict = "VIOLATED" if r.violated else "NO_COUNTEREXAMPLE"
+            detail = {"property": check.name, "verdict": verdict, "examples": r.examples,
+                      "observed": r.outcome.observed if r.outcome else None,
+                      "allowed": r.outcome.allowed if r.outcome else None,
+                      "requests": len(r.trace) if r.violated else None}
+            line = r.line()
+        else:
+            _, results = api.run_verify(paths["policy"], [check.name], requests=check.requests, depth=check.depth,
+                                        timeout_s=check.timeout_s, workload=paths["workload"], out_dir=cex_dir,
+                                        unbounded=check.unbounded, proof_dir=proof_dir, invariant_modules=modules)
+            r = results[0]
+            verdict, detail, line = r.verdict.value, r.as_dict(), r.line()
+        artifacts = []
+        for path in sorted(cex_dir.glob("*.json")) if cex_dir.is_dir() else []:
+            doc = _shown_paths(json.loads(path.read_text(encoding="utf-8")), paths, check)
+            artifacts.append(Artifact(COUNTEREXAMPLE, path.name, json.dumps(doc, indent=1) + "\n"))
+        for path in sorted(proof_dir.glob("*")) if proof_dir.is_dir() else []:
+            artifacts.append(Artifact(CERTIFICATE, path.name, path.read_text(encoding="utf-8")))
+        for key in ("counterexample", "certificate"):
+            if detail.get(key):
+                detail[key] = Path(detail[key]).name  # the caller replaces it with where it wrote the file
+        line = line.replace(str(cex_dir) + os.sep, "").replace(str(proof_dir) + os.sep, "")
+    return Result(verdict, line, detail, time.monotonic() - started, artifacts)
+
+
+def _cost(check: Check) -> float:
+    """Rough seconds a check may take, to start the long ones first (better packing on few workers)."""
+    return check.time_budget_s if check.kind == FUZZ else check.timeout_s * (2 if check.unbounded else 1)
+
+
+def _order(checks: Sequence[Check]) -> list[int]:
+    return sorted(range(len(checks)), key=lambda i: -_cost(checks[i]))
+
+
+def run_serial(checks: Sequence[Check], done: Callable[[int, Result], None] | None = None) -> list[Result]:
+    results = []
+    for i, check in enumerate(checks):
+        results.append(run_check(check))
+        if done is not None:
+            done(i, results[-1])
+    return results
+
+
+def run_processes(checks: Sequence[Check], jobs: int, done: Callable[[int, Result], None] | None = None) -> list[Result]:
+    """Each check in a fresh worker process of a local pool (spawned: no z3 or Hypothesis state shared)."""
+    if jobs <= 1 or len(checks) <= 1:
+        return run_serial(checks, done)
+    results: dict[int, Result] = {}
+    with ProcessPoolExecutor(max_workers=min(jobs, len(checks)), mp_context=get_context("spawn")) as pool:
+        futures = {pool.submit(run_check, checks[i]): i for i in _order(checks)}
+        from concurrent.futures import as_completed
+
+        for future in as_completed(futures):
+            i = futures[future]
+            results[i] = future.result()
+            if done is not None:
+                done(i, results[i])
+    return [results[i] for i in range(len(checks))]
+
+
+def run_dask(checks: Sequence[Check], scheduler: Any, done: Callable[[int, Result], None] | None = None) -> list[Result]:
+    """On a Dask cluster: ``scheduler`` is an address (tcp://HOST:PORT) or a distributed.Client. Workers
+    need batchcheck installed (the same version); they need no copy of the project's files."""
+    from checker.errors import UsageError
+
+    try:
+        from distributed import Client, as_completed
+    except ImportError:
+        raise UsageError("--scheduler needs Dask distributed: python3 -m pip install 'batchcheck[scale]'") from None
+    own = not isinstance(scheduler, Client)
+    try:
+        client = Client(scheduler, timeout="20s") if own else scheduler
+    except OSError as exc:
+        raise UsageError(f"--scheduler {scheduler}: no Dask scheduler answers there ({exc})") from None
+    try:
+        order = _order(checks)
+        futures = client.map(run_check, [checks[i] for i in order], pure=False)
+        index = {future.key: i for future, i in zip(futures, order)}
+        results: dict[int, Result] = {}
+        for future in as_completed(futures):
+            i = index[future.key]
+            results[i] = future.result()
+            if done is not None:
+                done(i, results[i])
+        return [results[i] for i in range(len(checks))]
+    finally:
+        if own:
+            client.close()

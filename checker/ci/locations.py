@@ -1,0 +1,62 @@
+"""Which policy field each finding is about, and on which line of the policy YAML it stands.
+
+One table per kind of check: an invariant (or an SLO property kind) names the policy fields whose rule it
+judges, most specific first. A finding is located at the first of them the policy file spells out; where
+the file leaves them all to their defaults, at the section that would hold the first one, else at the
+policy's ``name:`` line, else line 1. Code scanning drops results without a location, so every result
+gets one.
+"""
+
+from __future__ import annotations
+
+from checker.ci.tomllines import LineMap
+
+INVARIANT_FIELDS: dict[str, tuple[str, ...]] = {
+    "kv_never_overcommitted": ("kv.check_allocation", "kv.num_blocks", "kv.watermark"),
+    "token_budget": ("batch.max_num_batched_tokens",),
+    "seq_cap": ("batch.max_num_seqs",),
+    "request_conservation": ("kv.allocation", "kv.num_blocks"),
+    "cancellation_releases": ("cancellation.release_lag_steps",),
+    "decode_progress": ("batch.phase_mode",),
+    "bounded_starvation": ("queue.order", "queue.head_of_line"),
+    "no_deadlock": ("admission.reject_never_fits", "kv.num_blocks"),
+    "bounded_preemptions": ("preemption.victim", "preemption.triggers"),
+    "work_conserving": ("batch.phase_mode",),
+    "priority_inversion": ("queue.order", "preemption.triggers"),
+    "tenant_fairness": ("queue.order", "queue.vtc"),
+}
+
+SLO_FIELDS: dict[str, tuple[str, ...]] = {
+    "latency:queue_delay_ms": ("queue.order", "admission.max_queue_len"),
+    "latency:ttft_ms": ("batch.max_num_batched_tokens", "chunking.long_prefill_token_threshold"),
+    "latency:tpot_ms": ("batch.phase_mode", "batch.max_num_batched_tokens"),
+    "latency:max_tbt_ms": ("batch.phase_mode", "chunking.long_prefill_token_threshold"),
+    "latency:e2e_ms": ("batch.max_num_seqs", "batch.max_num_batched_tokens"),
+    "rejection_rate": ("admission.max_inflight", "admission.max_queue_len", "admission.max_queued_tokens"),
+    "tenant_fairness": ("queue.order", "queue.vtc"),
+    "degradation_order": ("queue.order", "preemption.victim"),
+    "kv_within_pool": ("kv.check_allocation", "kv.num_blocks"),
+}
+
+DOCUMENT = ""  # the field path of a finding that no table names (a user invariant): the whole policy
+
+
+def fields_for(kind: str, rule: str, metric: str | None = None) -> tuple[str, ...]:
+    if kind == "fuzz":
+        return SLO_FIELDS.get(f"{rule}:{metric}", SLO_FIELDS.get(rule, ()))
+    return INVARIANT_FIELDS.get(rule, ())
+
+
+def locate(fields: tuple[str, ...], lines: LineMap) -> tuple[str, int]:
+    """(field path, 1-based line) of the first field the policy file spells out, with the fallbacks above."""
+    for path in fields:
+        key = tuple(path.split("."))
+        if key in lines:
+            return path, lines[key]
+    if fields:
+        section = tuple(fields[0].split("."))[:1]
+        if section in lines:
+            return fields[0], lines[section]
+    if ("name",) in lines:
+        return fields[0] if fields else DOCUMENT, lines[("name",)]
+    return fields[0] if fields else DOCUMENT, 1

@@ -1,0 +1,281 @@
+"""From a validated config to the list of checks to run, with every input checked first.
+
+Globs are expanded relative to the config file; every policy, workload, SLO file and invariant is loaded
+and validated here, before any check starts, so a bad config exits 2 with nothing written. Each check
+carries the text of the files it needs, so a worker on another machine needs no shared file system.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from checker.ci.config import CiConfig, DiffEntry, Level
+from checker.ci.tomllines import LineMap
+from checker.errors import InputError, Problem
+from checker.loading import _line_for, load_model, parse_yaml, read_text
+
+VERIFY = "verify"
+FUZZ = "fuzz"
+
+
+@dataclass(frozen=True)
+class InputFile:
+    shown: str  # the path as reports show it (relative to the config file's folder)
+    text: str
+
+
+@dataclass(frozen=True)
+class PolicyInfo:
+    shown: str
+    name: str
+    lines: LineMap  # field path -> line in the policy YAML (for SARIF locations)
+    block_size: int
+
+
+@dataclass(frozen=True)
+class Check:
+    """One unit of work: one invariant or one SLO property on one policy."""
+
+    kind: str  # VERIFY or FUZZ
+    policy: InputFile
+    policy_name: str
+    name: str  # the invariant as written (NAME[:PARAMS]) or the SLO property name
+    rule: str  # invariant name, or SLO property kind (for the SARIF rule and the policy field mapping)
+    params: tuple[tuple[str, int], ...]  # every parameter with its value (defaults included)
+    level: Level
+    where: str  # the config path that asked for it, e.g. "verify[0].invariants[1]"
+    requests: int = 0
+    depth: int = 0
+    timeout_s: float = 0.0
+    unbounded: bool = False
+    workload: InputFile | None = None
+    slo: InputFile | None = None
+    profile: InputFile | None = None
+    metric: str | None = None  # latency SLOs: which metric
+    max_examples: int = 0
+    time_budget_s: float = 0.0
+    seed: int = 0
+    max_requests: int = 0
+    modules: tuple[InputFile | str, ...] = ()  # user invariant modules: .py files carried, module names as is
+
+    @property
+    def label(self) -> str:
+        shown = ", ".join(f"{k}={v}" for k, v in self.params)
+        return f"{self.rule}({shown})" if shown and self.kind == VERIFY else (
+            self.name.partition(":")[0] if self.kind == VERIFY else self.name)
+
+    @property
+    def key(self) -> tuple:
+        return (self.kind, self.policy.shown, self.name, self.requests, self.depth, self.unbounded,
+                self.workload.shown if self.workload else None, self.slo.shown if self.slo else None)
+
+
+@dataclass
+class Plan:
+    root: Path  # the config file's folder: relative paths in the config are relative to it
+    source: str  # the config file as named on the command line
+    checks: list[Check] = field(default_factory=list)
+    policies: dict[str, PolicyInfo] = field(default_factory=dict)
+    diffs: list[tuple[int, DiffEntry]] = field(default_factory=list)
+    not_configured: list[str] = field(default_factory=list)  # --policy files no entry covers
+
+
+class _Resolver:
+    def __init__(self, config: CiConfig, lines: LineMap, source: str, root: Path):
+        self.config, self.lines, self.source, self.root = config, lines, source, root
+        self.texts: dict[str, InputFile] = {}
+        self.policies: dict[str, PolicyInfo] = {}
+
+    def fail(self, loc: tuple[Any, ...], value: object, expected: str) -> InputError:
+        from checker.loading import format_path
+
+        return InputError(Problem(format_path(loc), value, expected, _line_for(loc, self.lines)), self.source)
+
+    def shown(self, path: Path) -> str:
+        try:
+            return path.resolve().relative_to(self.root.resolve()).as_posix()
+        except ValueError:
+            return str(path)
+
+    def file(self, loc: tuple[Any, ...], text: str, what: str) -> InputFile:
+        path = self.root / text
+        if not path.is_file():
+            raise self.fail(loc, text, f"an existing {what} file (relative to {self.source})")
+        shown = self.shown(path)
+        if shown not in self.texts:
+            self.texts[shown] = InputFile(shown, read_text(path))
+        return self.texts[shown]
+
+    def policy_files(self, loc: tuple[Any, ...], patterns: list[str]) -> list[InputFile]:
+        found: list[InputFile] = []
+        for i, pattern in enumerate(patterns):
+            where = loc + (i,)
+            if glob.has_magic(pattern):
+                matches = sorted(p for p in glob.glob(str(self.root / pattern), recursive=True) if Path(p).is_file())
+                if not matches:
+                    raise self.fail(where, pattern, "a glob that matches at least one policy file")
+            else:
+                matches = [pattern]
+            for match in matches:
+                ref = self.file(where, match, "policy")
+                self.policy(ref)
+                if ref not in found:
+                    found.append(ref)
+        return found
+
+    def policy(self, ref: InputFile) -> PolicyInfo:
+        if ref.shown not in self.policies:
+            from checker.api import load_policy
+
+            pol = load_policy(os.path.relpath(self.root / ref.shown))
+            _, lines = parse_yaml(ref.text, ref.shown)
+            self.policies[ref.shown] = PolicyInfo(ref.shown, pol.name or Path(ref.shown).stem, lines,
+                                                  pol.kv.block_size)
+        return self.policies[ref.shown]
+
+    def entry_policies(self, section: str, index: int, own: list[str] | None) -> list[InputFile]:
+        if own is not None:
+            return self.policy_files((section, index, "policies"), own)
+        if not self.config.policies:
+            raise self.fail((section, index, "policies"), "<missing>",
+                            "a list of policy files or globs here or at the top level (policies = [...])")
+        return self.policy_files(("policies",), self.config.policies)
+
+
+def _invariant(res: _Resolver, loc: tuple[Any, ...], text: str):
+    from checker.verify.run import parse_invariant
+
+    try:
+        return parse_invariant(text)
+    except InputError as exc:
+        raise res.fail(loc, text, exc.problems[0].expected) from None
+
+
+def build_plan(config: CiConfig, lines: LineMap, source: str, only: list[str] | None = None) -> Plan:
+    """Resolve globs, load and check every input, and list the checks (``only``: keep the checks of
+    these policy files, e.g. the ones a pull request changed)."""
+    from invariants.plugins import load_entry_points, load_module
+
+    root = Path(source).resolve().parent
+    res = _Resolver(config, lines, source, root)
+    d = config.defaults
+    load_entry_points()
+    modules: list[InputFile | str] = []
+    for i, module in enumerate(config.invariant_modules):
+        if module.endswith(".py"):
+            ref = res.file(("invariant_modules", i), module, "invariant module")
+            load_module(str(root / ref.shown))
+            modules.append(ref)
+        else:
+            try:
+                load_module(module)
+            except InputError as exc:
+                raise res.fail(("invariant_modules", i), module, exc.problems[0].expected) from None
+            modules.append(module)
+    plan = Plan(root, source)
+    for i, entry in enumerate(config.verify):
+        policies = res.entry_policies("verify", i, entry.policies)
+        workload = res.file(("verify", i, "workload"), entry.workload, "workload") if entry.workload else None
+        if workload is not None:
+            from checker.workload import Workload
+
+            load_model(Workload, root / workload.shown)
+        for j, text in enumerate(entry.invariants):
+            inv, params = _invariant(res, ("verify", i, "invariants", j), text)
+            for ref in policies:
+                plan.checks.append(Check(
+                    VERIFY, ref, res.policies[ref.shown].name, text, inv.name,
+                    tuple({**inv.defaults, **params}.items()), entry.level or d.level, f"verify[{i}].invariants[{j}]",
+                    requests=entry.requests or d.requests, depth=entry.depth or d.depth,
+                    timeout_s=entry.timeout_s or d.timeout_s,
+                    unbounded=d.unbounded if entry.unbounded is None else entry.unbounded,
+                    workload=workload, modules=tuple(modules)))
+    for i, entry in enumerate(config.fuzz):
+        _fuzz_checks(res, plan, i, entry)
+    for i, entry in enumerate(config.diff):
+        _diff_entry(res, i, entry)
+        plan.diffs.append((i, entry))
+    plan.policies = res.policies
+    seen: set[tuple] = set()
+    unique = []
+    for check in plan.checks:
+        if check.key not in seen:
+            seen.add(check.key)
+            unique.append(check)
+    plan.checks = unique
+    if only is not None:
+        _keep_only(plan, res, only)
+    return plan
+
+
+def _fuzz_checks(res: _Resolver, plan: Plan, i: int, entry) -> None:
+    from checker.api import slo_file_for
+    from checker.fuzz.slo import SLOFile
+    from checker.workload import Workload
+
+    d, root = res.config.defaults, res.root
+    policies = res.entry_policies("fuzz", i, entry.policies)
+    workload = res.file(("fuzz", i, "workload"), entry.workload, "workload")
+    wl = load_model(Workload, root / workload.shown)
+    if entry.slo is not None:
+        slo = res.file(("fuzz", i, "slo"), entry.slo, "SLO")
+    else:
+        default = slo_file_for(root / workload.shown)
+        if not default.is_file():
+            raise res.fail(("fuzz", i, "workload"), entry.workload,
+                           f"a workload with an SLO file next to it ({default.name}), or slo = FILE")
+        slo = res.file(("fuzz", i, "workload"), str(default.relative_to(root)), "SLO")
+    slo_file = load_model(SLOFile, root / slo.shown)
+    known = {p.name: p for p in slo_file.properties}
+    for j, name in enumerate(entry.properties or []):
+        if name not in known:
+            raise res.fail(("fuzz", i, "properties", j), name, f"a property of {slo.shown}: " + ", ".join(known))
+    classes = [c.name for c in wl.classes]
+    for prop in slo_file.properties:
+        for attr in ("request_class", "protected", "background"):
+            cls = getattr(prop, attr, None)
+            if cls is not None and cls not in classes:
+                raise res.fail(("fuzz", i, "slo"), slo.shown, f"an SLO file whose classes are classes of the workload "
+                               f"({', '.join(classes)}); property {prop.name} names {cls}")
+    profile = res.file(("fuzz", i, "profile"), entry.profile, "profile") if entry.profile else None
+    chosen = [known[n] for n in entry.properties] if entry.properties else list(slo_file.properties)
+    for ref in policies:
+        for prop in chosen:
+            plan.checks.append(Check(
+                FUZZ, ref, res.policies[ref.shown].name, prop.name, prop.kind, (), entry.level or d.level,
+                f"fuzz[{i}]", workload=workload, slo=slo, profile=profile, metric=getattr(prop, "metric", None),
+                max_examples=entry.max_examples, time_budget_s=entry.time_budget_s / len(chosen), seed=entry.seed,
+                max_requests=entry.max_requests))
+
+
+def _diff_entry(res: _Resolver, i: int, entry: DiffEntry) -> None:
+    """Both policies must exist and count their KV pools in the same unit (tokens per block): the diff
+    compares pool sizes and blocks in use between them."""
+    old = res.policy(res.file(("diff", i, "old"), entry.old, "policy"))
+    new = res.policy(res.file(("diff", i, "new"), entry.new, "policy"))
+    if old.block_size != new.block_size:
+        raise res.fail(("diff", i, "new"), entry.new,
+                       f"a policy with the same KV block size as {old.shown} ({old.block_size} tokens per block) to "
+                       f"compare their pools; it has {new.block_size}")
+    for j, text in enumerate(entry.invariants or []):
+        _invariant(res, ("diff", i, "invariants", j), text)
+
+
+def _keep_only(plan: Plan, res: _Resolver, only: list[str]) -> None:
+    wanted: dict[Path, str] = {}
+    for text in only:
+        path = Path(text)
+        if not path.is_file():
+            raise InputError(Problem("--policy", text, "an existing policy file"))
+        wanted[path.resolve()] = text
+    covered = {(res.root / c.policy.shown).resolve() for c in plan.checks}
+    covered |= {(res.root / e.old).resolve() for _, e in plan.diffs} | {(res.root / e.new).resolve()
+                                                                        for _, e in plan.diffs}
+    plan.checks = [c for c in plan.checks if (res.root / c.policy.shown).resolve() in wanted]
+    plan.diffs = [(i, e) for i, e in plan.diffs
+                  if (res.root / e.old).resolve() in wanted or (res.root / e.new).resolve() in wanted]
+    plan.not_configured = [text for path, text in wanted.items() if path not in covered]

@@ -1,0 +1,113 @@
+"""``batchcheck ci``: validate the project config, run every check (in parallel), then write the JUnit XML,
+SARIF, markdown summary, counterexamples and certificates, all at the end and each atomically."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from checker.ci.config import load_config
+from checker.ci.diffhook import run_diffs
+from checker.ci.execute import CERTIFICATE, COUNTEREXAMPLE, FAILED, INCONCLUSIVE, Result, run_dask, run_processes
+from checker.ci.findings import Finding, make_finding
+from checker.ci.junit import junit_xml
+from checker.ci.plan import Check, Plan, build_plan
+from checker.ci.sarif import sarif_text
+from checker.ci.summary import summary_markdown
+from checker.exitcodes import ExitCode
+from checker.fileio import write_atomic
+
+DEFAULT_CONFIG = "batchcheck.toml"
+
+
+@dataclass
+class CiOutcome:
+    plan: Plan
+    findings: list[Finding]
+    exit_code: ExitCode
+    seconds: float
+    where: str  # how the checks ran, e.g. "2 local processes"
+    notes: list[str] = field(default_factory=list)
+    written: list[str] = field(default_factory=list)  # every file written, in order
+
+
+def exit_code(findings: list[Finding]) -> ExitCode:
+    if any(f.gating and f.outcome == FAILED for f in findings):
+        return ExitCode.VIOLATED
+    if any(f.gating and f.outcome == INCONCLUSIVE for f in findings):
+        return ExitCode.INCONCLUSIVE
+    return ExitCode.OK
+
+
+def _output(flag: str | None, configured: str | None, root: Path) -> str | None:
+    if flag is not None:
+        return flag
+    return os.path.relpath(root / configured) if configured is not None else None
+
+
+def run_ci(config: str | Path = DEFAULT_CONFIG, jobs: int | None = None, scheduler: Any = None,
+           junit: str | None = None, sarif: str | None = None, summary: str | None = None,
+           policies: list[str] | None = None, done: Callable[[int, int, Check, Result], None] | None = None
+           ) -> CiOutcome:
+    """Run the checks a project config names (``policies``: only those of these policy files). ``jobs``:
+    local worker processes (default: the config's ``jobs``, else the CPU count); ``scheduler``: a Dask
+    scheduler address or distributed.Client instead. Bad input raises InputError before anything runs;
+    files are written only after every check has finished."""
+    started = time.monotonic()
+    cfg, lines = load_config(config)
+    plan = build_plan(cfg, lines, str(config), policies)
+    checks = plan.checks
+    total = len(checks)
+
+    def report(i: int, result: Result) -> None:
+        if done is not None:
+            done(i, total, checks[i], result)
+
+    if scheduler is not None:
+        where = f"Dask cluster at {scheduler}" if isinstance(scheduler, str) else "Dask cluster"
+        results = run_dask(checks, scheduler, report) if checks else []
+    else:
+        n = jobs or cfg.jobs or os.cpu_count() or 1
+        where = f"{min(n, max(1, total))} local process(es)" if n > 1 else "serial"
+        results = run_processes(checks, n, report)
+    pairs = list(zip(checks, results)) + run_diffs(plan, lines)
+    inconclusive_gates = cfg.gate.inconclusive == "error"
+    findings = [make_finding(c, r, plan.policies[c.policy.shown], inconclusive_gates) for c, r in pairs]
+    outcome = CiOutcome(plan, findings, exit_code(findings), 0.0, where)
+    if plan.not_configured:
+        outcome.notes.append("not covered by any entry of the config (not checked): " + ", ".join(plan.not_configured))
+    if not checks:
+        outcome.notes.append("no check selected")
+    _write_artifacts(outcome, cfg.output.counterexamples, cfg.output.proofs, plan.root)
+    outcome.seconds = time.monotonic() - started
+    reports = (("--junit", lambda: junit_xml(findings, outcome.seconds), _output(junit, cfg.output.junit, plan.root)),
+               ("--sarif", lambda: sarif_text(findings, plan.root), _output(sarif, cfg.output.sarif, plan.root)),
+               ("--summary", lambda: summary_markdown(findings, outcome.exit_code, outcome.seconds, where,
+                                                      outcome.notes), _output(summary, cfg.output.summary, plan.root)))
+    for flag, text, path in reports:
+        if path is not None:
+            write_atomic(path, text(), create_dirs=True, flag=flag)
+            outcome.written.append(path)
+    return outcome
+
+
+def _write_artifacts(outcome: CiOutcome, cex_dir: str, proof_dir: str | None, root: Path) -> None:
+    for f in outcome.findings:
+        for artifact in f.result.artifacts:
+            if artifact.kind == COUNTEREXAMPLE:
+                path = os.path.relpath(root / cex_dir / artifact.name)
+                f.counterexample = path
+                f.result.detail["counterexample"] = path
+            elif artifact.kind == CERTIFICATE and proof_dir is not None:
+                path = os.path.relpath(root / proof_dir / artifact.name)
+                f.certificate = path
+                f.result.detail["certificate"] = path
+            else:
+                continue
+            f.result.line = f.result.line.replace(artifact.name, path)
+            write_atomic(path, artifact.text, create_dirs=True, flag="output")
+            outcome.written.append(path)

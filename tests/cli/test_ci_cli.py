@@ -1,0 +1,125 @@
+"""`batchcheck ci`: exit codes, what it prints, and bad configs (exit 2, located, nothing written)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from checker.cli import main
+from tests.cli.test_cli import run
+from tests.unit.ci_sample import make_project
+
+OUTPUTS = ("--junit", "out/junit.xml", "--sarif", "out/ci.sarif", "--summary", "out/summary.md")
+INVARIANTS = ("bounded_preemptions, bounded_starvation, cancellation_releases, decode_progress, "
+              "kv_never_overcommitted, no_deadlock, priority_inversion, request_conservation, seq_cap, "
+              "tenant_fairness, token_budget, work_conserving")
+
+
+@pytest.fixture
+def project(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+
+    def make(config: str) -> Path:
+        return make_project(tmp_path, config)
+    return make
+
+
+def _nothing_written(folder: Path) -> bool:
+    return not (folder / "out").exists() and not (folder / "counterexamples").exists()
+
+
+BAD = [
+    ('policies = ["spec/policies/nope.yaml"]\n[[verify]]\ninvariants = ["token_budget"]\n',
+     "batchcheck.toml:1: policies[0]='spec/policies/nope.yaml' (expected an existing policy file (relative to "
+     "batchcheck.toml))"),
+    ('policies = ["spec/policies/*.yml"]\n[[verify]]\ninvariants = ["token_budget"]\n',
+     "batchcheck.toml:1: policies[0]='spec/policies/*.yml' (expected a glob that matches at least one policy file)"),
+    ('policies = ["spec/policies/vllm_v1.yaml"]\n[[verify]]\ninvariants = [\n  "token_budget",\n'
+     '  "kv_never_overcomitted",\n]\n',
+     f"batchcheck.toml:5: verify[0].invariants[1]='kv_never_overcomitted' (expected one of: {INVARIANTS})"),
+    ('policies = ["spec/policies/vllm_v1.yaml"]\n[[verify]]\ninvariants = ["decode_progress:gap=x"]\n',
+     "batchcheck.toml:3: verify[0].invariants[0]='decode_progress:gap=x' (expected gap=an integer)"),
+    ('[[verify]]\ninvariants = ["token_budget"\n',
+     "batchcheck.toml:3: (document)=<unparsable> (expected valid TOML: Unclosed array)"),
+    ('[[verify]]\npolicies = ["spec/policies/vllm_v1.yaml"]\ninvariants = ["seq_cap"]\nrequests = 0\n'
+     '[defaults]\ndeth = 3\n',
+     "batchcheck.toml:6: defaults.deth=3 (expected a known key; allowed here: depth, level, requests, timeout_s, "
+     "unbounded)\nbatchcheck.toml:4: verify[0].requests=0 (expected a number >= 1)"),
+    ('[[verify]]\ninvariants = ["seq_cap"]\n',
+     "batchcheck.toml:1: verify[0].policies=<missing> (expected a list of policy files or globs here or at the top "
+     "level (policies = [...]))"),
+    ('policies = ["spec/policies/vllm_v1.yaml"]\n[[verify]]\ninvariants = ["seq_cap"]\nlevel = "fatal"\n',
+     "batchcheck.toml:4: verify[0].level='fatal' (expected one of: error or warning)"),
+    ('policies = ["spec/policies/vllm_v1.yaml"]\n',
+     "batchcheck.toml: verify=<missing> (expected at least one [[verify]], [[fuzz]] or [[diff]] entry)"),
+]
+
+
+@pytest.mark.parametrize("config, message", BAD)
+def test_bad_configs_exit_2_with_a_located_message_and_write_nothing(capsys, project, config, message):
+    project(config)
+    code, out, err = run(capsys, "ci", *OUTPUTS)
+    assert (code, out) == (2, "")
+    assert err == f"batchcheck: error: {message}\n"
+    assert _nothing_written(Path.cwd())
+
+
+def test_two_policies_with_different_kv_units_cannot_be_compared(capsys, project):
+    folder = project('[[diff]]\nold = "spec/policies/vllm_v1.yaml"\nnew = "spec/policies/vllm_v1_b32.yaml"\n')
+    text = (folder.parent / "spec" / "policies" / "vllm_v1.yaml").read_text()
+    (folder.parent / "spec" / "policies" / "vllm_v1_b32.yaml").write_text(
+        text.replace("block_size: 16", "block_size: 32").replace("num_blocks: 2500", "num_blocks: 1250"))
+    code, out, err = run(capsys, "ci", *OUTPUTS)
+    assert code == 2
+    assert err == ("batchcheck: error: batchcheck.toml:3: diff[0].new='spec/policies/vllm_v1_b32.yaml' (expected a "
+                   "policy with the same KV block size as spec/policies/vllm_v1.yaml (16 tokens per block) to "
+                   "compare their pools; it has 32)\n")
+    assert _nothing_written(Path.cwd())
+
+
+def test_a_bad_policy_file_is_reported_at_its_own_line(capsys, project):
+    folder = project('policies = ["spec/policies/*.yaml"]\n[[verify]]\ninvariants = ["seq_cap"]\n')
+    (folder.parent / "spec" / "policies" / "typo.yaml").write_text("name: typo\nmax_model_len: 1024\nkv:\n"
+                                                                   "  num_blocks: 0\n")
+    code, _, err = run(capsys, "ci", *OUTPUTS)
+    assert code == 2
+    assert err == "batchcheck: error: spec/policies/typo.yaml:4: kv.num_blocks=0 (expected a number >= 1)\n"
+    assert _nothing_written(Path.cwd())
+
+
+def test_a_missing_config_and_a_bad_jobs_flag(capsys, project):
+    code, _, err = run(capsys, "ci", "--config", "nope.toml")
+    assert (code, err) == (2, "batchcheck: error: nope.toml: (document)='nope.toml' (expected an existing file)\n")
+    with pytest.raises(SystemExit) as exit_:
+        main(["ci", "--jobs", "0"])
+    assert exit_.value.code == 2
+    assert "argument --jobs: '0' (expected a number of processes >= 1)" in capsys.readouterr().err
+
+
+def test_a_gating_violation_exits_1_and_a_warning_does_not(capsys, project):
+    project('policies = ["spec/policies/tgi_router.yaml", "spec/policies/unchecked_growth.yaml"]\n'
+            '[defaults]\nrequests = 2\ndepth = 3\n'
+            '[[verify]]\npolicies = ["spec/policies/tgi_router.yaml"]\ninvariants = ["cancellation_releases:0"]\n'
+            'level = "warning"\n'
+            '[[verify]]\npolicies = ["spec/policies/unchecked_growth.yaml"]\ninvariants = ["kv_never_overcommitted"]\n')
+    code, out, _ = run(capsys, "ci", "--jobs", "1", *OUTPUTS, "--policy", "spec/policies/tgi_router.yaml")
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0].startswith("spec/policies/tgi_router.yaml: VIOLATED     cancellation_releases(steps=0) ")
+    assert lines[0].endswith("(warning only)")
+    assert "wrote out/sarif" not in out and "wrote out/ci.sarif" in lines
+    assert lines[-1].startswith("1 checks, 0 gating violation(s); serial, ") and lines[-1].endswith("; exit 0")
+    code, out, _ = run(capsys, "ci", "--jobs", "1", *OUTPUTS, "spec/policies/unchecked_growth.yaml")
+    assert code == 1
+    assert out.splitlines()[-1].startswith("1 checks, 1 gating violation(s); serial, ")
+
+
+def test_policies_no_entry_covers_are_named_and_nothing_runs(capsys, project):
+    project('policies = ["spec/policies/vllm_v1.yaml"]\n[[verify]]\ninvariants = ["seq_cap"]\n')
+    code, out, _ = run(capsys, "ci", *OUTPUTS, "spec/policies/tgi_router.yaml")
+    assert code == 0
+    assert "note: not covered by any entry of the config (not checked): spec/policies/tgi_router.yaml" in out
+    assert "note: no check selected" in out
+    assert os.path.exists("out/ci.sarif")

@@ -1,0 +1,72 @@
+"""The ci config: TOML key lines, validation, and the plan built from it (globs, filters, dedup)."""
+
+from __future__ import annotations
+
+import pytest
+
+from checker.ci.config import load_config
+from checker.ci.plan import FUZZ, VERIFY, build_plan
+from checker.ci.tomllines import toml_lines
+from checker.errors import InputError
+from tests.helpers import ROOT
+from tests.unit.ci_sample import make_project
+
+
+def test_toml_lines_place_tables_keys_and_array_items():
+    text = ('policies = ["a", "b"]  # two\n'
+            "[defaults]\n"
+            "depth = 3\n"
+            "[[verify]]\n"
+            'invariants = ["x"]\n'
+            "[[verify]]\n"
+            "invariants = [\n"
+            '  "y",  # first\n'
+            '  "z",\n'
+            "]\n"
+            "gate.inconclusive = 'warning'\n")
+    lines = toml_lines(text)
+    assert lines[("policies",)] == 1 and lines[("policies", 1)] == 1
+    assert lines[("defaults", "depth")] == 3
+    assert lines[("verify", 0)] == 4 and lines[("verify", 0, "invariants", 0)] == 5
+    assert lines[("verify", 1)] == 6
+    assert lines[("verify", 1, "invariants", 0)] == 8 and lines[("verify", 1, "invariants", 1)] == 9
+    assert lines[("verify", 1, "gate", "inconclusive")] == 11
+
+
+def test_the_shipped_config_covers_every_shipped_policy():
+    config, lines = load_config(ROOT / "batchcheck.toml")
+    plan = build_plan(config, lines, str(ROOT / "batchcheck.toml"))
+    shipped = {f"spec/policies/{p.name}" for p in (ROOT / "spec" / "policies").glob("*.yaml")}
+    verified = {c.policy.shown for c in plan.checks if c.kind == VERIFY}
+    assert verified == shipped
+    safety = {"kv_never_overcommitted", "token_budget", "seq_cap", "request_conservation"}
+    for policy in shipped:
+        assert {c.rule for c in plan.checks if c.policy.shown == policy and c.level == "error"} >= safety
+    assert any(c.kind == FUZZ for c in plan.checks)
+
+
+def test_duplicate_checks_run_once_and_the_policy_filter_keeps_only_named_files(tmp_path):
+    config = make_project(tmp_path, 'policies = ["spec/policies/*.yaml"]\n'
+                                    '[[verify]]\ninvariants = ["seq_cap", "token_budget"]\n'
+                                    '[[verify]]\npolicies = ["spec/policies/vllm_v1.yaml"]\ninvariants = ["seq_cap"]\n')
+    cfg, lines = load_config(config)
+    plan = build_plan(cfg, lines, str(config))
+    assert len(plan.checks) == 3 * 2
+    only = build_plan(cfg, lines, str(config), [str(tmp_path / "spec" / "policies" / "tgi_router.yaml"),
+                                                str(tmp_path / "spec" / "workloads" / "chat_mixed.yaml")])
+    assert sorted(c.label for c in only.checks) == ["seq_cap", "token_budget"]
+    assert {c.policy.shown for c in only.checks} == {"spec/policies/tgi_router.yaml"}
+    assert only.not_configured == [str(tmp_path / "spec" / "workloads" / "chat_mixed.yaml")]
+
+
+def test_a_fuzz_property_not_in_the_slo_file_is_located(tmp_path):
+    config = make_project(tmp_path, 'policies = ["spec/policies/vllm_v1.yaml"]\n'
+                                    '[[fuzz]]\nworkload = "spec/workloads/chat_mixed.yaml"\n'
+                                    'properties = ["interactive_ttft_p99", "ttft_p42"]\n')
+    cfg, lines = load_config(config)
+    with pytest.raises(InputError) as err:
+        build_plan(cfg, lines, str(config))
+    assert str(err.value) == (
+        f"{config}:4: fuzz[0].properties[1]='ttft_p42' (expected a property of spec/workloads/chat_mixed.slo.yaml: "
+        "interactive_ttft_p99, interactive_max_tbt, interactive_tpot_p99, tenant_queue_fairness, "
+        "background_degrades_first)")

@@ -1,0 +1,48 @@
+"""Scale-out: the same campaign on a Dask LocalCluster (two worker processes) gives the serial verdicts."""
+
+from __future__ import annotations
+
+from distributed import Client, LocalCluster
+
+from checker.api import run_ci
+from tests.unit.ci_sample import make_project
+
+CAMPAIGN = """\
+policies = ["spec/policies/*.yaml"]
+[defaults]
+requests = 2
+depth = 2
+[[verify]]
+invariants = ["token_budget"]
+[[verify]]
+policies = ["spec/policies/unchecked_growth.yaml"]
+invariants = ["kv_never_overcommitted"]
+[[verify]]
+policies = ["spec/policies/tgi_router.yaml"]
+invariants = ["cancellation_releases:0"]
+depth = 3
+[[fuzz]]
+policies = ["spec/policies/vllm_v1.yaml"]
+workload = "spec/workloads/chat_mixed.yaml"
+slo = "spec/slo/kv_safety.slo.yaml"
+max_examples = 5
+time_budget_s = 5
+"""
+
+
+def _verdicts(outcome) -> list[tuple[str, str, str]]:
+    return [(f.check.policy.shown, f.check.label, f.result.verdict) for f in outcome.findings]
+
+
+def test_a_dask_local_cluster_gives_the_serial_verdicts(tmp_path):
+    config = make_project(tmp_path, CAMPAIGN)
+    serial = run_ci(config, jobs=1)
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
+            Client(cluster) as client:
+        distributed = run_ci(config, scheduler=client)
+        ran_on = {w for w in client.run(lambda: True)}
+    assert len(ran_on) == 2
+    assert _verdicts(distributed) == _verdicts(serial)
+    assert {v for _, _, v in _verdicts(serial)} == {"VIOLATED", "HOLDS_UP_TO", "NO_COUNTEREXAMPLE"}
+    assert distributed.exit_code == serial.exit_code == 1
+    assert distributed.where == "Dask cluster"
