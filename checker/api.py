@@ -189,21 +189,11 @@ def slo_file_for(workload: str | Path) -> Path:
     return path.with_name(path.stem + ".slo.yaml")
 
 
-def run_fuzz(policy: str | Path, workload: str | Path, slo: str | Path | None = None,
-             properties: list[str] | None = None, max_examples: int = 200, time_budget_s: float = 60.0,
-             seed: int = 0, profile: str | Path | None = None, out_dir: str | Path | None = "counterexamples",
-             database_dir: str | Path | None = ".batchcheck/hypothesis", max_requests: int = 20,
-             stresses: list[str] | None = None, progress=None):
-    """Search adversarial traces for SLO violations (one Hypothesis search per property); save and
-    return the shrunk, replayed counterexamples."""
-    from checker.fuzz import counterexample as fuzz_cex
-    from checker.fuzz.run import run_property
-    from checker.fuzz.slo import SLOFile
-    from checker.fuzz.strategies import STRESSES, to_requests
+def load_slo(workload: str | Path, slo: str | Path | None, properties: list[str] | None):
+    """The workload, the SLO file (given, or declared next to the workload) and the chosen properties,
+    checked against each other (every class an SLO property names is a class of the workload)."""
     from checker.loading import load_model
-    from checker.verify.counterexample import save
 
-    pol = load_policy(policy)
     wl = load_model(Workload, workload)
     slo_path = Path(slo) if slo is not None else slo_file_for(workload)
     if slo is None and not slo_path.exists():
@@ -214,17 +204,34 @@ def run_fuzz(policy: str | Path, workload: str | Path, slo: str | Path | None = 
     for name in properties or []:
         if name not in known:
             raise InputError(Problem("--property", name, "one of: " + ", ".join(known)), str(slo_path))
-    for name in stresses or []:
-        if name not in STRESSES:
-            raise InputError(Problem("--stress", name, "one of: " + ", ".join(STRESSES)))
     for prop in slo_file.properties:
         classes = [getattr(prop, attr, None) for attr in ("request_class", "protected", "background")]
         for cls in classes:
             if cls is not None and cls not in [c.name for c in wl.classes]:
                 raise InputError(Problem(f"properties.{prop.name}", cls, "a class of the workload: " +
                                          ", ".join(c.name for c in wl.classes)), str(slo_path))
+    chosen = [known[name] for name in properties] if properties else list(slo_file.properties)
+    return wl, slo_path, chosen
+
+
+def run_fuzz(policy: str | Path, workload: str | Path, slo: str | Path | None = None,
+             properties: list[str] | None = None, max_examples: int = 200, time_budget_s: float = 60.0,
+             seed: int = 0, profile: str | Path | None = None, out_dir: str | Path | None = "counterexamples",
+             database_dir: str | Path | None = ".batchcheck/hypothesis", max_requests: int = 20,
+             stresses: list[str] | None = None, progress=None):
+    """Search adversarial traces for SLO violations (one Hypothesis search per property); save and
+    return the shrunk, replayed counterexamples."""
+    from checker.fuzz import counterexample as fuzz_cex
+    from checker.fuzz.run import run_property
+    from checker.fuzz.strategies import STRESSES, to_requests
+    from checker.verify.counterexample import save
+
+    pol = load_policy(policy)
+    wl, slo_path, chosen = load_slo(workload, slo, properties)
+    for name in stresses or []:
+        if name not in STRESSES:
+            raise InputError(Problem("--stress", name, "one of: " + ", ".join(STRESSES)))
     prof = load_profile(profile)
-    chosen = [known[name] for name in properties] if properties else slo_file.properties
     results = []
     for prop in chosen:
         result = run_property(pol, wl, prof, prop, max_examples, time_budget_s / len(chosen), seed,
@@ -244,6 +251,60 @@ def run_fuzz(policy: str | Path, workload: str | Path, slo: str | Path | None = 
             result.counterexample = save(doc, Path(out_dir))
         results.append(result)
     return results
+
+
+# ----------------------------------------------------------------------------------------- diff
+DIFF_INVARIANTS = DEFAULT_INVARIANTS + ("no_deadlock", "decode_progress")
+
+
+def run_diff(old: str | Path, new: str | Path, workload: str | Path | None = None, slo: str | Path | None = None,
+             invariants: list[str] | None = None, requests: int = 3, depth: int = 5, timeout_s: float = 60.0,
+             profile: str | Path | None = None, threshold: float = 0.2, min_delta: float = 1.0,
+             max_examples: int = 100, fuzz_budget_s: float = 60.0, seed: int = 0,
+             out_dir: str | Path | None = "counterexamples", prompt: tuple[int, int] | None = None,
+             output: tuple[int, int] | None = None, unbounded: bool = False, slo_properties: list[str] | None = None,
+             audit: bool = True, slo_must_violate: bool = False, progress=None):
+    """What a policy change breaks: invariant verdicts side by side with witnesses each way (z3), SLO
+    regression witnesses on generated traces (when a workload has an SLO file), and the audit of both."""
+    import time
+
+    from checker.diff.compare import Pair, diff_invariant, diff_slo
+    from checker.diff.run import AuditPair, DiffReport, changed_fields
+    from checker.diff.slo import Tolerance
+    from checker.loading import load_model
+    from checker.verify.env import default_environment
+    from checker.verify.run import parse_invariant
+
+    started = time.monotonic()
+    pair = Pair(load_policy(old), load_policy(new), str(old), str(new))
+    if pair.old.name == pair.new.name:
+        pair.new = pair.new.model_copy(update={"name": f"{pair.new.name} (new)"})
+    if not 0 <= threshold <= 100:
+        raise InputError(Problem("--threshold", threshold, "a relative increase between 0 and 100 (0.2 = 20 %)"))
+    if workload is None and (slo is not None or slo_properties):
+        from checker.errors import UsageError
+
+        raise UsageError("--slo and --property need --workload (the traces are generated from its classes)")
+    chosen = [parse_invariant(text) for text in (invariants if invariants is not None else DIFF_INVARIANTS)]
+    wl = load_model(Workload, workload) if workload is not None else None
+    widest = pair.old if pair.old.max_model_len >= pair.new.max_model_len else pair.new
+    env = default_environment(widest, requests, depth, wl, prompt, output) if chosen else None
+    out = Path(out_dir) if out_dir is not None else None
+    props = [diff_invariant(pair, inv, params, env, timeout_s, out, unbounded, progress) for inv, params in chosen]
+    audit_pair = None
+    if workload is not None:
+        declared = slo is not None or slo_file_for(workload).exists()
+        if declared or slo_properties:
+            wl, _, slo_chosen = load_slo(workload, slo, slo_properties)
+            prof = load_profile(profile)
+            tolerance = Tolerance(threshold, min_delta, slo_must_violate)
+            props += [diff_slo(pair, wl, prof, prop, tolerance, max_examples, fuzz_budget_s / len(slo_chosen), seed,
+                               out, progress) for prop in slo_chosen]
+        if audit:
+            a, b = (run_derived_audit(p, workload, profile) for p in (old, new))
+            audit_pair = AuditPair(a.text(), b.text(), a.decision, b.decision)
+    return DiffReport(pair.old, pair.new, str(old), str(new), env, props, audit_pair,
+                      changed_fields(pair.old, pair.new), time.monotonic() - started)
 
 
 # ----------------------------------------------------------------------------------------- importers

@@ -31,10 +31,15 @@ def initial_state(n: int, tenants: int) -> SlotState:
 class Unrolling:
     """The symbolic trace of n slots, one iteration at a time."""
 
-    def __init__(self, smt: SmtSession, policy: Policy, env: Environment, n: int):
-        self.smt, self.policy, self.env, self.n = smt, policy, env, n
-        self.requests: SymbolicRequests = symbolic_requests(smt, Z3Ops, env, n)
-        smt.add(*self.requests.constraints)
+    def __init__(self, smt: SmtSession, policy: Policy, env: Environment, n: int,
+                 requests: SymbolicRequests | None = None, tag: str = ""):
+        """``requests``: share the arrivals of another unrolling (a product of two policies on the same
+        symbolic trace); ``tag`` prefixes this unrolling's variable names so the two stay apart."""
+        self.smt, self.policy, self.env, self.n, self.tag = smt, policy, env, n, tag
+        if requests is None:
+            requests = symbolic_requests(smt, Z3Ops, env, n)
+            smt.add(*requests.constraints)
+        self.requests: SymbolicRequests = requests
         self.state = initial_state(n, env.tenants)
         self.frames: list[Frame] = []
         self.ctx = TraceContext(policy, tuple(self.requests.params), self.frames)
@@ -46,6 +51,7 @@ class Unrolling:
                                self.requests.cancels_at(Z3Ops, k))
 
         def fresh(name: str, term, boolean: bool = False):
+            name = self.tag + name
             var = smt.bool_var(name) if boolean else smt.int_var(name)
             smt.add(var == term)
             return var

@@ -1,0 +1,56 @@
+"""batchcheck diff: summary first, exit codes, bad input word for word."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from checker.cli import main
+from tests.helpers import POLICIES
+
+V1, SMALL_POOL = str(POLICIES / "vllm_v1.yaml"), str(POLICIES / "broken" / "vllm_v1_small_pool.yaml")
+BOUNDS = ("--requests", "2", "--depth", "3", "--prompt-range", "1:4096", "--output-range", "1:8")
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_regression_summary_reads_first_and_exit_is_1(capsys, tmp_path):
+    code, out, err = run(capsys, "diff", V1, SMALL_POOL, "--invariant", "no_deadlock", *BOUNDS, "--out", str(tmp_path))
+    assert code == 1, err
+    lines = out.splitlines()
+    assert lines[:4] == [
+        "diff vllm_v1 -> vllm_v1_small_pool: REGRESSION in 1 of 1 property  (exit 1)",
+        "changed: kv.num_blocks: 2500 -> 32, max_model_len: 16384 -> 1024",
+        "",
+        "REGRESSION no_deadlock                       strictly less safe  HOLDS_UP_TO -> VIOLATED"]
+    witness = next(tmp_path.glob("vllm_v1_small_pool__no_deadlock__*.json"))
+    assert f"  replay: batchcheck replay {witness} (NEW fails); batchcheck replay {witness} --policy {V1} (OLD holds)" in lines
+
+
+def test_json_report(capsys, tmp_path):
+    code, out, _ = run(capsys, "diff", SMALL_POOL, V1, "--invariant", "no_deadlock", *BOUNDS, "--out", "none", "--json")
+    doc = json.loads(out)
+    assert code == 0 and doc["exit_code"] == 0 and doc["regressions"] == []
+    (p,) = doc["properties"]
+    assert (p["change"], p["old"], p["new"]) == ("strictly safer", "VIOLATED", "HOLDS_UP_TO")
+    assert p["new_worse_witness"] is None and p["old_worse_witness"]["file"] is None  # --out none: nothing saved
+
+
+@pytest.mark.parametrize("argv,message", [
+    (("diff", "spec/policies/nope.yaml", V1), "spec/policies/nope.yaml: (document)='spec/policies/nope.yaml' "
+                                              "(expected an existing file)"),
+    (("diff", V1, V1, "--threshold", "-1"), "--threshold=-1.0 (expected a relative increase between 0 and 100 "
+                                            "(0.2 = 20 %))"),
+    (("diff", V1, V1, "--slo", "x.slo.yaml"), "--slo and --property need --workload (the traces are generated from "
+                                              "its classes)"),
+    (("diff", V1, V1, "--invariant", "decode_progress:gapp=2"), "--invariant='decode_progress:gapp=2' (expected "
+                                                                "parameters of decode_progress: gap)"),
+], ids=["missing-policy", "threshold", "slo-without-workload", "bad-invariant-parameter"])
+def test_bad_input_exits_2_with_one_line(capsys, argv, message):
+    code, out, err = run(capsys, *argv)
+    assert (code, out, err) == (2, "", f"batchcheck: error: {message}\n")
