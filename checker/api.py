@@ -343,3 +343,19 @@ def run_ci(config: str | Path = "batchcheck.toml", jobs: int | None = None, sche
 
     return _run_ci(config, jobs, scheduler, junit, sarif, summary, policies, done)
 
+
+# ----------------------------------------------------------------------------------------- bug reports
+def run_report(counterexample: str | Path, out_dir: str | Path = "reports"):
+    """Replay a counterexample on the engine and write a markdown bug report and a PNG timeline into
+    ``out_dir`` (docs/report.md). Returns the ReportFiles; InputError (exit 2) for a bad file or an
+    unwritable directory, with nothing written."""
+    from checker.bugreport.build import write_report
+
+    return write_report(counterexample, out_dir)
+
+
+def write_run_plot(result: SimResult, path: str | Path) -> Path:
+    """The timeline PNG of a run simulated with ``record=True`` (``simulate --plot``)."""
+    from checker.bugreport.build import write_run_plot as write_plot
+
+    return write_plot(result, path)

@@ -20,6 +20,7 @@ from checker.exitcodes import ExitCode
 # Modules that add their own verbs (a function register(verbs) taking the subparsers object; each
 # handler returns an exit code). One line per module; keep cli.py a thin shell.
 VERB_MODULES: list[str] = [
+    "checker.bugreport.cli",
     "checker.diff.cli",
     "checker.ci.cli",
 ]
@@ -77,7 +78,11 @@ def _simulate(args: argparse.Namespace) -> int:
     from checker.report import format_summary
 
     result = run_simulation(args.policy, workload=args.workload, trace=args.trace, profile=args.profile,
-                            limit=args.limit, options=_options_from(args))
+                            limit=args.limit, options=_options_from(args), record=args.plot is not None)
+    if args.plot is not None:
+        from checker.api import write_run_plot
+
+        write_run_plot(result, args.plot)
     summary = result.summary()
     if args.json:
         print(json.dumps(summary, indent=2))
@@ -277,6 +282,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, metavar="N", help="only the first N requests")
     _trace_options(p)
     p.add_argument("--json", action="store_true", help="print the metrics as JSON")
+    p.add_argument("--plot", metavar="FILE.png", help="also write the run's timeline as a PNG (docs/report.md)")
     p.set_defaults(run=_simulate)
 
     p = verbs.add_parser("import", help="turn a real server's scheduler configuration into a policy",

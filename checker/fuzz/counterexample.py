@@ -65,16 +65,23 @@ class SloReplay:
         return not self.outcome.holds
 
 
-def replay(doc: dict[str, Any], policy: Policy | None = None) -> SloReplay:
-    policy = policy or Policy.model_validate(doc["policy"]["spec"])
-    profile = Profile.model_validate(doc["profile"]["spec"])
-    prop = PROPERTY.validate_python(doc["property"]["spec"])
+def request_set(doc: dict[str, Any]) -> RequestSet:
+    """The requests of an SLO counterexample, with their class and tenant names."""
     rows = doc["requests"]
     classes = sorted({r.get("class", "default") for r in rows})
     tenants = sorted({str(r.get("tenant", "default")) for r in rows})
     specs = [replace(s, cls=classes.index(r.get("class", "default")), tenant=tenants.index(str(r.get("tenant", "default"))))
              for s, r in zip(cex.specs_from_json([{**r, "tenant": 0} for r in rows]), rows)]
-    result = simulate(policy, RequestSet(specs, classes, tenants, "counterexample"), profile)
+    return RequestSet(specs, classes, tenants, "counterexample")
+
+
+def replay(doc: dict[str, Any], policy: Policy | None = None) -> SloReplay:
+    policy = policy or Policy.model_validate(doc["policy"]["spec"])
+    profile = Profile.model_validate(doc["profile"]["spec"])
+    prop = PROPERTY.validate_python(doc["property"]["spec"])
+    requests = request_set(doc)
+    classes = requests.class_names
+    result = simulate(policy, requests, profile)
     outcome = evaluate(prop, result.summary())
     t = result.times
     lines = [("req", "class", "arrive_ms", "prompt", "output", "status", "ttft_ms", "tpot_ms", "max_tbt_ms", "preempt")]

@@ -1,0 +1,119 @@
+"""The sections of a counterexample file a report reads, validated before anything is replayed.
+
+``checker.verify.counterexample.load`` checks the format and that the sections exist; this model checks
+their contents (a corrupted file: a request without a prompt, a policy spec that is no policy, an
+iteration that is not a number), so that bad input is a located input error, never a crash.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic_core import PydanticCustomError
+
+from checker.fuzz.slo import Property
+from checker.loading import validate
+from checker.policy import Policy
+from checker.profile import Profile
+from checker.verify import counterexample as cex
+
+Tokens = Annotated[int, Field(ge=1)]
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow", frozen=True, populate_by_name=True)
+
+
+class CexRequest(_Open):
+    id: Annotated[int, Field(ge=0)]
+    arrival_ms: Annotated[float, Field(ge=0)]
+    prompt_tokens: Tokens
+    output_tokens: Tokens
+    max_output_tokens: Tokens
+    priority: int = 0
+    tenant: int | str = 0
+    class_: Annotated[str | None, Field(alias="class")] = None
+    cancel_after_ms: Annotated[float | None, Field(ge=0)] = None
+
+
+class CexPolicy(_Open):
+    name: str | None = None
+    file: str | None = None
+    sha256: str
+    spec: Policy
+
+
+class CexProperty(_Open):
+    kind: Literal["invariant", "slo"]
+    name: Annotated[str, Field(min_length=1)]
+    params: dict[str, int] = {}
+    statement: str | None = None
+    spec: Property | None = None
+    observed: float | None = None
+    allowed: float | None = None
+    detail: str | None = None
+
+
+class CexClock(_Open):
+    step_us: Annotated[int, Field(ge=1)]
+
+
+class CexViolation(_Open):
+    iteration: Annotated[int | None, Field(ge=0)] = None
+
+
+class CexProfile(_Open):
+    name: str | None = None
+    spec: Profile
+
+
+class CounterexampleDoc(_Open):
+    """A counterexample file (docs/counterexamples.md) as the report reads it."""
+
+    policy: CexPolicy
+    property: CexProperty
+    verdict: dict[str, Any] = {}
+    environment: dict[str, Any] = {}
+    requests: Annotated[list[CexRequest], Field(min_length=1)]
+    clock: CexClock | None = None
+    violation: CexViolation = CexViolation()
+    profile: CexProfile | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> CounterexampleDoc:
+        for index, row in enumerate(self.requests):
+            if row.id != index:
+                raise _inconsistent(f"requests[{index}].id", row.id, f"{index} (requests numbered in order)")
+            if row.max_output_tokens < row.output_tokens:
+                raise _inconsistent(f"requests[{index}].max_output_tokens", row.max_output_tokens,
+                                    f">= output_tokens={row.output_tokens}")
+        if self.property.kind == "invariant":
+            if self.clock is None:
+                raise _inconsistent("clock", "<missing>", "the fixed clock of an invariant counterexample")
+            if self.violation.iteration is None:
+                raise _inconsistent("violation.iteration", "<missing>", "the iteration at which the invariant fails")
+        else:
+            if self.property.spec is None:
+                raise _inconsistent("property.spec", "<missing>", "the SLO property's spec")
+            if self.profile is None:
+                raise _inconsistent("profile", "<missing>", "the service-curve profile of an SLO counterexample")
+        return self
+
+    @property
+    def is_slo(self) -> bool:
+        return self.property.kind == "slo"
+
+
+def _inconsistent(field: str, value: object, expected: str) -> PydanticCustomError:
+    return PydanticCustomError("consistency", "", {"field": field, "value": value, "expected": expected})
+
+
+def load_counterexample(path: str | Path) -> tuple[dict[str, Any], CounterexampleDoc]:
+    """The raw document (for the replay functions) and its validated sections. InputError on bad input."""
+    from checker.loading import load_document
+
+    doc = cex.load(path)
+    _, lines = load_document(path)
+    return doc, validate(CounterexampleDoc, doc, str(path), lines)

@@ -1,0 +1,169 @@
+"""The bug report as markdown: what failed, where in the policy, under which assumptions, iteration by
+iteration (from the engine's replay), the timeline picture, and the command that replays it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import yaml
+
+from checker.bugreport.replayed import ReplayedCounterexample
+from checker.bugreport.rules import Excerpt
+from checker.bugreport.timeline import Timeline
+from checker.semantics.decision import StepDecision
+
+MAX_TABLE_ROWS = 120  # iteration rows after merging repeated steps; the rest is summarised in one line
+SHORT_HASH = 12
+
+
+def _cell(items: Sequence[object]) -> str:
+    return ",".join(map(str, items)) or "-"
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    out += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
+    return out
+
+
+def _quiet_repeat(a: StepDecision, b: StepDecision) -> bool:
+    """b does what a did (the same requests, the same tokens) and nothing else changes."""
+    return (a.scheduled == b.scheduled and not (b.arrived or b.admitted or b.preempted or b.finished or b.rejected
+                                                 or b.cancelled or b.released)
+            and (a.num_running, a.num_waiting) == (b.num_running, b.num_waiting))
+
+
+def iteration_rows(r: ReplayedCounterexample, kv_blocks: int) -> list[list[str]]:
+    """One row per iteration; runs of identical quiet iterations (same requests and tokens, no events)
+    are merged into one row ``a-b``."""
+    d, holds = r.decisions, r.holds
+    rows: list[list[str]] = []
+    k = 0
+    while k < len(d):
+        end = k
+        while (end + 1 < len(d) and _quiet_repeat(d[k], d[end + 1])
+               and (holds is None or holds[end + 1] == holds[k]) and end + 1 != r.violation and k != r.violation):
+            end += 1
+        first, last = d[k], d[end]
+        span = str(k) if end == k else f"{k}-{end}"
+        t_ms = f"{first.now_us / 1000:g}" if end == k else f"{first.now_us / 1000:g}-{last.now_us / 1000:g}"
+        kv = (f"{first.kv_blocks_used}/{kv_blocks}" if first.kv_blocks_used == last.kv_blocks_used else
+              f"{first.kv_blocks_used}->{last.kv_blocks_used}/{kv_blocks}")
+        row = [span, t_ms, _cell(first.arrived), _cell(first.admitted),
+               " ".join(f"{rid}:{n}" for rid, n in first.scheduled) or "-", _cell(first.preempted),
+               _cell(first.finished), _cell(first.cancelled), kv, str(first.num_running), str(first.num_waiting)]
+        if holds is not None:
+            row.append("holds" if holds[k] else "**VIOLATED**")
+        rows.append(row)
+        k = end + 1
+    return rows
+
+
+def _environment_lines(r: ReplayedCounterexample) -> list[str]:
+    env = r.doc.environment
+    if r.doc.is_slo:
+        lines = [f"found by a Hypothesis search (seed {env.get('seed')}, {env.get('examples_run')} examples run) "
+                 f"on the workload `{env.get('workload')}` with the SLO file `{env.get('slo')}`, then shrunk",
+                 "stresses: " + (", ".join(map(str, env.get("stresses", []))) or "-"),
+                 f"service-curve profile `{r.doc.profile.name if r.doc.profile else '-'}` (stored in the file): "
+                 "time is the engine's, each iteration as long as the profile says"]
+        return [f"- {line}" for line in lines]
+    from checker.verify.env import Environment
+
+    try:
+        described = Environment(env["requests"], env["depth"], tuple(env["prompt_tokens"]), tuple(env["output_tokens"]),
+                                env["max_output_cap"], tuple(env.get("priorities", (0,))), env.get("tenants", 1),
+                                env.get("cancellations", True), env.get("step_us", r.doc.clock.step_us)).describe()
+    except (KeyError, TypeError, ValueError):  # an environment written by another version: show it as stored
+        described = [f"{key}: {value}" for key, value in env.items()]
+    return [f"- {line}" for line in described] + [
+        f"- clock: iteration k starts at k x {r.doc.clock.step_us / 1000:g} ms (the verifier's fixed clock)"]
+
+
+def _request_rows(r: ReplayedCounterexample) -> list[list[str]]:
+    rows = []
+    for q in r.doc.requests:
+        cancel = "-" if q.cancel_after_ms is None else f"{q.cancel_after_ms:g}"
+        rows.append([str(q.id), f"{q.arrival_ms:g}", str(q.prompt_tokens), str(q.output_tokens),
+                     str(q.max_output_tokens), str(q.priority), str(q.tenant), q.class_ or "-", cancel])
+    return rows
+
+
+def _excerpt_lines(ex: Excerpt, rules: Sequence[str]) -> list[str]:
+    width = max((len(str(n)) for n, _ in ex.lines if n is not None), default=0)
+    body = [(f"{n:>{width}}  " if ex.numbered and n is not None else " " * (width + 2) if ex.numbered else "") + text
+            for n, text in ex.lines]
+    where = (f"`{ex.source}`, line numbers on the left ({ex.note})" if ex.numbered else f"{ex.source} ({ex.note})")
+    return [f"Rules that decide this property: `{'`, `'.join(rules)}`. From {where}:", "",
+            "```text" if ex.numbered else "```yaml", *body, "```"]
+
+
+def _property_lines(r: ReplayedCounterexample) -> list[str]:
+    p = r.doc.property
+    if not r.doc.is_slo:
+        return [f"**`{r.property_label}`** (invariant): {r.statement}"]
+    spec: dict[str, Any] = p.spec.model_dump(mode="json", by_alias=True) if p.spec is not None else {}
+    flow = yaml.safe_dump(spec, default_flow_style=True, sort_keys=False, width=10_000).strip()
+    return [f"**`{p.name}`** (SLO property, kind `{spec.get('kind')}`): {r.statement}", "",
+            f"- declared: `{flow}`",
+            f"- recorded when found: observed {p.observed} > allowed {p.allowed} ({p.detail})"]
+
+
+def _what_happened(r: ReplayedCounterexample, timeline: Timeline) -> list[str]:
+    if r.violation is None:
+        return []
+    k = r.violation
+    lines = [f"At iteration {k}, where `{r.property_label}` fails:", ""]
+    lines += [f"- {row.label}: {row.at(k)}" for row in timeline.rows if row.at(k)]
+    return lines + [""]
+
+
+def render(r: ReplayedCounterexample, timeline: Timeline, excerpt: Excerpt, rules: Sequence[str], png_name: str,
+           shown_path: str) -> str:
+    """The whole report; ``shown_path`` is the counterexample path as the user gave it (for commands)."""
+    doc = r.doc
+    pol = doc.policy
+    name = pol.name or pol.spec.name or "policy"
+    verdict = doc.verdict
+    found = str((doc.model_extra or {}).get("#meta", {}).get("source", "batchcheck"))
+    minimal = verdict.get("minimality") if verdict.get("minimal") is True else verdict.get("minimal")
+    recorded = (f"VIOLATED at iteration {doc.violation.iteration}" if not doc.is_slo else "VIOLATED") + \
+        f" (found by {found}" + (f"; minimal: {minimal}" if minimal else "") + ")"
+    kv_blocks = pol.spec.kv.num_blocks
+    lines = [f"# {name} violates {r.property_label}", ""]
+    lines += _table(["", ""], [
+        ["verdict", f"**{recorded}**"],
+        ["replayed on the engine", r.verdict_line if r.still_violated else f"**{r.verdict_line}**"],
+        ["counterexample", f"`{shown_path}`"],
+        ["policy", f"`{name}`" + (f" from `{pol.file}`" if pol.file else "") + f", sha256 `{pol.sha256[:SHORT_HASH]}`"],
+    ])
+    if not r.still_violated:
+        lines += ["", "**The engine no longer fails this property on the trace**: the semantics changed since the "
+                      "counterexample was found, or it was edited. The tables below show what the engine does now."]
+    lines += ["", "## Property", "", *_property_lines(r), "", "## Policy excerpt", "", *_excerpt_lines(excerpt, rules)]
+    lines += ["", "## Environment assumptions", "", *_environment_lines(r)]
+    lines += ["", "## Requests", "", *_table(["req", "arrival (ms)", "prompt", "output", "max output", "priority",
+                                            "tenant", "class", "cancel after (ms)"], _request_rows(r))]
+    if r.request_table is not None:
+        lines += ["", "Latencies on the engine's replay (ms):", "", "```", r.request_table, "```"]
+    header = ["iteration", "t (ms)", "arrived", "admitted", "scheduled (req:tokens)", "preempted", "finished",
+              "cancelled", "KV blocks", "running", "waiting"] + ([r.property_label] if r.holds is not None else [])
+    rows = iteration_rows(r, kv_blocks)
+    lines += ["", "## Iterations (replayed on the engine)", "",
+              "What each iteration decided, after it ran. Repeated quiet iterations (the same requests and tokens, "
+              "nothing else happening) share one row `a-b`.", "", *_what_happened(r, timeline),
+              *_table(header, rows[:MAX_TABLE_ROWS])]
+    if len(rows) > MAX_TABLE_ROWS:
+        lines += ["", f"... {len(rows) - MAX_TABLE_ROWS} more rows (iterations {rows[MAX_TABLE_ROWS][0].split('-')[0]} "
+                      f"to {len(r.decisions) - 1}): see the timeline and `batchcheck replay`."]
+    lines += ["", "## Timeline", "", f"![timeline: one row per request, tokens and KV blocks per iteration]({png_name})",
+              "", "One row per request: waiting, prefill chunks (labelled with their tokens), decode, admitted "
+                  "without tokens, holding KV after a cancel; markers where it is preempted, cancelled, finished or "
+                  "rejected. Below: tokens per iteration against the token budget, KV blocks in use against the pool."
+              + (" The shaded iteration is where the property fails." if r.violation is not None else "")]
+    lines += ["", "## How to replay", "", "```bash", f"batchcheck replay {shown_path}", "```", "",
+              "It exits 1 while the policy still fails on this trace. To check a fix, replay under the changed policy "
+              "(exit 0 once it no longer fails):", "", "```bash",
+              f"batchcheck replay {shown_path} --policy FIXED_POLICY.yaml", "```", ""]
+    return "\n".join(lines)

@@ -1,0 +1,122 @@
+"""Which rules of a policy a property depends on, and the lines of the policy YAML that hold them.
+
+A bug report quotes the policy where a reviewer would change it: for ``decode_progress`` the
+``phase_mode:`` line, for ``cancellation_releases`` the ``release_lag_steps:`` line (a rule the file
+leaves to its default is shown with its default value).
+From the policy file when it is present and still the policy the counterexample was found with (same
+hash), with its line numbers; otherwise from the spec embedded in the counterexample.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from checker.errors import InputError
+from checker.loading import parse_yaml, read_text, validate
+from checker.policy import Policy
+from checker.verify.counterexample import policy_hash
+
+FALLBACK_RULES = ("batch", "queue", "kv", "preemption")  # a property no table names (a user invariant)
+
+
+def implicated_rules(kind: str, name: str, slo_spec: dict[str, Any] | None = None) -> tuple[str, ...]:
+    """The policy fields a property judges: the same table ``batchcheck ci`` locates its findings with
+    (checker/ci/locations.py), by invariant name, or by SLO kind and metric."""
+    from checker.ci.locations import fields_for
+
+    if kind == "invariant":
+        fields = fields_for("verify", name)
+    else:
+        spec = slo_spec or {}
+        fields = fields_for("fuzz", str(spec.get("kind")), spec.get("metric"))
+    return fields or FALLBACK_RULES
+
+
+@dataclass(frozen=True)
+class Excerpt:
+    """Lines to quote: (line number or None, text); where they come from, and why there."""
+
+    lines: list[tuple[int | None, str]]
+    source: str  # the policy file, or "the spec embedded in the counterexample"
+    note: str  # why this source (file found and unchanged, changed, missing)
+    numbered: bool
+
+
+def _value_at(data: Any, path: tuple[str, ...]) -> Any:
+    for part in path:
+        data = data.get(part) if isinstance(data, dict) else None
+    return data
+
+
+def _file_excerpt(text: str, lines: dict[tuple[Any, ...], int], rules: tuple[str, ...],
+                  spec: dict[str, Any]) -> list[tuple[int | None, str]]:
+    source = text.splitlines()
+    wanted: set[int] = set()
+    missing: list[str] = []
+    for rule in rules:
+        path = tuple(rule.split("."))
+        if path not in lines:
+            missing.append(rule)
+            continue
+        for cut in range(1, len(path) + 1):  # the enclosing section lines, for context
+            wanted.add(lines[path[:cut]])
+        wanted.update(line for loc, line in lines.items() if loc[:len(path)] == path)  # a whole section
+    out: list[tuple[int | None, str]] = [(n, source[n - 1]) for n in sorted(wanted) if n <= len(source)]
+    for rule in missing:
+        value = _value_at(spec, tuple(rule.split(".")))
+        out.append((None, f"# {rule}: {_flow(value)}  (not in the file: the default)"))
+    return out
+
+
+def _flow(value: Any) -> str:
+    return yaml.safe_dump(value, default_flow_style=True, width=10_000).strip().removesuffix("...").strip()
+
+
+def _spec_excerpt(spec: dict[str, Any], rules: tuple[str, ...]) -> list[tuple[int | None, str]]:
+    picked: dict[str, Any] = {}
+    for rule in rules:
+        path = rule.split(".")
+        here = picked
+        for part in path[:-1]:
+            here = here.setdefault(part, {})
+        here[path[-1]] = _value_at(spec, tuple(path))
+    text = yaml.safe_dump(picked, sort_keys=False, default_flow_style=False, width=100)
+    return [(None, line) for line in text.splitlines()]
+
+
+def _policy_file(recorded: str | None, counterexample: Path) -> Path | None:
+    """The recorded policy file: as given (relative to the working directory), else relative to the
+    folder above the counterexample's folder (``counterexamples/`` beside ``spec/``)."""
+    if not recorded:
+        return None
+    candidates = [Path(recorded)]
+    if not Path(recorded).is_absolute():
+        candidates.append(counterexample.resolve().parent.parent / recorded)
+    return next((c for c in candidates if c.is_file()), None)
+
+
+def policy_excerpt(recorded_file: str | None, recorded_sha256: str, spec: dict[str, Any], rules: tuple[str, ...],
+                   counterexample: Path) -> Excerpt:
+    """The implicated rules' lines: from the policy file when it still holds the policy found (numbered),
+    else from the embedded spec, saying why."""
+    path = _policy_file(recorded_file, counterexample)
+    embedded = "the spec embedded in the counterexample"
+    if path is None:
+        note = f"{recorded_file} not found" if recorded_file else "the counterexample names no policy file"
+        return Excerpt(_spec_excerpt(spec, rules), embedded, note, False)
+    try:
+        text = read_text(path)
+        data, lines = parse_yaml(text, str(path))
+        current = validate(Policy, data, str(path), lambda: lines)
+    except InputError as exc:
+        return Excerpt(_spec_excerpt(spec, rules), embedded, f"{recorded_file} does not load ({exc})", False)
+    if policy_hash(current) != recorded_sha256:
+        return Excerpt(_spec_excerpt(spec, rules), embedded,
+                       f"{recorded_file} has changed since the counterexample was found (its policy hash differs)",
+                       False)
+    return Excerpt(_file_excerpt(text, lines, rules, spec), recorded_file or str(path),
+                   "it holds the policy the counterexample was found with: same hash", True)
