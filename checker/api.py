@@ -359,3 +359,55 @@ def write_run_plot(result: SimResult, path: str | Path) -> Path:
     from checker.bugreport.build import write_run_plot as write_plot
 
     return write_plot(result, path)
+
+
+# ----------------------------------------------------------------------------------------- liveness
+def apply_overrides(policy: Policy, overrides: list[str] | None) -> Policy:
+    """The policy with FIELD.PATH=VALUE settings applied (VALUE read as YAML), validated again."""
+    import yaml
+
+    from checker.loading import validate
+
+    if not overrides:
+        return policy
+    data = policy.model_dump(mode="json")
+    for text in overrides:
+        path, eq, raw = text.partition("=")
+        parts = path.split(".") if path else []
+        if not eq or not parts or not all(parts):
+            raise InputError(Problem("--set", text, "FIELD.PATH=VALUE, e.g. batch.max_num_seqs=1"))
+        node = data
+        for part in parts[:-1]:
+            if not isinstance(node.get(part), dict):
+                node[part] = {}  # an unknown section: validation below names it
+            node = node[part]
+        try:
+            node[parts[-1]] = yaml.safe_load(raw)
+        except yaml.YAMLError:
+            raise InputError(Problem("--set", text, "a YAML value after '='")) from None
+    return validate(Policy, data, "--set")
+
+
+def run_liveness(policy: str | Path, properties: list[str] | None = None, requests: int = 2,
+                 prompts: tuple[int, ...] | None = None, outputs: tuple[int, ...] = (1, 2),
+                 priorities: tuple[int, ...] | None = None, tenants: int = 1, cancellations: bool = False,
+                 arrivals_per_step: int | None = None, step_ms: float = 10.0, overrides: list[str] | None = None,
+                 max_states: int | None = None, timeout_s: float = 60.0,
+                 out_dir: str | Path | None = "counterexamples", progress=None):
+    """Explore the policy's reachable states for a small instance into a networkx graph and check
+    eventually_served, no_livelock and no_deadlock on it (docs/liveness.md); returns a LivenessReport.
+    Defaults: prompts of one KV block, priorities 0 and 1 when the policy reads priorities (else 0)."""
+    from checker.liveness.check import check_liveness
+    from checker.liveness.explore import DEFAULT_MAX_STATES, LivenessEnv
+    from checker.liveness.lasso import PROPERTIES
+
+    for name in properties or []:
+        if name not in PROPERTIES:
+            raise InputError(Problem("--property", name, "one of: " + ", ".join(PROPERTIES)))
+    pol = apply_overrides(load_policy(policy), overrides)
+    reads_priority = pol.queue.uses_priority or pol.preemption.victim.value == "lowest_priority"
+    env = LivenessEnv(requests, tuple(prompts or (pol.kv.block_size,)), tuple(outputs),
+                      tuple(priorities or ((0, 1) if reads_priority else (0,))), tenants, cancellations,
+                      arrivals_per_step, round(step_ms * 1000))
+    return check_liveness(pol, str(policy), env, properties, max_states or DEFAULT_MAX_STATES, timeout_s,
+                          Path(out_dir) if out_dir is not None else None, overrides, progress)

@@ -20,6 +20,7 @@ from checker.exitcodes import ExitCode
 # Modules that add their own verbs (a function register(verbs) taking the subparsers object; each
 # handler returns an exit code). One line per module; keep cli.py a thin shell.
 VERB_MODULES: list[str] = [
+    "checker.liveness.cli",
     "checker.bugreport.cli",
     "checker.diff.cli",
     "checker.ci.cli",

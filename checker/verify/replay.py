@@ -88,13 +88,16 @@ def replay_counterexample(path, policy: Policy | None = None) -> ReplayReport:
 
     doc = cex.load(path)
     prop = doc["property"]
-    if prop.get("kind") != "invariant" or prop.get("name") not in CATALOGUE:
+    table = CATALOGUE
+    if prop.get("kind") == "liveness":  # a lasso: the violation iteration closes the second turn of its cycle
+        from checker.liveness.properties import LIVENESS as table
+    if prop.get("kind") not in ("invariant", "liveness") or prop.get("name") not in table:
         raise InputError(Problem("property", prop.get("name"), "an invariant of the catalogue (load user invariants "
-                                 "first) or an SLO property"), str(path))
+                                 "first), a liveness property or an SLO property"), str(path))
     if policy is None:
         policy = Policy.model_validate(doc["policy"]["spec"])
     specs = cex.specs_from_json(doc["requests"])
-    inv = CATALOGUE[prop["name"]]
+    inv = table[prop["name"]]
     params = {k: v for k, v in prop.get("params", {}).items() if k in inv.defaults}
     steps = doc["violation"]["iteration"] + 1
     tenants = max((s.tenant for s in specs), default=0) + 1

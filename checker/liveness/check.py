@@ -1,0 +1,219 @@
+"""``liveness``: explore the state graph, look for lassos, replay each one on the engine, save it, and
+derive the starvation bound when no request can wait forever."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from checker.errors import InternalError
+from checker.exitcodes import ExitCode
+from checker.liveness.explore import (DEFAULT_MAX_STATES, Choice, LivenessEnv, StateGraph, Transition, explore,
+                                      live_positions)
+from checker.liveness.lasso import EVENTUALLY_SERVED, PROPERTIES, STATEMENTS, Lasso, StarvationBound, find_lasso, \
+    starvation_bound
+from checker.liveness.properties import LIVENESS
+from checker.policy import Policy
+from checker.semantics.state import FIELDS, RequestSpec
+from checker.verify import counterexample as cex
+from checker.verify.replay import Replay, first_violation, replay_fixed_clock
+from invariants.catalogue import CATALOGUE
+
+VIOLATED, PROVED, NO_COUNTEREXAMPLE = "VIOLATED", "PROVED", "NO_COUNTEREXAMPLE"
+EXIT = {VIOLATED: ExitCode.VIOLATED, PROVED: ExitCode.OK, NO_COUNTEREXAMPLE: ExitCode.INCONCLUSIVE}
+FOUND_BY = "batchcheck liveness: explicit state graph (networkx), canonical states, lasso search"
+
+
+@dataclass
+class PropertyResult:
+    prop: str
+    verdict: str
+    lasso: Lasso | None = None
+    counterexample: Path | None = None
+
+    def line(self, sg: StateGraph) -> str:
+        if self.verdict == VIOLATED:
+            l = self.lasso
+            detail = (f"lasso: {len(l.prefix)} iteration(s) to a cycle of {len(l.cycle)} that repeats forever "
+                      f"({_cycle_story(self.prop)}); replayed on the engine (prefix + two turns): {self.counterexample}")
+        elif self.verdict == PROVED:
+            detail = "no lasso in the complete graph: for this instance, any number of iterations"
+        else:
+            detail = f"no lasso among the states explored, but the graph is not complete ({sg.stop_reason})"
+        return f"{self.verdict:<18} {self.prop:<18} {detail}"
+
+    def as_dict(self) -> dict:
+        return {"property": self.prop, "statement": STATEMENTS[self.prop], "verdict": self.verdict,
+                "prefix_iterations": len(self.lasso.prefix) if self.lasso else None,
+                "cycle_iterations": len(self.lasso.cycle) if self.lasso else None,
+                "counterexample": str(self.counterexample) if self.counterexample else None}
+
+
+def _cycle_story(prop: str) -> str:
+    return {EVENTUALLY_SERVED: "a request stays live on it",
+            "no_livelock": "tokens are scheduled, nobody finishes",
+            "no_deadlock": "requests wait, no token is scheduled"}[prop]
+
+
+@dataclass
+class BoundResult:
+    bound: StarvationBound
+    engine_iteration: int | None = None  # where the witness violates bounded_starvation(bound - 1) on the engine
+    witness_requests: int = 0
+
+    def line(self) -> str:
+        b = self.bound
+        if b.iterations is None:
+            return "starvation bound: none (a request can wait for its first admission forever)"
+        if b.iterations == 0:
+            return ("starvation bound: 0 iterations (every request is admitted, rejected or cancelled in the "
+                    "iteration it arrives): bounded_starvation(0) holds for this instance")
+        return (f"starvation bound: {b.iterations} iteration(s): bounded_starvation({b.iterations}) holds for this "
+                f"instance and bounded_starvation({b.iterations - 1}) does not (witness: {self.witness_requests} "
+                f"request(s), a request arriving at iteration {b.arrival_iteration} still waits after iteration "
+                f"{b.arrival_iteration + b.iterations - 1}; replayed on the engine: violated at iteration "
+                f"{self.engine_iteration})")
+
+    def as_dict(self) -> dict:
+        b = self.bound
+        return {"iterations": b.iterations, "arrival_iteration": b.arrival_iteration,
+                "witness_requests": self.witness_requests, "engine_violation_iteration": self.engine_iteration}
+
+
+@dataclass
+class LivenessReport:
+    policy: Policy
+    env: LivenessEnv
+    graph: StateGraph
+    results: list[PropertyResult]
+    bound: BoundResult | None = None
+    overrides: list[str] = field(default_factory=list)
+
+    def graph_line(self) -> str:
+        g = self.graph
+        state = "complete" if g.complete else f"partial: {g.stop_reason}"
+        return f"graph: {g.states:,} states, {g.edges:,} edges, {g.seconds:.2f} s ({state})"
+
+    def exit_code(self) -> ExitCode:
+        codes = {EXIT[r.verdict] for r in self.results}
+        for code in (ExitCode.VIOLATED, ExitCode.INCONCLUSIVE):
+            if code in codes:
+                return code
+        return ExitCode.OK
+
+    def as_dict(self) -> dict:
+        g = self.graph
+        return {"policy": self.policy.name, "overrides": self.overrides, "environment": self.env.as_dict(),
+                "assumptions": self.env.describe(),
+                "graph": {"states": g.states, "edges": g.edges, "seconds": round(g.seconds, 3),
+                          "complete": g.complete, "stop_reason": g.stop_reason or None},
+                "results": [r.as_dict() for r in self.results],
+                "starvation_bound": self.bound.as_dict() if self.bound else None,
+                "exit_code": int(self.exit_code())}
+
+
+# ----------------------------------------------------------------------------------------- concrete traces
+def concrete_trace(sg: StateGraph, steps: list[tuple[int, Choice]]) -> list[RequestSpec]:
+    """The requests of a path of the graph as a trace: each arrival is a new request (numbered in arrival
+    order), each cancel sets that request's cancel time. Checks that the path's states are the graph's."""
+    trans = Transition(sg.canon, sg.env)
+    step_us = sg.env.step_us
+    specs: list[RequestSpec] = []
+    live: list[int] = []  # trace numbers of the live requests, in arrival order
+    for k, (node, choice) in enumerate(steps):
+        key = sg.keys[node]
+        if len(live) != key[0]:
+            raise InternalError(f"liveness: path step {k} reaches a state with {len(live)} live requests, "
+                                f"the graph says {key[0]}")
+        now = k * step_us
+        m = key[0]
+        holding = len(trans.canon.decode(key)[0].requests) - m
+        for cid in choice[0]:
+            specs.append(RequestSpec(len(specs), now, *sg.canon.classes[cid]))
+        for pos in choice[1]:
+            specs[live[pos]] = replace(specs[live[pos]], cancel_us=now)
+        s, _, next_now = trans.apply(key, choice)
+        new = range(len(specs) - len(choice[0]), len(specs))
+        number = {i: live[i] for i in range(m)} | {m + holding + j: g for j, g in enumerate(new)}
+        live = [number[rid] for rid in live_positions(s)]
+        if k + 1 < len(steps) and sg.canon.encode(s, next_now) != sg.keys[steps[k + 1][0]]:
+            raise InternalError(f"liveness: path step {k} does not reach the graph's next state")
+    return specs
+
+
+def _frames_json(replay: Replay) -> list[dict]:
+    return [{"now_us": f.now_us, "kv_used": f.kv_used,
+             "requests": [{**{name: slot[name] for name in FIELDS}, "scheduled": f.scheduled[i],
+                           "produced": bool(f.produced[i]), "preempted": bool(f.preempted[i])}
+                          for i, slot in enumerate(f.slots)]} for f in replay.frames]
+
+
+def confirm_lasso(policy: Policy, sg: StateGraph, lasso: Lasso) -> tuple[list[RequestSpec], Replay, int]:
+    """Replay the prefix and two turns of the cycle on the engine; the property must fail at the last
+    iteration (a disagreement is a bug in batchcheck)."""
+    steps = lasso.prefix + lasso.cycle + lasso.cycle
+    specs = concrete_trace(sg, steps)
+    replay = replay_fixed_clock(policy, specs, len(steps), sg.env.step_us, sg.env.tenants)
+    params = {"prefix": len(lasso.prefix), "cycle": len(lasso.cycle)}
+    at = first_violation(LIVENESS[lasso.prop], params, replay)
+    if at != len(steps) - 1:
+        raise InternalError(f"liveness: the engine's replay of the {lasso.prop} lasso for policy {policy.name} "
+                            f"does not close the cycle (prefix {params['prefix']}, cycle {params['cycle']}); "
+                            f"requests: {cex.requests_json(specs)}")
+    return specs, replay, at
+
+
+def save_lasso(policy: Policy, policy_file: str | None, sg: StateGraph, lasso: Lasso, specs: list[RequestSpec],
+               replay: Replay, at: int, out_dir: Path, overrides: list[str]) -> Path:
+    prefix, cycle = len(lasso.prefix), len(lasso.cycle)
+    environment = {**sg.env.as_dict(), "policy_overrides": overrides}
+    doc = cex.build(policy, policy_file,
+                    {"kind": "liveness", "name": lasso.prop, "params": {"prefix": prefix, "cycle": cycle},
+                     "statement": STATEMENTS[lasso.prop]},
+                    {"verdict": VIOLATED, "minimal": False,
+                     "minimality": "shortest prefix to a violating cycle in the explored graph; that cycle is a "
+                                   "shortest one through its entry state"},
+                    environment, specs, sg.env.step_us, at, _frames_json(replay), FOUND_BY)
+    doc["lasso"] = {"prefix_iterations": prefix, "cycle_iterations": cycle,
+                    "cycle_starts_after_iteration": prefix - 1, "replayed_iterations": prefix + 2 * cycle,
+                    "note": "the state after iteration prefix-1, after one turn and after two turns is the same "
+                            "canonical state; replay runs the prefix and two turns"}
+    doc["graph"] = {"states": sg.states, "edges": sg.edges, "seconds": round(sg.seconds, 3), "complete": sg.complete}
+    return cex.save(doc, out_dir)
+
+
+def confirm_bound(policy: Policy, sg: StateGraph, bound: StarvationBound) -> BoundResult:
+    """Replay the bound's witness on the engine: bounded_starvation(bound - 1) must fail on it."""
+    result = BoundResult(bound)
+    if not bound.iterations:
+        return result
+    specs = concrete_trace(sg, bound.witness)
+    replay = replay_fixed_clock(policy, specs, len(bound.witness), sg.env.step_us, sg.env.tenants)
+    at = first_violation(CATALOGUE["bounded_starvation"], {"steps": bound.iterations - 1}, replay)
+    if at is None:
+        raise InternalError(f"liveness: the witness of the starvation bound {bound.iterations} does not violate "
+                            f"bounded_starvation({bound.iterations - 1}) on the engine; requests: "
+                            f"{cex.requests_json(specs)}")
+    result.engine_iteration, result.witness_requests = at, len(specs)
+    return result
+
+
+def check_liveness(policy: Policy, policy_file: str | None, env: LivenessEnv, properties: list[str] | None = None,
+                   max_states: int = DEFAULT_MAX_STATES, timeout_s: float = 60.0, out_dir: Path | None = None,
+                   overrides: list[str] | None = None, progress=None) -> LivenessReport:
+    chosen = list(properties or PROPERTIES)
+    sg = explore(policy, env, max_states, timeout_s, progress)
+    report = LivenessReport(policy, env, sg, [], overrides=list(overrides or []))
+    for prop in chosen:
+        lasso = find_lasso(sg, prop)
+        if lasso is None:
+            report.results.append(PropertyResult(prop, PROVED if sg.complete else NO_COUNTEREXAMPLE))
+            continue
+        specs, replay, at = confirm_lasso(policy, sg, lasso)
+        path = save_lasso(policy, policy_file, sg, lasso, specs, replay, at, out_dir, report.overrides) \
+            if out_dir is not None else None
+        report.results.append(PropertyResult(prop, VIOLATED, lasso, path))
+    served = next((r for r in report.results if r.prop == EVENTUALLY_SERVED), None)
+    if served is not None and sg.complete:
+        report.bound = confirm_bound(policy, sg, starvation_bound(sg))
+    return report

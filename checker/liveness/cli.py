@@ -1,0 +1,76 @@
+"""The ``liveness`` verb: a thin shell over checker.api.run_liveness (docs/liveness.md)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from checker.liveness.lasso import PROPERTIES
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    """1,2,4 or 1:4 (every value from 1 to 4) or a mix: 1:3,8."""
+    values: list[int] = []
+    try:
+        for part in (p for p in text.split(",") if p):
+            low, sep, high = part.partition(":")
+            values += range(int(low), int(high) + 1) if sep else [int(low)]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} (expected integers like 16,48 or a range like 1:4)") from None
+    if not values:
+        raise argparse.ArgumentTypeError(f"{text!r} (expected at least one integer)")
+    return tuple(sorted(set(values)))
+
+
+def _run(args: argparse.Namespace) -> int:
+    from checker.api import run_liveness
+    from checker.cli import _terminal_progress
+
+    report = run_liveness(args.policy, args.property, args.requests, args.prompts, args.outputs, args.priorities,
+                          args.tenants, args.cancellations, args.arrivals_per_step, args.step_ms, args.set,
+                          args.max_states, args.timeout, args.out, _terminal_progress())
+    _terminal_progress.clear()
+    code = report.exit_code()
+    if args.json:
+        print(json.dumps({"policy_file": args.policy, **report.as_dict()}, indent=2))
+        return code
+    print(f"policy {args.policy}" + (f" with {', '.join(args.set)}" if args.set else "") + "; assumptions:")
+    for line in report.env.describe():
+        print(f"  - {line}")
+    print(report.graph_line())
+    for r in report.results:
+        print(r.line(report.graph))
+    if report.bound is not None:
+        print(report.bound.line())
+    return code
+
+
+def register(verbs) -> None:
+    p = verbs.add_parser(
+        "liveness", help="explore a small instance's state graph for starvation, livelock and deadlock lassos",
+        description="Enumerate every reachable state of the policy with a bounded number of requests in flight "
+                    "and small sets of request classes (networkx graph, canonical states, symmetry reduction), "
+                    "then look for lassos: eventually_served, no_livelock, no_deadlock. Exit 1: a lasso was found "
+                    "(replayed on the engine and saved); 0: every property PROVED on the complete graph; 3: the "
+                    "graph was cut off by --max-states or --timeout (NO_COUNTEREXAMPLE). docs/liveness.md.")
+    p.add_argument("policy", metavar="POLICY")
+    p.add_argument("--property", action="append", choices=PROPERTIES, metavar="NAME",
+                   help="eventually_served, no_livelock or no_deadlock (repeatable; default: all three)")
+    p.add_argument("--requests", type=int, default=2, metavar="N", help="requests in the system at once (default 2)")
+    p.add_argument("--prompts", type=_ints, metavar="LIST", help="prompt lengths, e.g. 16,600 (default: one KV block)")
+    p.add_argument("--outputs", type=_ints, default=(1, 2), metavar="LIST", help="output lengths (default 1:2)")
+    p.add_argument("--priorities", type=_ints, metavar="LIST",
+                   help="priorities (default 0,1 when the policy reads priorities, else 0)")
+    p.add_argument("--tenants", type=int, default=1, metavar="N", help="tenants (default 1)")
+    p.add_argument("--cancellations", action="store_true", help="clients may cancel live requests (default: never)")
+    p.add_argument("--arrivals-per-step", type=int, metavar="K", help="at most K arrivals per iteration "
+                   "(default: as many as there are free places)")
+    p.add_argument("--step-ms", type=float, default=10.0, metavar="MS", help="clock: ms per iteration (default 10)")
+    p.add_argument("--set", action="append", metavar="FIELD=VALUE",
+                   help="override a policy field for this instance, e.g. batch.max_num_seqs=1 (repeatable)")
+    p.add_argument("--max-states", type=int, metavar="N", help="stop exploring after N states (default 200,000)")
+    p.add_argument("--timeout", type=float, default=60.0, metavar="S", help="seconds for the exploration (default 60)")
+    p.add_argument("--out", default="counterexamples", metavar="DIR", help="where lasso files go (default "
+                   "counterexamples/)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(run=_run)

@@ -1,0 +1,232 @@
+"""Enumerate the reachable states of a policy into a networkx DiGraph, driving the one step function.
+
+The environment (stated with every verdict, ``LivenessEnv.describe``): at most ``requests`` requests are
+in the system at once (a finished, rejected or cancelled request frees its place, so a stream of
+arrivals can go on forever); before each iteration the environment chooses which requests arrive (a
+sequence of request classes, one per free place, at most ``arrivals_per_step``) and, if cancellations
+are on, which live requests the clients cancel. A class is a prompt length, an output length (the
+declared max output equals it), a priority and a tenant from the declared sets. The clock is fixed:
+iteration k starts at k * step_us. Every state has a successor (the environment can always keep
+stepping with no arrivals).
+
+Nodes are canonical state ids (checker.liveness.canon); node 0 is the empty system. Each edge carries
+``labels``: one Label per distinct way the environment's choices take the source to the target (what
+the iteration did, and one choice that does it).
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import networkx as nx
+
+from checker.errors import InputError, Problem
+from checker.liveness.canon import LIVE, Canon, RequestClass
+from checker.policy import Policy
+from checker.semantics.decision import StepDecision
+from checker.semantics.state import Request, RequestSpec, SchedulerState, Status
+from checker.semantics.step import step
+
+DEFAULT_STEP_US = 10_000
+DEFAULT_MAX_STATES = 200_000
+
+TERMINAL_STATUSES = frozenset({Status.FINISHED, Status.REJECTED, Status.CANCELLED})
+
+
+@dataclass(frozen=True)
+class LivenessEnv:
+    requests: int  # requests in the system at once
+    prompts: tuple[int, ...]
+    outputs: tuple[int, ...]
+    priorities: tuple[int, ...] = (0,)
+    tenants: int = 1
+    cancellations: bool = False
+    arrivals_per_step: int | None = None  # None: up to the free places
+    step_us: int = DEFAULT_STEP_US
+
+    def __post_init__(self):
+        for name in ("prompts", "outputs", "priorities"):  # sets: the same instance explores the same way
+            object.__setattr__(self, name, tuple(sorted(set(getattr(self, name)))))
+        for flag, values in (("--prompts", self.prompts), ("--outputs", self.outputs)):
+            if not values or min(values) < 1:
+                raise InputError(Problem(flag, ",".join(map(str, values)) or "<empty>", "token counts >= 1"))
+        if self.requests < 1:
+            raise InputError(Problem("--requests", self.requests, ">= 1"))
+        if not self.priorities:
+            raise InputError(Problem("--priorities", "<empty>", "at least one priority"))
+        if self.arrivals_per_step is not None and self.arrivals_per_step < 0:
+            raise InputError(Problem("--arrivals-per-step", self.arrivals_per_step, ">= 0"))
+        if self.step_us < 1:
+            raise InputError(Problem("--step-ms", self.step_us / 1000, "> 0"))
+
+    def classes(self) -> list[RequestClass]:
+        return [(p, o, o, prio, t) for p in self.prompts for o in self.outputs for prio in self.priorities
+                for t in range(self.tenants)]
+
+    def describe(self) -> list[str]:
+        per_step = "any number" if self.arrivals_per_step is None else f"at most {self.arrivals_per_step}"
+        return [
+            f"at most {self.requests} request(s) in the system at once; a finished, rejected or cancelled "
+            f"request frees its place, so arrivals can go on forever; {per_step} arrive(s) per iteration",
+            f"prompt tokens in {{{_join(self.prompts)}}}, output tokens in {{{_join(self.outputs)}}} "
+            f"(declared max output = output), priorities in {{{_join(self.priorities)}}}, {self.tenants} tenant(s)",
+            ("a client may cancel any live request before any iteration" if self.cancellations else "no cancellations")
+            + f"; iteration k starts at k * {self.step_us / 1000:g} ms; the environment always keeps stepping",
+        ]
+
+    def as_dict(self) -> dict:
+        return {"requests_in_flight": self.requests, "prompt_tokens": list(self.prompts),
+                "output_tokens": list(self.outputs), "priorities": list(self.priorities), "tenants": self.tenants,
+                "cancellations": self.cancellations, "arrivals_per_step": self.arrivals_per_step,
+                "step_us": self.step_us}
+
+
+def _join(values) -> str:
+    return ", ".join(map(str, values))
+
+
+# A choice: the classes that arrive (in arrival order) and the positions (in arrival order among the live
+# requests) of the requests the clients cancel.
+Choice = tuple[tuple[int, ...], tuple[int, ...]]
+
+
+@dataclass(frozen=True, slots=True)
+class Label:
+    tokens: int  # tokens scheduled in the iteration
+    finished: bool  # a request finished
+    cancelled: bool  # the environment cancelled a request
+    gone: int  # bit i: the i-th live request of the source (arrival order) is finished/rejected/cancelled after it
+    choice: Choice
+
+
+@dataclass
+class StateGraph:
+    graph: nx.DiGraph
+    canon: Canon
+    env: LivenessEnv
+    keys: list[tuple]  # canonical key per node id
+    depth: list[int]  # BFS depth (iterations from the empty system)
+    parent: list[tuple[int, Choice] | None]  # BFS tree: the node and choice that first reached each node
+    complete: bool  # every reachable state was expanded
+    seconds: float
+    stop_reason: str = ""
+    edges: int = 0
+
+    @property
+    def states(self) -> int:
+        return len(self.keys)
+
+    def live_count(self, node: int) -> int:
+        return self.keys[node][0]
+
+    def path_to(self, node: int) -> list[tuple[int, Choice]]:
+        """The BFS path from the empty system: (source node, choice) per iteration."""
+        steps = []
+        while (entry := self.parent[node]) is not None:
+            steps.append(entry)
+            node = entry[0]
+        return steps[::-1]
+
+
+class Transition:
+    """Applies one environment choice and one step to a decoded key: the single step function, on a
+    representative state."""
+
+    def __init__(self, canon: Canon, env: LivenessEnv):
+        self.canon = canon
+        self.env = env
+        self.class_ids = [canon.class_id(c) for c in env.classes()]
+
+    def apply(self, key: tuple, choice: Choice) -> tuple[SchedulerState, StepDecision, int]:
+        s, now = self.canon.decode(key)
+        arrivals = []
+        classes = self.canon.classes
+        for cid in choice[0]:
+            prompt, output, max_output, priority, tenant = classes[cid]
+            r = Request(RequestSpec(len(s.requests), now, prompt, output, max_output, priority, tenant))
+            s.requests.append(r)
+            arrivals.append(r)
+        cancels = [s.requests[i] for i in choice[1]]
+        d = step(s, arrivals, cancels, now)
+        return s, d, now + self.canon.step_us
+
+    def successors(self, key: tuple) -> dict[tuple, dict[tuple, Label]]:
+        """Successor key -> {(tokens > 0, finished, cancelled, gone): label}."""
+        live = key[0]
+        holding = key[1 + live * 8 + (live if self.canon.timed and live else 0)]
+        free = self.env.requests - live - holding
+        limit = free if self.env.arrivals_per_step is None else min(free, self.env.arrivals_per_step)
+        arrival_options = [seq for n in range(limit + 1) for seq in itertools.product(self.class_ids, repeat=n)]
+        if self.env.cancellations and live:
+            cancel_options = [c for n in range(live + 1) for c in itertools.combinations(range(live), n)]
+        else:
+            cancel_options = [()]
+        out: dict[tuple, dict[tuple, Label]] = {}
+        encode = self.canon.encode
+        for arriving in arrival_options:
+            for cancelled in cancel_options:
+                choice = (arriving, cancelled)
+                s, d, next_now = self.apply(key, choice)
+                succ = encode(s, next_now)
+                reqs = s.requests
+                gone = 0
+                for i in range(live):
+                    if reqs[i].status in TERMINAL_STATUSES:
+                        gone |= 1 << i
+                tokens = d.num_scheduled_tokens
+                core = (tokens > 0, bool(d.finished), bool(cancelled), gone)
+                labels = out.setdefault(succ, {})
+                if core not in labels:
+                    labels[core] = Label(tokens, core[1], core[2], gone, choice)
+        return out
+
+
+def initial_key(canon: Canon, env: LivenessEnv) -> tuple:
+    return canon.encode(SchedulerState(canon.policy, [], num_tenants=env.tenants), 0)
+
+
+def explore(policy: Policy, env: LivenessEnv, max_states: int = DEFAULT_MAX_STATES, timeout_s: float = 60.0,
+            progress=None) -> StateGraph:
+    """Breadth-first enumeration of the reachable canonical states (so BFS paths are shortest prefixes)."""
+    started = time.monotonic()
+    canon = Canon(policy, env.step_us, env.priorities, env.tenants)
+    trans = Transition(canon, env)
+    first = initial_key(canon, env)
+    ids = {first: 0}
+    keys, depth, parent = [first], [0], [None]
+    graph = nx.DiGraph()
+    graph.add_node(0)
+    queue = deque([0])
+    edges = 0
+    stop = ""
+    deadline = started + timeout_s
+    while queue:
+        if len(keys) >= max_states:
+            stop = f"state limit ({max_states:,}) reached"
+            break
+        if time.monotonic() > deadline:
+            stop = f"time limit ({timeout_s:g} s) reached"
+            break
+        u = queue.popleft()
+        for succ, labels in trans.successors(keys[u]).items():
+            v = ids.get(succ)
+            if v is None:
+                v = ids[succ] = len(keys)
+                keys.append(succ)
+                depth.append(depth[u] + 1)
+                parent.append((u, next(iter(labels.values())).choice))
+                queue.append(v)
+            graph.add_edge(u, v, labels=tuple(labels.values()))
+            edges += 1
+        if progress is not None and u % 5000 == 0:
+            progress(f"{len(keys):,} states, {edges:,} edges")
+    return StateGraph(graph, canon, env, keys, depth, parent, complete=not queue and not stop,
+                      seconds=time.monotonic() - started, stop_reason=stop, edges=edges)
+
+
+def live_positions(s: SchedulerState) -> list[int]:
+    """Request numbers of the live requests of a state, in arrival order (the order of key positions)."""
+    return [r.rid for r in sorted((r for r in s.requests if r.status in LIVE), key=lambda r: (r.arrival_us, r.rid))]

@@ -1,0 +1,162 @@
+"""Lassos in the state graph: strongly connected components of the edges a property allows.
+
+A violation of a liveness property is a lasso: a path from the empty system to a state, then a cycle
+back to that state that the system can repeat forever. Each property says which iterations may lie on
+the cycle (``allows``) and, for no_livelock, which one must (tokens scheduled):
+
+- eventually_served: the oldest live request of the source is still live after the iteration. Live
+  requests keep their arrival order and new ones queue behind, so a request stays live forever on a
+  cycle exactly when the oldest one does (docs/liveness.md).
+- no_livelock: nobody finishes and no client cancels; some iteration on the cycle schedules tokens.
+  (On such a cycle no request produces a token either: its output count would grow.)
+- no_deadlock: requests are live, no token is scheduled and no client cancels.
+
+The starvation bound is the longest path in the graph of (state, request) pairs where the request has
+arrived and waits for its first admission: a DAG when no request can wait forever.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import networkx as nx
+
+from checker.liveness.canon import FIELDS_PER_REQUEST, WAITING
+from checker.liveness.explore import Choice, Label, StateGraph
+
+EVENTUALLY_SERVED = "eventually_served"
+NO_LIVELOCK = "no_livelock"
+NO_DEADLOCK = "no_deadlock"
+PROPERTIES = (EVENTUALLY_SERVED, NO_LIVELOCK, NO_DEADLOCK)
+
+STATEMENTS = {
+    EVENTUALLY_SERVED: "Every request that arrives eventually finishes, is rejected or is cancelled, whatever "
+                       "the environment does (a violation: a request stays live on a cycle the system can repeat).",
+    NO_LIVELOCK: "No cycle the system can repeat schedules tokens while no request finishes and no client cancels "
+                 "(recompute thrash).",
+    NO_DEADLOCK: "No cycle the system can repeat leaves live requests without any token scheduled while no client "
+                 "cancels (the unbounded form of no_deadlock(steps) for every steps).",
+}
+
+
+def _allows(prop: str, sg: StateGraph) -> Callable[[int, Label], bool]:
+    if prop == EVENTUALLY_SERVED:
+        return lambda u, lab: sg.live_count(u) > 0 and not lab.gone & 1
+    if prop == NO_LIVELOCK:
+        return lambda u, lab: not lab.finished and not lab.cancelled
+    return lambda u, lab: sg.live_count(u) > 0 and lab.tokens == 0 and not lab.cancelled
+
+
+@dataclass
+class Lasso:
+    prop: str
+    prefix: list[tuple[int, Choice]]  # (source node, choice) per iteration, from the empty system
+    cycle: list[tuple[int, Choice]]  # (source node, choice) per iteration; ends where it starts
+
+    @property
+    def start(self) -> int:
+        return self.cycle[0][0]
+
+
+def _allowed_subgraph(sg: StateGraph, allows) -> nx.DiGraph:
+    h = nx.DiGraph()
+    for u, v, labels in sg.graph.edges(data="labels"):
+        for lab in labels:
+            if allows(u, lab):
+                h.add_edge(u, v, label=lab)
+                break
+    return h
+
+
+def _shortest_path(h: nx.DiGraph, source: int, target: int, within: set[int]) -> list[int]:
+    """Nodes of a shortest path source -> target inside ``within`` (BFS)."""
+    parent = {source: None}
+    queue = deque([source])
+    while queue:
+        u = queue.popleft()
+        if u == target:
+            break
+        for v in h.successors(u):
+            if v in within and v not in parent:
+                parent[v] = u
+                queue.append(v)
+    path = [target]
+    while path[-1] != source:
+        path.append(parent[path[-1]])
+    return path[::-1]
+
+
+def find_lasso(sg: StateGraph, prop: str) -> Lasso | None:
+    """A lasso violating the property with the shortest prefix to its cycle, or None."""
+    allows = _allows(prop, sg)
+    h = _allowed_subgraph(sg, allows)
+    best: tuple[int, int, int] | None = None  # (depth of the entry, entry node, first cycle node after it)
+    best_scc: set[int] = set()
+    for scc in nx.strongly_connected_components(h):
+        nodes = set(scc)
+        for u in nodes:
+            for v, data in h[u].items():
+                if v not in nodes:
+                    continue
+                if prop == NO_LIVELOCK and not _scheduling_edge(sg, u, v, allows):
+                    continue
+                if best is None or sg.depth[u] < best[0]:
+                    best, best_scc = (sg.depth[u], u, v), nodes
+    if best is None:
+        return None
+    _, u, v = best
+    if prop == NO_LIVELOCK:
+        first = next(lab for lab in sg.graph[u][v]["labels"] if allows(u, lab) and lab.tokens > 0)
+    else:
+        first = h[u][v]["label"]
+    back = _shortest_path(h, v, u, best_scc) if v != u else [u]
+    cycle = [(u, first.choice)] + [(a, h[a][b]["label"].choice) for a, b in zip(back, back[1:])]
+    return Lasso(prop, sg.path_to(u), cycle)
+
+
+def _scheduling_edge(sg: StateGraph, u: int, v: int, allows) -> bool:
+    return any(allows(u, lab) and lab.tokens > 0 for lab in sg.graph[u][v]["labels"])
+
+
+# ----------------------------------------------------------------------------------------- starvation bound
+@dataclass
+class StarvationBound:
+    iterations: int | None  # the longest wait for a first admission, in iterations (None: unbounded)
+    witness: list[tuple[int, Choice]]  # (source node, choice) per iteration up to the last waiting state
+    arrival_iteration: int  # the iteration in which the witness request arrives
+    position: int  # the witness request's position (arrival order) in the last waiting state
+
+
+def _never_admitted_waiting(key: tuple, i: int) -> bool:
+    base = 1 + i * FIELDS_PER_REQUEST
+    return key[base + 1] == WAITING and key[base + 6] == 0
+
+
+def starvation_bound(sg: StateGraph) -> StarvationBound:
+    """The longest time a request waits for its first admission, from the graph of (state, request)
+    pairs; its witness is a path that makes some request wait that long."""
+    keys = sg.keys
+    pairs = nx.DiGraph()
+    for u in range(sg.states):
+        for i in range(keys[u][0]):
+            if _never_admitted_waiting(keys[u], i):
+                pairs.add_node((u, i))
+    for u, v, labels in sg.graph.edges(data="labels"):
+        waiting = [i for i in range(keys[u][0]) if (u, i) in pairs]
+        for lab in labels:
+            for i in waiting:
+                if lab.gone >> i & 1:
+                    continue
+                j = i - bin(lab.gone & ((1 << i) - 1)).count("1")
+                if (v, j) in pairs:
+                    pairs.add_edge((u, i), (v, j), choice=lab.choice)
+    if pairs.number_of_nodes() == 0:
+        return StarvationBound(0, [], 0, 0)
+    if not nx.is_directed_acyclic_graph(pairs):
+        return StarvationBound(None, [], 0, 0)
+    path = nx.dag_longest_path(pairs)
+    head = path[0][0]
+    witness = sg.path_to(head) + [(a[0], pairs[a][b]["choice"]) for a, b in zip(path, path[1:])]
+    return StarvationBound(len(path), witness, sg.depth[head] - 1, path[-1][1])
