@@ -52,7 +52,7 @@ class LivenessEnv:
             object.__setattr__(self, name, tuple(sorted(set(getattr(self, name)))))
         for flag, values in (("--prompts", self.prompts), ("--outputs", self.outputs)):
             if not values or min(values) < 1:
-                raise InputError(Problem(flag, ",".join(map(str, values)) or "<empty>", "token counts >= 1"))
+                raise InputError(Problem(flag, min(values) if values else "<empty>", "token counts >= 1"))
         if self.requests < 1:
             raise InputError(Problem("--requests", self.requests, ">= 1"))
         if not self.priorities:

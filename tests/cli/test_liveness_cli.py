@@ -1,0 +1,87 @@
+"""batchcheck liveness: verdict lines, the starvation bound, exit codes, lasso files and replay, errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from checker.cli import main
+from tests.helpers import POLICIES
+
+STRICT = str(POLICIES / "strict_priority.yaml")
+AGING = str(POLICIES / "priority_aging.yaml")
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_finds_the_starvation_lasso_and_replay_runs_two_turns(capsys, tmp_path):
+    code, out, err = run(capsys, "liveness", STRICT, "--set", "batch.max_num_seqs=1", "--property",
+                         "eventually_served", "--out", str(tmp_path))
+    assert code == 1, err
+    lines = out.splitlines()
+    assert lines[0] == f"policy {STRICT} with batch.max_num_seqs=1; assumptions:"
+    assert lines[2] == ("  - prompt tokens in {16}, output tokens in {1, 2} (declared max output = output), "
+                        "priorities in {0, 1}, 1 tenant(s)")
+    assert lines[4].startswith("graph: 17 states, 58 edges, ") and lines[4].endswith(" s (complete)")
+    (path,) = tmp_path.glob("strict_priority__eventually_served__*.json")
+    assert lines[5] == ("VIOLATED           eventually_served  lasso: 1 iteration(s) to a cycle of 1 that repeats "
+                        "forever (a request stays live on it); replayed on the engine (prefix + two turns): "
+                        f"{path}")
+    assert lines[6] == "starvation bound: none (a request can wait for its first admission forever)"
+    doc = json.loads(path.read_text())
+    assert doc["property"]["kind"] == "liveness" and doc["lasso"]["replayed_iterations"] == 3
+    assert doc["environment"]["policy_overrides"] == ["batch.max_num_seqs=1"] and doc["graph"]["complete"]
+
+    code, out, _ = run(capsys, "replay", str(path))
+    assert code == 1
+    assert out.splitlines()[-1] == "eventually_served VIOLATED at iteration 2 (recorded: iteration 2)"
+    assert len(out.splitlines()) == 1 + 1 + 3 + 1  # head, table header, prefix + two turns, verdict
+
+    code, out, _ = run(capsys, "replay", str(path), "--policy", STRICT)  # 256 running slots: no starvation
+    assert code == 0
+    assert out.splitlines()[-1] == "eventually_served holds on this trace: the policy no longer fails it"
+
+
+def test_proves_aging_and_prints_the_starvation_bound(capsys, tmp_path):
+    code, out, err = run(capsys, "liveness", AGING, "--set", "batch.max_num_seqs=1", "--step-ms", "500",
+                         "--outputs", "1", "--out", str(tmp_path))
+    assert code == 0, err
+    lines = out.splitlines()
+    assert [line.split()[:2] for line in lines[5:8]] == [["PROVED", "eventually_served"], ["PROVED", "no_livelock"],
+                                                         ["PROVED", "no_deadlock"]]
+    assert lines[5].endswith("no lasso in the complete graph: for this instance, any number of iterations")
+    assert lines[8] == ("starvation bound: 2 iteration(s): bounded_starvation(2) holds for this instance and "
+                        "bounded_starvation(1) does not (witness: 3 request(s), a request arriving at iteration 0 "
+                        "still waits after iteration 1; replayed on the engine: violated at iteration 1)")
+    assert "safe" not in out.lower() and not list(tmp_path.iterdir())
+
+
+def test_json_and_a_cut_off_graph_is_inconclusive(capsys, tmp_path):
+    code, out, _ = run(capsys, "liveness", str(POLICIES / "vllm_v1.yaml"), "--set", "kv.num_blocks=8",
+                       "--requests", "3", "--prompts", "16,48", "--outputs", "1:3", "--max-states", "50",
+                       "--json", "--out", str(tmp_path))
+    assert code == 3
+    doc = json.loads(out)
+    assert doc["graph"]["complete"] is False and doc["graph"]["stop_reason"] == "state limit (50) reached"
+    assert {r["verdict"] for r in doc["results"]} == {"NO_COUNTEREXAMPLE"} and doc["exit_code"] == 3
+    assert doc["environment"]["prompt_tokens"] == [16, 48] and doc["environment"]["output_tokens"] == [1, 2, 3]
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--set", "batch.max_num_sqs=1"], "batchcheck: error: --set: batch.max_num_sqs=1 (expected a known key; "
+                                       "allowed here: max_num_batched_tokens, max_num_seqs, phase_mode, prefill_share)"),
+    (["--set", "batch"], "batchcheck: error: --set='batch' (expected FIELD.PATH=VALUE, e.g. batch.max_num_seqs=1)"),
+    (["--prompts", "0"], "batchcheck: error: --prompts=0 (expected token counts >= 1)"),
+    (["--requests", "0"], "batchcheck: error: --requests=0 (expected >= 1)"),
+    (["--step-ms", "300"], "batchcheck: error: --step-ms=300.0 (expected a divisor of the aging interval (1000 ms), "
+                           "so that ages are whole iterations)"),
+])
+def test_bad_input_is_one_line_and_exit_2(capsys, tmp_path, argv, message):
+    code, out, err = run(capsys, "liveness", AGING, *argv, "--out", str(tmp_path))
+    assert code == 2 and out == ""
+    assert err.splitlines() == [message]
