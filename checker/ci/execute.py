@@ -30,6 +30,7 @@ PASSED = "passed"
 OUTCOME = {"VIOLATED": FAILED, "UNKNOWN": INCONCLUSIVE, "VACUOUS": INCONCLUSIVE,
            "PROVED": PASSED, "HOLDS_UP_TO": PASSED, "NO_COUNTEREXAMPLE": PASSED}
 COUNTEREXAMPLE = "counterexample"
+SCHEDULER_CONNECT_S = 20  # how long --scheduler waits for a Dask scheduler to answer
 CERTIFICATE = "certificate"
 
 
@@ -187,9 +188,10 @@ def run_dask(checks: Sequence[Check], scheduler: Any, done: Callable[[int, Resul
         raise UsageError("--scheduler needs Dask distributed: python3 -m pip install 'batchcheck[scale]'") from None
     own = not isinstance(scheduler, Client)
     try:
-        client = Client(scheduler, timeout="20s") if own else scheduler
-    except OSError as exc:
-        raise UsageError(f"--scheduler {scheduler}: no Dask scheduler answers there ({exc})") from None
+        client = Client(scheduler, timeout=f"{SCHEDULER_CONNECT_S}s") if own else scheduler
+    except (OSError, ValueError, TypeError) as exc:
+        raise UsageError(f"--scheduler {scheduler}: no Dask scheduler answers there within {SCHEDULER_CONNECT_S} s "
+                         f"({type(exc).__name__}: {exc})") from None
     try:
         order = _order(checks)
         futures = client.map(run_check, [checks[i] for i in order], pure=False)

@@ -24,6 +24,7 @@ INVARIANT_FIELDS: dict[str, tuple[str, ...]] = {
     "work_conserving": ("batch.phase_mode",),
     "priority_inversion": ("queue.order", "preemption.triggers"),
     "tenant_fairness": ("queue.order", "queue.vtc"),
+    "degradation_order": ("preemption.victim", "queue.order"),
 }
 
 SLO_FIELDS: dict[str, tuple[str, ...]] = {

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import glob
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -69,9 +69,10 @@ class Check:
             self.name.partition(":")[0] if self.kind == VERIFY else self.name)
 
     @property
-    def key(self) -> tuple:
-        return (self.kind, self.policy.shown, self.name, self.requests, self.depth, self.unbounded,
-                self.workload.shown if self.workload else None, self.slo.shown if self.slo else None)
+    def key(self) -> Check:
+        """What makes two checks the same work: everything but how it gates, where it was asked for, and
+        how the invariant was spelled (its parameters are all in ``params``)."""
+        return replace(self, level="error", where="", name=self.rule if self.kind == VERIFY else self.name)
 
 
 @dataclass
@@ -200,13 +201,12 @@ def build_plan(config: CiConfig, lines: LineMap, source: str, only: list[str] | 
         _diff_entry(res, i, entry)
         plan.diffs.append((i, entry))
     plan.policies = res.policies
-    seen: set[tuple] = set()
-    unique = []
-    for check in plan.checks:
-        if check.key not in seen:
-            seen.add(check.key)
-            unique.append(check)
-    plan.checks = unique
+    unique: dict[Check, Check] = {}
+    for check in plan.checks:  # the same work asked for twice runs once, gating if either asks it to
+        first = unique.setdefault(check.key, check)
+        if check.level == "error" and first.level != "error":
+            unique[check.key] = replace(first, level="error")
+    plan.checks = list(unique.values())
     if only is not None:
         _keep_only(plan, res, only)
     return plan

@@ -18,7 +18,7 @@ SCHEMA_URI = "https://json.schemastore.org/sarif-2.1.0.json"
 SARIF_VERSION = "2.1.0"
 MAX_PER_RULE = 10
 SOURCE_ROOT = "%SRCROOT%"
-_SECONDS = re.compile(r"\s*\[[0-9.]+ s\]$")  # run times stay out of messages
+RUN_TIME = re.compile(r"\s*\[[0-9.]+ s\]\s*$")  # run times stay out of messages
 
 
 def annotated(findings: Sequence[Finding]) -> tuple[list[Finding], list[Finding]]:
@@ -43,7 +43,7 @@ def _message(f: Finding) -> str:
     c, r = f.check, f.result
     where = f"policy {c.policy_name} ({c.policy.shown})"
     field = f" at {f.field}" if f.field else ""
-    detail = _SECONDS.sub("", r.line.split(None, 2)[-1].strip())
+    detail = RUN_TIME.sub("", r.line.split(None, 2)[-1].strip())
     text = f"{c.label} {r.verdict} for {where}{field}: {detail}."
     if f.counterexample:
         text += f" Replay: batchcheck replay {f.counterexample}"

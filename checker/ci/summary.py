@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from checker.ci.execute import FAILED, INCONCLUSIVE
 from checker.ci.findings import Finding
-from checker.ci.sarif import MAX_PER_RULE, annotated
+from checker.ci.sarif import RUN_TIME, MAX_PER_RULE, annotated
 from checker.exitcodes import ExitCode
 
 HEADLINE = {ExitCode.OK: "no gating finding", ExitCode.VIOLATED: "gating violation(s) found",
@@ -16,7 +16,7 @@ HEADLINE = {ExitCode.OK: "no gating finding", ExitCode.VIOLATED: "gating violati
 
 def _row(f: Finding) -> str:
     c, r = f.check, f.result
-    detail = r.line.split(None, 2)[-1].replace("|", "\\|")
+    detail = " ".join(RUN_TIME.sub("", r.line.split(None, 2)[-1]).split()).replace("|", "\\|")
     gate = {"error": "gates", "warning": "warns", "note": "note", None: ""}[f.level]
     where = f"`{c.policy.shown}:{f.line}` ({f.field or 'policy'})"
     return f"| {r.verdict} | {gate} | {c.policy_name} | {c.kind} {c.label} | {where} | {detail} |"

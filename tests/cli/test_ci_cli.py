@@ -8,13 +8,12 @@ from pathlib import Path
 import pytest
 
 from checker.cli import main
+from invariants.catalogue import CATALOGUE
 from tests.cli.test_cli import run
 from tests.unit.ci_sample import make_project
 
 OUTPUTS = ("--junit", "out/junit.xml", "--sarif", "out/ci.sarif", "--summary", "out/summary.md")
-INVARIANTS = ("bounded_preemptions, bounded_starvation, cancellation_releases, decode_progress, "
-              "kv_never_overcommitted, no_deadlock, priority_inversion, request_conservation, seq_cap, "
-              "tenant_fairness, token_budget, work_conserving")
+INVARIANTS = ", ".join(sorted(CATALOGUE))
 
 
 @pytest.fixture
@@ -123,3 +122,15 @@ def test_policies_no_entry_covers_are_named_and_nothing_runs(capsys, project):
     assert "note: not covered by any entry of the config (not checked): spec/policies/tgi_router.yaml" in out
     assert "note: no check selected" in out
     assert os.path.exists("out/ci.sarif")
+
+
+def test_an_unreachable_scheduler_is_a_usage_error(capsys, project, monkeypatch):
+    from checker.ci import execute
+
+    monkeypatch.setattr(execute, "SCHEDULER_CONNECT_S", 1)
+    project('policies = ["spec/policies/vllm_v1.yaml"]\n[[verify]]\ninvariants = ["seq_cap"]\n')
+    code, out, err = run(capsys, "ci", *OUTPUTS, "--scheduler", "nonsense://x")
+    assert (code, out) == (2, "")
+    assert err.startswith("batchcheck: error: --scheduler nonsense://x: no Dask scheduler answers there within 1 s "
+                          "(ValueError: unknown address scheme 'nonsense'")
+    assert _nothing_written(Path.cwd())

@@ -48,10 +48,16 @@ def test_the_shipped_config_covers_every_shipped_policy():
 def test_duplicate_checks_run_once_and_the_policy_filter_keeps_only_named_files(tmp_path):
     config = make_project(tmp_path, 'policies = ["spec/policies/*.yaml"]\n'
                                     '[[verify]]\ninvariants = ["seq_cap", "token_budget"]\n'
-                                    '[[verify]]\npolicies = ["spec/policies/vllm_v1.yaml"]\ninvariants = ["seq_cap"]\n')
+                                    '[[verify]]\npolicies = ["spec/policies/vllm_v1.yaml"]\n'
+                                    'invariants = ["seq_cap", "token_budget"]\nlevel = "warning"\n'
+                                    '[[verify]]\npolicies = ["spec/policies/vllm_v1.yaml"]\n'
+                                    'invariants = ["kv_never_overcommitted", "kv_never_overcommitted:headroom=0"]\n'
+                                    'level = "warning"\n')
     cfg, lines = load_config(config)
     plan = build_plan(cfg, lines, str(config))
-    assert len(plan.checks) == 3 * 2
+    assert len(plan.checks) == 3 * 2 + 1
+    assert [(c.label, c.level) for c in plan.checks if c.policy.shown == "spec/policies/vllm_v1.yaml"] == [
+        ("seq_cap", "error"), ("token_budget", "error"), ("kv_never_overcommitted(headroom=0)", "warning")]
     only = build_plan(cfg, lines, str(config), [str(tmp_path / "spec" / "policies" / "tgi_router.yaml"),
                                                 str(tmp_path / "spec" / "workloads" / "chat_mixed.yaml")])
     assert sorted(c.label for c in only.checks) == ["seq_cap", "token_budget"]
@@ -70,3 +76,26 @@ def test_a_fuzz_property_not_in_the_slo_file_is_located(tmp_path):
         f"{config}:4: fuzz[0].properties[1]='ttft_p42' (expected a property of spec/workloads/chat_mixed.slo.yaml: "
         "interactive_ttft_p99, interactive_max_tbt, interactive_tpot_p99, tenant_queue_fairness, "
         "background_degrades_first)")
+
+
+def test_every_invariant_and_slo_kind_points_at_policy_fields_and_docs_list_them():
+    from typing import get_args
+
+    from checker.ci.locations import INVARIANT_FIELDS, SLO_FIELDS
+    from checker.fuzz.slo import SLOFile
+    from checker.policy import Policy
+    from invariants.catalogue import CATALOGUE
+
+    assert set(INVARIANT_FIELDS) == set(CATALOGUE), "map every invariant to the policy fields it judges in " \
+        "checker/ci/locations.py (and list it in docs/ci.md)"
+    kinds = {m.model_fields["kind"].annotation.__args__[0]
+             for m in get_args(get_args(SLOFile.model_fields["properties"].annotation)[0])[0].__args__}
+    assert kinds <= {key.split(":")[0] for key in SLO_FIELDS}
+    docs = (ROOT / "docs" / "ci.md").read_text()
+    for name, fields in {**INVARIANT_FIELDS, **SLO_FIELDS}.items():
+        assert f"| `{name}` | " + ", ".join(f"`{f}`" for f in fields) + " |" in docs
+        for path in fields:  # every field exists in the policy model
+            section, _, key = path.partition(".")
+            model = Policy.model_fields[section].annotation
+            model = next(a for a in (get_args(model) or (model,)) if hasattr(a, "model_fields"))
+            assert key in model.model_fields, path

@@ -39,10 +39,12 @@ def test_a_dask_local_cluster_gives_the_serial_verdicts(tmp_path):
     serial = run_ci(config, jobs=1)
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
             Client(cluster) as client:
-        distributed = run_ci(config, scheduler=client)
-        ran_on = {w for w in client.run(lambda: True)}
-    assert len(ran_on) == 2
+        distributed = run_ci(config, scheduler=cluster.scheduler_address)  # as --scheduler tcp://... does
+        tasks_per_worker = client.run(lambda dask_worker: len(dask_worker.data) + dask_worker.state.executed_count)
+    assert len(tasks_per_worker) == 2 and all(n > 0 for n in tasks_per_worker.values())  # both workers ran checks
     assert _verdicts(distributed) == _verdicts(serial)
     assert {v for _, _, v in _verdicts(serial)} == {"VIOLATED", "HOLDS_UP_TO", "NO_COUNTEREXAMPLE"}
     assert distributed.exit_code == serial.exit_code == 1
-    assert distributed.where == "Dask cluster"
+    assert distributed.where == f"Dask cluster at {cluster.scheduler_address}"
+    fingerprints = [f.fingerprint for f in serial.findings]
+    assert [f.fingerprint for f in distributed.findings] == fingerprints
