@@ -33,7 +33,7 @@ class ReportFiles:
 def counterexample_timeline(r: ReplayedCounterexample) -> Timeline:
     pol = r.doc.policy.spec
     name = r.doc.policy.name or pol.name
-    return build_timeline(pol, r.specs, r.decisions, r.edges, title=f"{name}: {r.verdict_line} (replayed on the engine)",
+    return build_timeline(pol, r.specs, r.decisions, r.edges, title=f"{name}, replayed on the engine: {r.verdict_line}",
                           x_label=r.x_label, iteration_axis=r.iteration_axis, class_names=r.class_names,
                           violation=r.violation, violation_label=r.property_label)
 

@@ -143,3 +143,14 @@ def test_a_failed_second_write_takes_the_first_back(tmp_path):
         write_together([(first, b"new"), (second, "md")], "--out")
     assert first.read_bytes() == b"old"
     shutil.rmtree(second)
+
+
+def test_the_example_in_the_docs_is_what_report_writes(tmp_path, monkeypatch):
+    """docs/examples holds `batchcheck report counterexamples/vllm_v0_no_chunking__decode_progress__*.json
+    --out docs/examples`, run from the repository root; regenerate it when the report changes."""
+    monkeypatch.chdir(ROOT)
+    files = write_report(DECODE_STALL.relative_to(ROOT), tmp_path)
+    example = ROOT / "docs" / "examples" / files.markdown.name
+    assert files.markdown.read_text() == example.read_text()
+    assert (ROOT / "docs" / "examples" / files.png.name).read_bytes().startswith(b"\x89PNG")
+    assert f"](examples/{files.markdown.name})" in (ROOT / "docs" / "report.md").read_text()
