@@ -114,6 +114,7 @@ class StateGraph:
     seconds: float
     stop_reason: str = ""
     edges: int = 0
+    steps_run: int = 0  # calls of the step function (one per state and environment choice)
 
     @property
     def states(self) -> int:
@@ -139,6 +140,7 @@ class Transition:
         self.canon = canon
         self.env = env
         self.class_ids = [canon.class_id(c) for c in env.classes()]
+        self.steps_run = 0
 
     def apply(self, key: tuple, choice: Choice) -> tuple[SchedulerState, StepDecision, int]:
         s, now = self.canon.decode(key)
@@ -170,6 +172,7 @@ class Transition:
             for cancelled in cancel_options:
                 choice = (arriving, cancelled)
                 s, d, next_now = self.apply(key, choice)
+                self.steps_run += 1
                 succ = encode(s, next_now)
                 reqs = s.requests
                 gone = 0
@@ -224,7 +227,7 @@ def explore(policy: Policy, env: LivenessEnv, max_states: int = DEFAULT_MAX_STAT
         if progress is not None and u % 5000 == 0:
             progress(f"{len(keys):,} states, {edges:,} edges")
     return StateGraph(graph, canon, env, keys, depth, parent, complete=not queue and not stop,
-                      seconds=time.monotonic() - started, stop_reason=stop, edges=edges)
+                      seconds=time.monotonic() - started, stop_reason=stop, edges=edges, steps_run=trans.steps_run)
 
 
 def live_positions(s: SchedulerState) -> list[int]:
