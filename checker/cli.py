@@ -24,6 +24,7 @@ VERB_MODULES: list[str] = [
     "checker.bugreport.cli",
     "checker.diff.cli",
     "checker.ci.cli",
+    "checker.calibrate.cli",
 ]
 
 KINDS = ("policy", "workload", "trace", "profile", "audit-contract", "audit-workload", "slo")

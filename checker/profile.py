@@ -52,6 +52,33 @@ class ModelShape(_Strict):
         return 2 * self.layers * self.kv_heads * head_dim * self.dtype_bytes // self.tensor_parallel
 
 
+class MeasuredRange(_Strict):
+    """The largest batch shapes a calibrated profile was fitted on; beyond them its times are
+    extrapolated (checker/calibrate/coverage.py says so)."""
+
+    max_batched_tokens: Annotated[int, Field(ge=1)]
+    """Most scheduled tokens (prefill tokens + decode sequences) in a measured batch."""
+    max_prefill_tokens: Annotated[int, Field(ge=0)]
+    max_decode_seqs: Annotated[int, Field(ge=0)]
+    max_context: Annotated[int, Field(ge=1)]
+    """Longest context (tokens) of any sequence in a measured batch."""
+
+
+class Calibration(_Strict):
+    """How a measured profile was fitted: on which table, with which terms, over which range."""
+
+    measurements: str
+    """The measurement CSV, relative to the profile's directory."""
+    train_rows: Annotated[int, Field(ge=1)]
+    """Measured shapes the coefficients were fitted on."""
+    held_out_rows: Annotated[int, Field(ge=0)]
+    """Measured shapes kept out of the fit; ``fit_error`` ``held_out_*`` is measured on them."""
+    terms: list[str]
+    """The terms the fit could use (overhead, prefill_token, prefill_attention, decode_seq,
+    decode_kv_token); the coefficients of the others are 0."""
+    measured_range: MeasuredRange
+
+
 class Profile(_Strict):
     format: Literal["batchcheck-profile"] = "batchcheck-profile"
     version: Literal[1] = 1
@@ -62,6 +89,7 @@ class Profile(_Strict):
     pieces: Annotated[list[Piece], Field(min_length=1)]
     fit_error: dict[str, float] | None = None
     source: str | None = None
+    calibration: Calibration | None = None
 
     @model_validator(mode="after")
     def _pieces_ordered(self) -> Profile:

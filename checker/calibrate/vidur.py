@@ -1,0 +1,224 @@
+"""Iteration times built from Vidur's measured GPU operator profiles (MIT, the Vidur project).
+
+A Vidur profile directory holds ``mlp.csv`` (the non-attention operators of one layer, by number of
+tokens and tensor-parallel degree), ``attention.csv`` (prefill attention by chunk size and KV length,
+decode attention by batch size and KV length) and ``cpu_overheads.csv`` (engine CPU time per step, by
+model and batch size). Times are milliseconds; this module reads the medians.
+
+One iteration of a batch = the embedding once, plus for every layer the operators the batch runs
+(Vidur's accounting: input and post-attention norms, QKV projection, rotary embedding, attention,
+attention output reshape, output projection, MLP up, activation and down projections, the residual
+add), plus the CPU overhead of a step (schedule, prepare inputs, sampler, process outputs). The
+operator tables have no all-reduce times, so tensor-parallel communication is not included.
+Non-attention operators are interpolated linearly in the number of tokens between profiled counts
+(exact at them); attention rows and CPU overheads are used at their profiled shapes.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from checker.calibrate.measurements import Measurement, MeasurementTable
+from checker.errors import InputError, Problem
+from checker.loading import read_text
+from checker.profile import ModelShape
+
+MS = 1000.0  # microseconds per millisecond
+LAYER_OPERATORS = ("input_layernorm", "attn_pre_proj", "attn_rope", "attn_post_proj", "post_attention_layernorm",
+                   "mlp_up_proj", "mlp_act", "mlp_down_proj", "add")
+MODEL_OPERATORS = ("emb",)  # once per iteration, not per layer
+CPU_PARTS = ("schedule_median", "sampler_e2e_median", "prepare_inputs_e2e_median", "process_model_outputs_median")
+ATTENTION_SHAPE = ("n_embd", "n_q_head", "n_kv_head", "num_tensor_parallel_workers", "batch_size",
+                   "prefill_chunk_size", "kv_cache_size", "is_prefill")
+
+
+@dataclass(frozen=True)
+class VidurModel:
+    """What the profile files do not say: the model's layer count and the name cpu_overheads.csv uses."""
+
+    name: str
+    layers: int
+    cpu_model_name: str
+
+
+LLAMA_2_70B = VidurModel("llama-2-70b", 80, "meta-llama/Llama-2-70b-hf")
+KNOWN_MODELS = {m.name: m for m in (LLAMA_2_70B,)}
+
+
+@dataclass(frozen=True)
+class Grid:
+    """Which shapes to build: every profiled attention shape, thinned by a stride, plus mixed batches."""
+
+    prefill_stride: int = 4  # every n-th profiled (chunk, KV length) pair
+    decode_stride: int = 8  # every n-th profiled (batch size, KV length) pair
+    mixed_chunks: tuple[int, ...] = (64, 256, 512, 1024, 2048)
+    mixed_prefill_kv: tuple[int, ...] = (0, 512, 1536)
+    mixed_decode_batches: tuple[int, ...] = (1, 8, 32, 64, 128)
+    mixed_decode_kv: tuple[int, ...] = (128, 1024, 2048, 4032)
+
+
+def _table(path: Path) -> tuple[list[str], list[list[str]]]:
+    reader = csv.reader(io.StringIO(read_text(path)))
+    header = next(reader, [])
+    return header, [row for row in reader if row]
+
+
+def _require(header: list[str], needed: list[str], path: Path) -> None:
+    missing = [c for c in needed if c not in header]
+    if missing:
+        raise InputError(Problem("columns", "<missing " + ", ".join(missing) + ">",
+                                 "Vidur's profile columns (docs/calibration.md)", 1), str(path))
+
+
+def _number(text: str, column: str, line: int, path: Path) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise InputError(Problem(column, text, "a number", line), str(path)) from None
+    if not math.isfinite(value) or value < 0:
+        raise InputError(Problem(column, value, "a finite time or count >= 0", line), str(path))
+    return value
+
+
+class _LayerOps:
+    """Non-attention operator times (us) by token count, for one tensor-parallel degree."""
+
+    def __init__(self, path: Path, tensor_parallel: int):
+        header, rows = _table(path)
+        columns = [f"time_stats.{op}.median" for op in LAYER_OPERATORS + MODEL_OPERATORS]
+        _require(header, columns + ["num_tokens", "num_tensor_parallel_workers", "n_embd", "n_head", "n_kv_head"], path)
+        at = {c: header.index(c) for c in header}
+        by_tokens: dict[float, list[tuple[float, float]]] = defaultdict(list)
+        self.shape: tuple[int, int, int] | None = None
+        for line, row in enumerate(rows, start=2):
+            if int(_number(row[at["num_tensor_parallel_workers"]], "num_tensor_parallel_workers", line, path)) \
+                    != tensor_parallel:
+                continue
+            self.shape = tuple(int(row[at[c]]) for c in ("n_embd", "n_head", "n_kv_head"))
+            layer = sum(_number(row[at[f"time_stats.{op}.median"]], f"time_stats.{op}.median", line, path)
+                        for op in LAYER_OPERATORS)
+            model = sum(_number(row[at[f"time_stats.{op}.median"]], f"time_stats.{op}.median", line, path)
+                        for op in MODEL_OPERATORS)
+            by_tokens[_number(row[at["num_tokens"]], "num_tokens", line, path)].append((layer * MS, model * MS))
+        if not by_tokens:
+            raise InputError(Problem("num_tensor_parallel_workers", tensor_parallel,
+                                     "a tensor-parallel degree with rows in mlp.csv"), str(path))
+        self.tokens = np.array(sorted(by_tokens))
+        self.layer_us = np.array([np.mean([t[0] for t in by_tokens[n]]) for n in self.tokens])
+        self.model_us = np.array([np.mean([t[1] for t in by_tokens[n]]) for n in self.tokens])
+
+    def covers(self, tokens: int) -> bool:
+        return self.tokens[0] <= tokens <= self.tokens[-1]
+
+    def __call__(self, tokens: int, layers: int) -> float:
+        return layers * float(np.interp(tokens, self.tokens, self.layer_us)) + float(
+            np.interp(tokens, self.tokens, self.model_us))
+
+
+class _CpuOverhead:
+    """Engine CPU time per step (us) by batch size, for one model; clamped outside the profiled sizes."""
+
+    def __init__(self, path: Path, model_name: str):
+        header, rows = _table(path)
+        _require(header, list(CPU_PARTS) + ["model_name", "batch_size"], path)
+        at = {c: header.index(c) for c in header}
+        by_batch: dict[float, list[float]] = defaultdict(list)
+        for line, row in enumerate(rows, start=2):
+            if row[at["model_name"]] != model_name:
+                continue
+            total = sum(_number(row[at[c]], c, line, path) for c in CPU_PARTS)
+            by_batch[_number(row[at["batch_size"]], "batch_size", line, path)].append(total * MS)
+        if not by_batch:
+            raise InputError(Problem("model_name", model_name, "a model with rows in cpu_overheads.csv"), str(path))
+        self.batch = np.array(sorted(by_batch))
+        self.us = np.array([np.mean(by_batch[b]) for b in self.batch])
+
+    def __call__(self, batch_size: int) -> float:
+        return float(np.interp(batch_size, self.batch, self.us))
+
+
+@dataclass(frozen=True)
+class _Attention:
+    prefill: dict[tuple[int, int], float]  # (chunk, kv before it) -> us per layer
+    decode: dict[tuple[int, int], float]  # (batch size, kv per sequence) -> us per layer
+    shape: tuple[int, int, int, int]  # hidden, heads, kv heads, tensor parallel
+
+
+def _attention(path: Path) -> _Attention:
+    header, rows = _table(path)
+    times = ["time_stats.attn_prefill.median", "time_stats.attn_decode.median",
+             "time_stats.attn_input_reshape.median", "time_stats.attn_output_reshape.median"]
+    _require(header, times + list(ATTENTION_SHAPE), path)
+    at = {c: header.index(c) for c in header}
+    prefill: dict[tuple[int, int], list[float]] = defaultdict(list)
+    decode: dict[tuple[int, int], list[float]] = defaultdict(list)
+    shapes = set()
+    for line, row in enumerate(rows, start=2):
+        shapes.add(tuple(int(row[at[c]]) for c in ATTENTION_SHAPE[:4]))
+        is_prefill = row[at["is_prefill"]] == "True"
+        core = "time_stats.attn_prefill.median" if is_prefill else "time_stats.attn_decode.median"
+        us = MS * sum(_number(row[at[c]], c, line, path) for c in (core, times[2], times[3]))
+        if is_prefill:
+            key = (int(row[at["prefill_chunk_size"]]), int(row[at["kv_cache_size"]]))
+            prefill[key].append(us)
+        else:
+            key = (int(row[at["batch_size"]]), int(row[at["kv_cache_size"]]))
+            decode[key].append(us)
+    if len(shapes) != 1:
+        raise InputError(Problem("n_embd,n_q_head,n_kv_head,num_tensor_parallel_workers", sorted(shapes),
+                                 "one model shape per attention.csv"), str(path))
+    return _Attention({k: float(np.median(v)) for k, v in prefill.items()},
+                      {k: float(np.median(v)) for k, v in decode.items()}, shapes.pop())
+
+
+def import_vidur(directory: str | Path, model: VidurModel = LLAMA_2_70B, grid: Grid = Grid(),
+                 device: str | None = None) -> MeasurementTable:
+    """Per-iteration times for prefill, decode and mixed batches, summed from the operator profiles."""
+    root = Path(directory)
+    if not root.is_dir():
+        raise InputError(Problem("", str(root), "a directory with Vidur's mlp.csv, attention.csv and "
+                                 "cpu_overheads.csv"), str(root))
+    attention = _attention(root / "attention.csv")
+    hidden, heads, kv_heads, tensor_parallel = attention.shape
+    ops = _LayerOps(root / "mlp.csv", tensor_parallel)
+    if ops.shape != (hidden, heads, kv_heads):
+        raise InputError(Problem("n_embd,n_head,n_kv_head", list(ops.shape or ()),
+                                 f"{[hidden, heads, kv_heads]}, the shape in attention.csv"), str(root / "mlp.csv"))
+    cpu = _CpuOverhead(root / "cpu_overheads.csv", model.cpu_model_name)
+    layers = model.layers
+
+    def iteration(tokens: int, seqs: int, attention_us: float) -> float:
+        return ops(tokens, layers) + layers * attention_us + cpu(seqs)
+
+    rows: list[Measurement] = []
+    for chunk, kv in sorted(attention.prefill)[::grid.prefill_stride]:
+        if ops.covers(chunk):
+            rows.append(Measurement("prefill", chunk, chunk * (kv + chunk), 0, 0, kv + chunk,
+                                    iteration(chunk, 1, attention.prefill[chunk, kv])))
+    for batch, kv in sorted(attention.decode)[::grid.decode_stride]:
+        if ops.covers(batch):
+            rows.append(Measurement("decode", 0, 0, batch, batch * (kv + 1), kv + 1,
+                                    iteration(batch, batch, attention.decode[batch, kv])))
+    for chunk in grid.mixed_chunks:
+        for pkv in grid.mixed_prefill_kv:
+            for batch in grid.mixed_decode_batches:
+                for dkv in grid.mixed_decode_kv:
+                    if (chunk, pkv) not in attention.prefill or (batch, dkv) not in attention.decode \
+                            or not ops.covers(chunk + batch):
+                        continue
+                    us = attention.prefill[chunk, pkv] + attention.decode[batch, dkv]
+                    rows.append(Measurement("mixed", chunk, chunk * (pkv + chunk), batch, batch * (dkv + 1),
+                                            max(pkv + chunk, dkv + 1), iteration(chunk + batch, batch + 1, us)))
+    if not rows:
+        raise InputError(Problem("", str(root), "profiles with at least one prefill or decode shape"), str(root))
+    shape = ModelShape(name=model.name, layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads,
+                       dtype_bytes=2, tensor_parallel=tensor_parallel)
+    name = device or f"vidur-{root.name}"
+    return MeasurementTable(name, shape, tuple(rows), str(root))
