@@ -1,40 +1,41 @@
-"""HOOK: ``[[diff]]`` entries of batchcheck.toml, for ``batchcheck diff OLD NEW`` (issue 7; the verb and
-its library live in checker/diff/, built separately).
+"""``[[diff]]`` entries of batchcheck.toml: OLD vs NEW with ``batchcheck diff``'s library function
+(checker.api.run_diff), one check per invariant so they run in parallel like the others.
 
-What is here: the config model (checker.ci.config.DiffEntry) and its validation in checker.ci.plan (both
-policies exist and load, their invariants parse, and their KV pools count in the same unit: same
-``kv.block_size``). What is missing: running the diff. To wire it, set ``DIFF_RUNNER`` to a function
-``(old_path: str, new_path: str, entry: DiffEntry) -> list[tuple[Check, Result]]`` that returns one Check
-(kind "diff", rule the invariant or SLO property, policy = NEW) and Result per property compared, with
-verdict VIOLATED for a regression (its witness as a counterexample artifact); checker.ci.run turns them
-into findings located at NEW's policy fields like any other check. Until then a config with [[diff]]
-entries exits 2 with a message that says so.
+A diff check asks "is NEW no worse than OLD for this invariant?". Its verdict: VIOLATED when NEW has a
+regression witness (a trace on which NEW breaks the invariant and OLD keeps it, saved as a
+counterexample), UNKNOWN when the comparison timed out, otherwise HOLDS_UP_TO (no regression within the
+bounds; not a proof). Findings are located at NEW's policy field for the invariant. SLO regressions
+(``batchcheck diff --workload``) are not run from the config: run ``batchcheck diff`` for those.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from typing import Any
 
-from checker.ci.config import DiffEntry
-from checker.ci.execute import Result
-from checker.ci.plan import Check, Plan
-from checker.ci.tomllines import LineMap
-from checker.errors import InputError, Problem
-from checker.loading import _line_for
+from checker.ci.plan import Check
 
-DiffRunner = Callable[[str, str, DiffEntry], list[tuple[Check, Result]]]
-DIFF_RUNNER: DiffRunner | None = None  # HOOK: batchcheck diff's library function, once it exists
+REGRESSION = "VIOLATED"
+NO_REGRESSION = "HOLDS_UP_TO"
+UNDECIDED = "UNKNOWN"
 
 
-def run_diffs(plan: Plan, lines: LineMap) -> list[tuple[Check, Result]]:
-    if not plan.diffs:
-        return []
-    if DIFF_RUNNER is None:
-        i, entry = plan.diffs[0]
-        raise InputError(Problem(f"diff[{i}]", f"{entry.old} -> {entry.new}",
-                                 "no [[diff]] entries: this build's `batchcheck ci` cannot run `batchcheck diff` yet "
-                                 "(run it separately)", _line_for(("diff", i), lines)), plan.source)
-    pairs: list[tuple[Check, Result]] = []
-    for _, entry in plan.diffs:
-        pairs += DIFF_RUNNER(str(plan.root / entry.old), str(plan.root / entry.new), entry)
-    return pairs
+def run_diff_check(check: Check, paths: dict[str, str | None], out_dir) -> tuple[str, dict[str, Any], str]:
+    """Run one invariant of a diff entry in a worker; returns (verdict, detail, line)."""
+    from checker import api
+    from checker.diff.compare import Change
+
+    report = api.run_diff(paths["old"], paths["policy"], invariants=[check.name], requests=check.requests,
+                          depth=check.depth, timeout_s=check.timeout_s, out_dir=out_dir, audit=False)
+    prop = report.properties[0]
+    verdict = REGRESSION if prop.regression else UNDECIDED if prop.change is Change.UNKNOWN else NO_REGRESSION
+    detail = prop.as_dict()
+    detail["verdict"] = verdict
+    if prop.new_worse is not None:
+        detail["requests"] = prop.new_worse.requests
+        detail["violation_iteration"] = prop.new_worse.iterations - 1
+        detail["counterexample"] = str(prop.new_worse.path) if prop.new_worse.path else None
+    what = (f"NEW worse: {prop.new_worse.detail}" if prop.new_worse is not None else
+            f"no regression: {prop.strength}" if verdict == NO_REGRESSION else "undecided (timeout)")
+    line = (f"{verdict:<12} {check.label:<40} {check.old.shown} -> {check.policy.shown}: {prop.change.value} "
+            f"({prop.old_verdict} -> {prop.new_verdict}); {what}")
+    return verdict, detail, line

@@ -20,7 +20,7 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
-from checker.ci.plan import FUZZ, Check, InputFile
+from checker.ci.plan import DIFF, FUZZ, Check, InputFile
 from checker.errors import BatchcheckError
 from checker.exitcodes import ExitCode
 
@@ -70,7 +70,7 @@ def _materialise(folder: Path, files: dict[str, InputFile | None]) -> dict[str, 
 def _shown_paths(doc: dict, paths: dict[str, str | None], check: Check) -> dict:
     """Counterexamples record the files they came from: name the project's files, not the worker's copies."""
     shown = {paths[role]: ref.shown for role, ref in (("policy", check.policy), ("workload", check.workload),
-                                                      ("slo", check.slo)) if ref is not None}
+                                                      ("slo", check.slo), ("old", check.old)) if ref is not None}
     doc["policy"]["file"] = shown.get(doc["policy"].get("file"), check.policy.shown)
     search = doc.get("search")
     if isinstance(search, dict):
@@ -107,11 +107,15 @@ def _run_check(check: Check) -> Result:
     with tempfile.TemporaryDirectory(prefix="batchcheck-ci-") as tmp:
         folder = Path(tmp)
         paths = _materialise(folder, {"policy": check.policy, "workload": check.workload, "slo": check.slo,
-                                      "profile": check.profile})
+                                      "profile": check.profile, "old": check.old})
         modules = [m if isinstance(m, str) else _materialise(folder / "modules", {m.shown: m})[m.shown]
                    for m in check.modules]
         cex_dir, proof_dir = folder / "counterexamples", folder / "proofs"
-        if check.kind == FUZZ:
+        if check.kind == DIFF:
+            from checker.ci.diffhook import run_diff_check
+
+            verdict, detail, line = run_diff_check(check, paths, cex_dir)
+        elif check.kind == FUZZ:
             results = api.run_fuzz(paths["policy"], paths["workload"], slo=paths["slo"], properties=[check.name],
                                    max_examples=check.max_examples, time_budget_s=check.time_budget_s,
                                    seed=check.seed, profile=paths["profile"], out_dir=cex_dir, database_dir=None,
@@ -144,7 +148,9 @@ def _run_check(check: Check) -> Result:
 
 def _cost(check: Check) -> float:
     """Rough seconds a check may take, to start the long ones first (better packing on few workers)."""
-    return check.time_budget_s if check.kind == FUZZ else check.timeout_s * (2 if check.unbounded else 1)
+    if check.kind == FUZZ:
+        return check.time_budget_s
+    return check.timeout_s * (2 if check.unbounded or check.kind == DIFF else 1)
 
 
 def _order(checks: Sequence[Check]) -> list[int]:

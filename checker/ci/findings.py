@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from checker.ci.execute import FAILED, INCONCLUSIVE, Result
 from checker.ci.locations import fields_for, locate
-from checker.ci.plan import VERIFY, Check, PolicyInfo
+from checker.ci.plan import DIFF, FUZZ, VERIFY, Check, PolicyInfo
 
 ERROR, WARNING, NOTE = "error", "warning", "note"  # SARIF levels
 _LEVEL_RANK = {ERROR: 0, WARNING: 1, NOTE: 2}
@@ -41,14 +41,15 @@ class Finding:
 
     @property
     def rule_id(self) -> str:
-        return f"{'invariant' if self.check.kind == VERIFY else 'slo'}/{self.check.rule}"
+        prefix = {VERIFY: "invariant", FUZZ: "slo", DIFF: "diff"}[self.check.kind]
+        return f"{prefix}/{self.check.rule}"
 
     @property
     def fingerprint(self) -> str:
         """From what the finding is about, never from lines or times: policy name, check, parameters, field."""
         c = self.check
         params = ",".join(f"{k}={v}" for k, v in c.params)
-        what = c.name if c.kind != VERIFY else c.rule
+        what = c.name if c.kind == FUZZ else c.rule
         text = "\x1f".join((c.policy_name, c.kind, what, params, self.field))
         return hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
 

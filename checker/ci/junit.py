@@ -9,13 +9,12 @@ from collections.abc import Sequence
 
 from checker.ci.execute import FAILED, INCONCLUSIVE
 from checker.ci.findings import Finding
-from checker.ci.plan import VERIFY
 
 
 def _case(f: Finding) -> ET.Element:
     c, r = f.check, f.result
     case = ET.Element("testcase", {"classname": f"batchcheck.{c.policy_name}",
-                                   "name": f"{'verify' if c.kind == VERIFY else 'fuzz'} {c.label}",
+                                   "name": f"{c.kind} {c.label}" + (f" from {c.old.shown}" if c.old else ""),
                                    "file": c.policy.shown, "line": str(f.line), "time": f"{r.seconds:.3f}"})
     text = r.line + (f"\nreplay: batchcheck replay {f.counterexample}" if f.counterexample else "")
     if f.outcome == FAILED and f.gating:

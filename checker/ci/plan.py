@@ -20,6 +20,7 @@ from checker.loading import _line_for, load_model, parse_yaml, read_text
 
 VERIFY = "verify"
 FUZZ = "fuzz"
+DIFF = "diff"  # OLD vs NEW (checker/ci/diffhook.py); policy is NEW
 
 
 @dataclass(frozen=True)
@@ -61,18 +62,20 @@ class Check:
     seed: int = 0
     max_requests: int = 0
     modules: tuple[InputFile | str, ...] = ()  # user invariant modules: .py files carried, module names as is
+    old: InputFile | None = None  # DIFF: the policy before the change
 
     @property
     def label(self) -> str:
         shown = ", ".join(f"{k}={v}" for k, v in self.params)
-        return f"{self.rule}({shown})" if shown and self.kind == VERIFY else (
-            self.name.partition(":")[0] if self.kind == VERIFY else self.name)
+        if self.kind == FUZZ:
+            return self.name
+        return f"{self.rule}({shown})" if shown else self.rule
 
     @property
     def key(self) -> Check:
         """What makes two checks the same work: everything but how it gates, where it was asked for, and
         how the invariant was spelled (its parameters are all in ``params``)."""
-        return replace(self, level="error", where="", name=self.rule if self.kind == VERIFY else self.name)
+        return replace(self, level="error", where="", name=self.name if self.kind == FUZZ else self.rule)
 
 
 @dataclass
@@ -81,7 +84,6 @@ class Plan:
     source: str  # the config file as named on the command line
     checks: list[Check] = field(default_factory=list)
     policies: dict[str, PolicyInfo] = field(default_factory=dict)
-    diffs: list[tuple[int, DiffEntry]] = field(default_factory=list)
     not_configured: list[str] = field(default_factory=list)  # --policy files no entry covers
 
 
@@ -198,8 +200,7 @@ def build_plan(config: CiConfig, lines: LineMap, source: str, only: list[str] | 
     for i, entry in enumerate(config.fuzz):
         _fuzz_checks(res, plan, i, entry)
     for i, entry in enumerate(config.diff):
-        _diff_entry(res, i, entry)
-        plan.diffs.append((i, entry))
+        plan.checks += _diff_checks(res, i, entry, tuple(modules))
     plan.policies = res.policies
     unique: dict[Check, Check] = {}
     for check in plan.checks:  # the same work asked for twice runs once, gating if either asks it to
@@ -252,17 +253,29 @@ def _fuzz_checks(res: _Resolver, plan: Plan, i: int, entry) -> None:
                 max_requests=entry.max_requests))
 
 
-def _diff_entry(res: _Resolver, i: int, entry: DiffEntry) -> None:
+def _diff_checks(res: _Resolver, i: int, entry: DiffEntry, modules: tuple) -> list[Check]:
     """Both policies must exist and count their KV pools in the same unit (tokens per block): the diff
-    compares pool sizes and blocks in use between them."""
-    old = res.policy(res.file(("diff", i, "old"), entry.old, "policy"))
-    new = res.policy(res.file(("diff", i, "new"), entry.new, "policy"))
+    compares pool sizes and blocks in use between them. One check per invariant."""
+    from checker.api import DIFF_INVARIANTS
+
+    d = res.config.defaults
+    old_ref = res.file(("diff", i, "old"), entry.old, "policy")
+    new_ref = res.file(("diff", i, "new"), entry.new, "policy")
+    old, new = res.policy(old_ref), res.policy(new_ref)
     if old.block_size != new.block_size:
         raise res.fail(("diff", i, "new"), entry.new,
                        f"a policy with the same KV block size as {old.shown} ({old.block_size} tokens per block) to "
                        f"compare their pools; it has {new.block_size}")
-    for j, text in enumerate(entry.invariants or []):
-        _invariant(res, ("diff", i, "invariants", j), text)
+    checks = []
+    texts = entry.invariants if entry.invariants is not None else list(DIFF_INVARIANTS)
+    for j, text in enumerate(texts):
+        where = ("diff", i, "invariants", j) if entry.invariants is not None else ("diff", i)
+        inv, params = _invariant(res, where, text)
+        checks.append(Check(DIFF, new_ref, new.name, text, inv.name, tuple({**inv.defaults, **params}.items()),
+                            entry.level or d.level, f"diff[{i}]", requests=entry.requests or d.requests,
+                            depth=entry.depth or d.depth, timeout_s=entry.timeout_s or d.timeout_s,
+                            modules=modules, old=old_ref))
+    return checks
 
 
 def _keep_only(plan: Plan, res: _Resolver, only: list[str]) -> None:
@@ -272,10 +285,9 @@ def _keep_only(plan: Plan, res: _Resolver, only: list[str]) -> None:
         if not path.is_file():
             raise InputError(Problem("--policy", text, "an existing policy file"))
         wanted[path.resolve()] = text
-    covered = {(res.root / c.policy.shown).resolve() for c in plan.checks}
-    covered |= {(res.root / e.old).resolve() for _, e in plan.diffs} | {(res.root / e.new).resolve()
-                                                                        for _, e in plan.diffs}
-    plan.checks = [c for c in plan.checks if (res.root / c.policy.shown).resolve() in wanted]
-    plan.diffs = [(i, e) for i, e in plan.diffs
-                  if (res.root / e.old).resolve() in wanted or (res.root / e.new).resolve() in wanted]
+
+    def files(c: Check) -> set[Path]:
+        return {(res.root / ref.shown).resolve() for ref in (c.policy, c.old) if ref is not None}
+    covered = set().union(*(files(c) for c in plan.checks)) if plan.checks else set()
+    plan.checks = [c for c in plan.checks if files(c) & set(wanted)]
     plan.not_configured = [text for path, text in wanted.items() if path not in covered]

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 from checker.ci.config import load_config
-from checker.ci.diffhook import run_diffs
 from checker.ci.execute import CERTIFICATE, COUNTEREXAMPLE, FAILED, INCONCLUSIVE, Result, run_dask, run_processes
 from checker.ci.findings import Finding, make_finding
 from checker.ci.junit import junit_xml
@@ -74,7 +73,7 @@ def run_ci(config: str | Path = DEFAULT_CONFIG, jobs: int | None = None, schedul
         n = jobs or cfg.jobs or os.cpu_count() or 1
         where = f"{min(n, max(1, total))} local process(es)" if n > 1 else "serial"
         results = run_processes(checks, n, report)
-    pairs = list(zip(checks, results)) + run_diffs(plan, lines)
+    pairs = list(zip(checks, results))
     inconclusive_gates = cfg.gate.inconclusive == "error"
     findings = [make_finding(c, r, plan.policies[c.policy.shown], inconclusive_gates) for c, r in pairs]
     outcome = CiOutcome(plan, findings, exit_code(findings), 0.0, where)

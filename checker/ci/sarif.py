@@ -12,7 +12,7 @@ from pathlib import Path
 
 from checker import __version__
 from checker.ci.findings import FINGERPRINT_KEY, Finding
-from checker.ci.plan import VERIFY
+from checker.ci.plan import DIFF, FUZZ
 
 SCHEMA_URI = "https://json.schemastore.org/sarif-2.1.0.json"
 SARIF_VERSION = "2.1.0"
@@ -31,7 +31,7 @@ def annotated(findings: Sequence[Finding]) -> tuple[list[Finding], list[Finding]
 
 
 def _statement(f: Finding) -> str:
-    if f.check.kind == VERIFY:
+    if f.check.kind != FUZZ:
         from invariants.catalogue import CATALOGUE
 
         inv = CATALOGUE.get(f.check.rule)
@@ -42,6 +42,8 @@ def _statement(f: Finding) -> str:
 def _message(f: Finding) -> str:
     c, r = f.check, f.result
     where = f"policy {c.policy_name} ({c.policy.shown})"
+    if c.kind == DIFF:
+        where += f", compared with {c.old.shown}"
     field = f" at {f.field}" if f.field else ""
     detail = RUN_TIME.sub("", r.line.split(None, 2)[-1].strip())
     text = f"{c.label} {r.verdict} for {where}{field}: {detail}."

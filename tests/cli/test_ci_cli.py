@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -134,3 +135,24 @@ def test_an_unreachable_scheduler_is_a_usage_error(capsys, project, monkeypatch)
     assert err.startswith("batchcheck: error: --scheduler nonsense://x: no Dask scheduler answers there within 1 s "
                           "(ValueError: unknown address scheme 'nonsense'")
     assert _nothing_written(Path.cwd())
+
+
+def test_a_diff_entry_gates_on_a_regression_located_at_the_new_policy(capsys, project):
+    folder = project('[defaults]\nrequests = 2\ndepth = 3\n[[diff]]\nold = "spec/policies/tgi_eager.yaml"\n'
+                     'new = "spec/policies/tgi_router.yaml"\ninvariants = ["cancellation_releases:0"]\n').parent
+    policies = folder / "spec" / "policies"
+    text = (policies / "tgi_router.yaml").read_text()
+    assert "release_lag_steps: 1" in text
+    (policies / "tgi_eager.yaml").write_text(text.replace("release_lag_steps: 1", "release_lag_steps: 0"))
+    code, out, _ = run(capsys, "ci", "--jobs", "1", *OUTPUTS)
+    assert code == 1
+    first = out.splitlines()[0]
+    assert first.startswith("spec/policies/tgi_router.yaml: VIOLATED     cancellation_releases(steps=0)           "
+                            "spec/policies/tgi_eager.yaml -> spec/policies/tgi_router.yaml: strictly less safe (")
+    assert first.endswith(" -> VIOLATED); NEW worse: 1 request(s), fails at iteration 1")
+    sarif = json.loads((folder / "out" / "ci.sarif").read_text())["runs"][0]["results"]
+    assert [(r["ruleId"], r["level"], r["locations"][0]["physicalLocation"]["region"]["startLine"]) for r in sarif] \
+        == [("diff/cancellation_releases", "error",
+             text.splitlines().index("  release_lag_steps: 1") + 1)]
+    witness = json.loads((folder / sarif[0]["properties"]["counterexample"]).read_text())
+    assert witness["policy"]["file"] == "spec/policies/tgi_router.yaml"
