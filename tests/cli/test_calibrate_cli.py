@@ -172,3 +172,12 @@ def test_import_vidur_reproduces_the_shipped_measurements(capsys, tmp_path):
     assert code == 0
     assert text == f"{out}: 2616 batch shapes of llama-2-70b from {VIDUR_A100} (1052 prefill, 1264 decode, 300 mixed)\n"
     assert out.read_text() == shipped.read_text()
+
+
+def test_calibration_doc_quotes_the_shipped_errors():
+    text = (ROOT / "docs" / "calibration.md").read_text()
+    for name in ("a100-llama-2-70b-tp2", "cpu-tiny-llama"):
+        e = load_profile(PROFILES / f"{name}.json").fit_error
+        row = next(line for line in text.splitlines() if line.startswith(f"| `{name}.json` |"))
+        assert (f"| {100 * e['held_out_median']:.1f} % | {100 * e['held_out_p95']:.1f} % "
+                f"| {100 * e['held_out_max']:.1f} % |") in row, name
