@@ -3,6 +3,7 @@ derive the starvation bound when no request can wait forever."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -179,7 +180,11 @@ def save_lasso(policy: Policy, policy_file: str | None, sg: StateGraph, lasso: L
                     "note": "the state after iteration prefix-1, after one turn and after two turns is the same "
                             "canonical state; replay runs the prefix and two turns"}
     doc["graph"] = {"states": sg.states, "edges": sg.edges, "seconds": round(sg.seconds, 3), "complete": sg.complete}
-    return cex.save(doc, out_dir)
+    # "_lasso" in the name: no_deadlock is also a bounded invariant, whose files share the policy__name prefix
+    name = cex.file_name(doc).replace(f"__{lasso.prop}__", f"__{lasso.prop}_lasso__", 1)
+    path = out_dir / name
+    cex.write_atomic(path, json.dumps(doc, indent=1) + "\n")
+    return path
 
 
 def confirm_bound(policy: Policy, sg: StateGraph, bound: StarvationBound) -> BoundResult:

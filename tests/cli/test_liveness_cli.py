@@ -28,7 +28,7 @@ def test_finds_the_starvation_lasso_and_replay_runs_two_turns(capsys, tmp_path):
     assert lines[2] == ("  - prompt tokens in {16}, output tokens in {1, 2} (declared max output = output), "
                         "priorities in {0, 1}, 1 tenant(s)")
     assert lines[4].startswith("graph: 17 states, 58 edges, ") and lines[4].endswith(" s (complete)")
-    (path,) = tmp_path.glob("strict_priority__eventually_served__*.json")
+    (path,) = tmp_path.glob("strict_priority__eventually_served_lasso__*.json")
     assert lines[5] == ("VIOLATED           eventually_served  lasso: 1 iteration(s) to a cycle of 1 that repeats "
                         "forever (a request stays live on it); replayed on the engine (prefix + two turns): "
                         f"{path}")
