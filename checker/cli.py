@@ -159,6 +159,21 @@ def _verify(args: argparse.Namespace) -> int:
     from checker.api import run_verify
     from checker.verify.run import overall_exit
 
+    if args.workload is not None and not args.no_audit:  # an impossible plan stops here, before any solver call
+        from checker.api import run_derived_audit
+
+        audit = run_derived_audit(args.policy, args.workload)
+        if audit.failure is not None:
+            if args.json:
+                print(json.dumps({"policy": args.policy, "stopped_by_audit": audit.as_json(),
+                                  "exit_code": int(ExitCode.VIOLATED)}, indent=2))
+            else:
+                print(f"AUDIT        {audit.decision_line()}")
+                print(f"the plan is impossible under {args.workload}'s declared load (batchcheck audit --policy "
+                      f"{args.policy} --workload {args.workload}); invariants not checked (--no-audit checks them "
+                      "anyway: the solver uses only the workload's length ranges, priorities and tenants)")
+            return ExitCode.VIOLATED
+
     env, results = run_verify(args.policy, args.invariant, args.requests, args.depth, args.timeout, args.workload,
                               args.out, args.prompt_range, args.output_range, not args.no_cancellations, args.step_ms,
                               args.unbounded, args.proof_dir, args.invariant_module, _terminal_progress())
@@ -323,7 +338,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--requests", type=int, default=3, metavar="N", help="request slots (default 3)")
     p.add_argument("--depth", type=int, default=5, metavar="K", help="iterations (default 5)")
     p.add_argument("--timeout", type=float, default=60.0, metavar="S", help="seconds per invariant (default 60)")
-    p.add_argument("--workload", metavar="FILE", help="take length ranges, priorities and tenants from a workload")
+    p.add_argument("--workload", metavar="FILE", help="take length ranges, priorities and tenants from a workload "
+                   "(the capacity audit runs first and stops on an impossible plan)")
+    p.add_argument("--no-audit", action="store_true", help="with --workload: skip the capacity audit")
     p.add_argument("--prompt-range", type=_range, metavar="LOW:HIGH", help="prompt tokens (default 1:max_model_len)")
     p.add_argument("--output-range", type=_range, metavar="LOW:HIGH", help="output tokens (default 1:2K)")
     p.add_argument("--no-cancellations", action="store_true", help="clients never cancel")

@@ -115,8 +115,14 @@ def cancellation_releases(o: Any, ctx: TraceContext, t: int, steps: int = 1) -> 
 
 
 def _cancelled_while_holding(o: Any, ctx: TraceContext, t: int, steps: int = 1) -> Term:
-    return _any_slot(o, ctx, lambda i: o.and_(ctx.frames[t].slots[i]["status"] == int(Status.CANCELLED),
-                                             ctx.frames[t].slots[i]["blocks"] > 0))
+    """A request is cancelled while it holds KV: it still holds blocks after the cancel, or it held some
+    just before the step that cancelled it (a policy that frees at once)."""
+    def cancelled_holding(i: int) -> Term:
+        now = ctx.frames[t].slots[i]
+        held_before = False if t == 0 else o.and_(ctx.frames[t - 1].slots[i]["blocks"] > 0,
+                                                  ctx.frames[t - 1].slots[i]["status"] != int(Status.CANCELLED))
+        return o.and_(now["status"] == int(Status.CANCELLED), o.or_(now["blocks"] > 0, held_before))
+    return _any_slot(o, ctx, cancelled_holding)
 
 
 # ----------------------------------------------------------------------------------------- progress
@@ -275,6 +281,34 @@ def _two_tenants_backlogged(o: Any, ctx: TraceContext, t: int, tenants: int = 2,
                    for a in range(tenants) for b in range(a + 1, tenants)))
 
 
+# ----------------------------------------------------------------------------------------- degradation order
+def _less_urgent_runs(o: Any, ctx: TraceContext, t: int, protected: int) -> Term:
+    return _any_slot(o, ctx, lambda i: o.and_(_urgency(ctx, i) > protected,
+                                             ctx.frames[t].slots[i]["status"] == int(Status.RUNNING)))
+
+
+def degradation_order(o: Any, ctx: TraceContext, t: int, gap: int = 1, protected: int = 0) -> Term:
+    """While a request less urgent than priority `protected` is running, every running request at least as
+    urgent that has started decoding produces a token at least every `gap` iterations (being preempted is
+    no excuse; being cancelled or finishing is), and KV blocks in use never exceed the pool."""
+    kv_ok = kv_never_overcommitted(o, ctx, t)
+    if t < gap:
+        return kv_ok
+    window = range(t - gap + 1, t + 1)
+    background = _less_urgent_runs(o, ctx, t - gap, protected)
+
+    def ok(i: int) -> Term:
+        decoding = o.and_(_urgency(ctx, i) <= protected, _decoding(o, ctx, t - gap, i))
+        ended = _status_in(o, ctx.frames[t].slots[i], Status.CANCELLED, Status.FINISHED)
+        return o.or_(o.not_(decoding), ended, *(ctx.frames[j].produced[i] for j in window))
+    return o.and_(kv_ok, o.or_(o.not_(background), _all_slots(o, ctx, ok)))
+
+
+def _protected_decodes_beside_background(o: Any, ctx: TraceContext, t: int, gap: int = 1, protected: int = 0) -> Term:
+    return o.and_(_less_urgent_runs(o, ctx, t, protected),
+                  _any_slot(o, ctx, lambda i: o.and_(_urgency(ctx, i) <= protected, _decoding(o, ctx, t, i))))
+
+
 # ----------------------------------------------------------------------------------------- the catalogue
 def invariant(check: Check, trigger: Check, **defaults: int) -> Invariant:
     """An invariant from its check (its name and docstring become the invariant's name and statement),
@@ -295,6 +329,7 @@ CATALOGUE: dict[str, Invariant] = {inv.name: inv for inv in (
     invariant(work_conserving, _slot_free_while_waiting),
     invariant(priority_inversion, _admission_with_waiters, bound=0),
     invariant(tenant_fairness, _two_tenants_backlogged, bound=1000, tenants=2, w_in=1, w_out=2),
+    invariant(degradation_order, _protected_decodes_beside_background, gap=1, protected=0),
 )}
 
 

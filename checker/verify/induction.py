@@ -25,6 +25,17 @@ from invariants.catalogue import Invariant
 
 # Invariants whose check reads only the frame it is evaluated at (1-step induction applies).
 STATE_INVARIANTS = frozenset({"kv_never_overcommitted", "token_budget", "seq_cap", "request_conservation"})
+# Invariants that read the frame before too, with the parameter that sets how far back they look: with a
+# lookback of one they are properties of one step (before -> after), proved by the same query: from any
+# state the lemmas allow, one step keeps the lemmas and satisfies the property.
+STEP_INVARIANTS = {"decode_progress": "gap", "cancellation_releases": "steps", "degradation_order": "gap"}
+
+
+def supported(inv: Invariant, params: dict[str, int]) -> bool:
+    if inv.name in STATE_INVARIANTS:
+        return True
+    key = STEP_INVARIANTS.get(inv.name)
+    return key is not None and {**inv.defaults, **params}[key] == 1
 
 LIVE = (Status.WAITING, Status.SWAPPED, Status.RUNNING)
 
@@ -78,6 +89,9 @@ def lemmas(o, policy: Policy, params: list[SlotParams], slots: list[dict[str, Te
             (f"slot{i}.rejected", o.or_(o.not_(is_(Status.REJECTED)), o.and_(
                 s["admitted_seq"] == 0, s["num_computed"] == 0, s["num_generated"] == 0))),
             (f"slot{i}.holds_only_running", o.or_(is_(Status.RUNNING, Status.CANCELLED), s["blocks"] == 0)),
+            # a request that generated a token or was preempted was admitted (preemption keeps admitted_seq)
+            (f"slot{i}.served_was_admitted", o.or_(o.and_(s["num_generated"] == 0, s["num_preemptions"] == 0),
+                                                   s["admitted_seq"] >= 1)),
         ]
         if swap:
             out.append((f"slot{i}.swapped", o.or_(o.not_(is_(Status.SWAPPED)), o.and_(
@@ -141,7 +155,7 @@ def _symbolic_state(smt: SmtSession, env: Environment, n: int, tag: str):
 
 
 def prove(policy: Policy, inv: Invariant, params_: dict[str, int], env: Environment, timeout_s: float) -> InductionResult:
-    if inv.name not in STATE_INVARIANTS:
+    if not supported(inv, params_):
         return InductionResult("unsupported")
     started = time.monotonic()
     o = Z3Ops

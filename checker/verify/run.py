@@ -159,7 +159,8 @@ def _try_induction(checked: Checked, policy: Policy, timeout_s: float, proof_dir
     elif result.status == "unknown":
         checked.notes.append("induction timed out")
     else:
-        checked.notes.append(f"unbounded proofs of {inv.name} are not available yet (it looks back over iterations)")
+        checked.notes.append(f"unbounded proofs of {checked.label} are not available yet (it looks back more than one "
+                             "iteration)")
 
 
 def confirm_on_engine(policy: Policy, inv: Invariant, params: dict[str, int], env: Environment, found: Found) -> int:

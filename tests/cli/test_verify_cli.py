@@ -117,7 +117,7 @@ def test_unbounded_proves_safety_with_a_certificate_that_rechecks(capsys, tmp_pa
     assert code == 0, err
     proved = [line for line in out.splitlines() if line.startswith("PROVED")]
     assert [line.split()[1] for line in proved] == ["token_budget", "request_conservation"]
-    assert all("for 2 request slots and any number of iterations (induction with 29 structural lemmas; "
+    assert all("for 2 request slots and any number of iterations (induction with 31 structural lemmas; "
                "no violation up to depth 2); certificate: " in line for line in proved)
     cert = tmp_path / "proofs" / "vllm_v1__request_conservation__N2.smt2"
     code, out, _ = run(capsys, "recheck", str(cert))
@@ -137,12 +137,13 @@ def test_unbounded_still_reports_the_violation_first(capsys, tmp_path):
 
 
 def test_unbounded_says_why_a_temporal_invariant_stays_bounded(capsys, tmp_path):
-    code, out, _ = run(capsys, "verify", str(BROKEN), "--invariant", "decode_progress", "--requests", "1",
+    code, out, _ = run(capsys, "verify", str(BROKEN), "--invariant", "decode_progress:gap=2", "--requests", "1",
                        "--depth", "3", "--prompt-range", "1:16", "--unbounded", "--out", str(tmp_path),
                        "--proof-dir", str(tmp_path))
     assert code == 0
-    assert "HOLDS_UP_TO  decode_progress   " in out
-    assert "unbounded proofs of decode_progress are not available yet (it looks back over iterations)" in out
+    assert "HOLDS_UP_TO  decode_progress(gap=2)   " in out
+    assert ("unbounded proofs of decode_progress(gap=2) are not available yet (it looks back more than one "
+            "iteration)") in out
 
 
 @pytest.fixture
@@ -187,3 +188,17 @@ def test_broken_user_module_is_an_input_error(capsys, tmp_path):
     code, _, err = run(capsys, "verify", str(BROKEN), "--invariant-module", str(plugin))
     assert code == 2
     assert err == f"batchcheck: error: {plugin}.INVARIANTS='int' (expected a list of invariants.Invariant (see docs/invariants.md))\n"
+
+
+def test_verify_runs_the_audit_first_and_stops_on_an_impossible_plan(capsys, tmp_path):
+    policy, workload = str(POLICIES / "vllm_v1.yaml"), str(POLICIES.parent / "workloads" / "weakness_vllm_v1.yaml")
+    code, out, err = run(capsys, "verify", policy, "--workload", workload, "--out", str(tmp_path))
+    assert (code, err) == (1, "")
+    assert out == ("AUDIT        decision=KV_BUDGET_EXCEEDED;class=longgen;tenant=default;value=10229514240;"
+                   "limit=5242880000\n"
+                   f"the plan is impossible under {workload}'s declared load (batchcheck audit --policy {policy} "
+                   f"--workload {workload}); invariants not checked (--no-audit checks them anyway: the solver uses "
+                   "only the workload's length ranges, priorities and tenants)\n")
+    code, out, _ = run(capsys, "verify", policy, "--workload", workload, "--no-audit", "--invariant", "seq_cap",
+                       "--requests", "1", "--depth", "2", "--out", str(tmp_path))
+    assert code == 0 and "HOLDS_UP_TO  seq_cap" in out

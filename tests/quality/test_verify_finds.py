@@ -69,3 +69,27 @@ def test_proves_kv_safety_where_the_pool_can_fill(tmp_path):
     env = default_environment(small, 2, 3, prompt=(1, 1024), output=(1, 8))
     result = check_one(small, None, CATALOGUE["kv_never_overcommitted"], {}, env, 60, tmp_path, True, tmp_path)
     assert result.verdict is Verdict.PROVED
+
+
+def test_degradation_order_holds_with_the_protection_and_fails_without_it(tmp_path):
+    # issue 6, "prove the mechanism": the tiered server keeps interactive decodes going while background
+    # requests run; without its protection (FCFS, prefill-first, newest-first victims) a background prompt
+    # takes the step. Ranges, priorities and tenants come from the tiered workload.
+    tiered = ROOT / "spec" / "workloads" / "tiered_normal.yaml"
+    _, (bad,) = run_verify(POLICIES / "tiered_unprotected.yaml", ["degradation_order"], 2, 3, timeout_s=120,
+                           workload=tiered, out_dir=tmp_path)
+    assert bad.verdict is Verdict.VIOLATED and (bad.requests, bad.violation_step) == (2, 1) and not bad.notes
+    shipped = list((ROOT / "counterexamples").glob("tiered_unprotected__degradation_order__*.json"))
+    assert [len(json.loads(p.read_text())["requests"]) for p in shipped] == [2]
+    _, (good,) = run_verify(POLICIES / "tiered_shedding.yaml", ["degradation_order"], 2, 3, timeout_s=120,
+                            workload=tiered, out_dir=tmp_path)
+    assert good.verdict is Verdict.HOLDS_UP_TO
+
+
+def test_proves_cancellation_releases_within_one_step_for_any_depth(tmp_path):
+    from checker.api import run_recheck
+
+    _, (result,) = run_verify(POLICIES / "vllm_v1.yaml", ["cancellation_releases:1"], requests=2, depth=3,
+                              timeout_s=120, out_dir=tmp_path, unbounded=True, proof_dir=tmp_path)
+    assert result.verdict is Verdict.PROVED and result.certificate is not None
+    assert run_recheck(result.certificate) == "unsat"

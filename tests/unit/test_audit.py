@@ -10,13 +10,21 @@ import pytest
 import yaml
 
 from checker.api import load_policy, run_derived_audit
-from checker.audit import (BOUNDS, AuditContract, AuditWorkload, audit, audit_files, canonical_json, check_pair,
-                           content_id, load_contract)
+from checker.audit import (
+    BOUNDS,
+    AuditContract,
+    AuditWorkload,
+    audit,
+    audit_files,
+    canonical_json,
+    check_pair,
+    content_id,
+    load_contract,
+)
 from checker.audit.fluid import ceil_div, permille, queue_delay_ms
 from checker.audit.reference import render as render_reference
 from checker.engine import simulate
 from checker.errors import InputError
-from checker.policy import Policy
 from checker.profile import load_profile
 from checker.traces import load_requests
 from tests.helpers import POLICIES, ROOT, WORKLOADS
@@ -266,14 +274,8 @@ def test_explicit_records_name_the_background_class_first_under_2x_overload():
 
 @cache
 def engine(workload: str, protected: bool = True) -> dict:
-    policy = load_policy(POLICIES / "tiered_shedding.yaml")
-    if not protected:  # the same server without the protection: FCFS, newest-first victims, no timeout
-        data = policy.model_dump(mode="json")
-        data["queue"] = {"order": "fcfs"}
-        data["preemption"] = {"triggers": ["kv_growth_fails"], "victim": "last_admitted"}
-        data["timeouts"] = {}
-        data["name"] = "tiered_shedding-unprotected"
-        policy = Policy.model_validate(data)
+    # without the protection: FCFS, prefill-first steps, newest-first victims, no timeout
+    policy = load_policy(POLICIES / ("tiered_shedding.yaml" if protected else "tiered_unprotected.yaml"))
     result = simulate(policy, load_requests(workload=WORKLOADS / f"{workload}.yaml"), load_profile(None))
     assert not result.step_limit_hit and not result.livelock and not result.stuck
     return result.summary()
@@ -317,10 +319,10 @@ def test_without_the_protection_the_interactive_class_is_not_protected():
     s = engine("tiered_overload_2x", protected=False)["by_class"]
     it = s["interactive"]
     assert s["background"]["rejected"] == 0  # nobody is shed ...
-    assert it["queue_delay_ms"]["p99"] >= 5000  # ... so interactive requests queue for seconds (observed 11081)
-    assert it["preemptions"] >= 10  # and are preempted (observed 30)
+    assert it["queue_delay_ms"]["p99"] >= 5000  # ... so interactive requests queue for seconds (observed 24088)
+    assert it["preemptions"] >= 10  # and are preempted (observed 69)
     protected = engine("tiered_overload_2x")["by_class"]["interactive"]
-    assert it["ttft_ms"]["p50"] >= 20 * protected["ttft_ms"]["p50"]  # observed 9064 vs 185 ms
+    assert it["ttft_ms"]["p50"] >= 20 * protected["ttft_ms"]["p50"]  # observed 16547 vs 185 ms
 
 
 # ----------------------------------------------------------------------------------------- docs
