@@ -93,3 +93,18 @@ def test_written_profile_loads_records_its_table_and_range_and_the_plot_is_a_png
     assert (r.max_batched_tokens, r.max_prefill_tokens, r.max_decode_seqs, r.max_context) == (512, 512, 64, 1212)
     assert set(profile.fit_error) == {f"{s}_{k}" for s in ("held_out", "train") for k in ("median", "p95", "max")}
     assert json.loads(profile_json(profile)) == json.loads(profile_path.read_text())
+
+
+def test_unmeasured_profiles_give_no_extrapolation_notes_and_a_policy_within_range_none_either():
+    from checker.api import load_policy
+    from checker.calibrate.coverage import extrapolation_notes
+    from tests.helpers import POLICIES
+
+    policy = load_policy(POLICIES / "vllm_v1.yaml")
+    assert extrapolation_notes(policy, load_profile(None)) == []
+    table = MeasurementTable("toy", SHAPE, grid_rows(lambda p, a, s, k: 1000.0 + 5 * p + 20 * s + 0.1 * k))
+    profile = fit(table, "m.csv", "p.json").profile
+    within = policy.model_copy(update={"max_model_len": 1212, "batch": policy.batch.model_copy(
+        update={"max_num_batched_tokens": 512, "max_num_seqs": 64})})
+    assert extrapolation_notes(within, profile) == []
+    assert len(extrapolation_notes(policy, profile)) == 3
