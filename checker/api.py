@@ -279,6 +279,11 @@ def run_diff(old: str | Path, new: str | Path, workload: str | Path | None = Non
     pair = Pair(load_policy(old), load_policy(new), str(old), str(new))
     if pair.old.name == pair.new.name:
         pair.new = pair.new.model_copy(update={"name": f"{pair.new.name} (new)"})
+    if pair.old.kv.block_size != pair.new.kv.block_size:  # pools and KV figures in different units
+        _, lines = load_document(new)
+        raise InputError(Problem("kv.block_size", pair.new.kv.block_size,
+                                 f"the same KV block size as OLD {old} ({pair.old.kv.block_size} tokens per block) to "
+                                 "compare their pools", lines().get(("kv", "block_size"))), str(new))
     if not 0 <= threshold <= 100:
         raise InputError(Problem("--threshold", threshold, "a relative increase between 0 and 100 (0.2 = 20 %)"))
     if workload is None and (slo is not None or slo_properties):

@@ -54,3 +54,16 @@ def test_json_report(capsys, tmp_path):
 def test_bad_input_exits_2_with_one_line(capsys, argv, message):
     code, out, err = run(capsys, *argv)
     assert (code, out, err) == (2, "", f"batchcheck: error: {message}\n")
+
+
+def test_policies_with_different_kv_block_sizes_are_refused_at_the_line(capsys, tmp_path):
+    new = tmp_path / "v1_32.yaml"
+    text = (POLICIES / "vllm_v1.yaml").read_text()
+    assert text.count("block_size: 16") == 1
+    new.write_text(text.replace("block_size: 16", "block_size: 32"))
+    line = 1 + new.read_text().split("block_size: 32")[0].count("\n")
+    code, out, err = run(capsys, "diff", V1, str(new))
+    assert (code, out) == (2, "")
+    assert err == (f"batchcheck: error: {new}:{line}: kv.block_size=32 (expected the same KV block size as OLD {V1} "
+                   "(16 tokens per block) to compare their pools)\n")
+
