@@ -154,7 +154,7 @@ def load_config(path: str | Path) -> tuple[CiConfig, LineMap]:
     source = str(path)
     data, lines = parse_toml(read_text(path), source)
     if not data:
-        raise InputError(Problem("", "<empty>", "at least one [[verify]] or [[fuzz]] entry"), source)
+        raise InputError(Problem("", "<empty>", "at least one [[verify]], [[fuzz]] or [[diff]] entry"), source)
     config = validate(CiConfig, data, source, lambda: lines)
     if not (config.verify or config.fuzz or config.diff):
         raise InputError(Problem("verify", "<missing>", "at least one [[verify]], [[fuzz]] or [[diff]] entry"),

@@ -100,16 +100,37 @@ def run_check(check: Check) -> Result:
             from None
 
 
+_LOADED_MODULES: set[str | InputFile] = set()  # user invariant modules already registered in this process
+
+
+def load_invariant_modules(modules: Sequence[str | InputFile]) -> None:
+    """Register user invariants once per process (loading a .py file twice would register a second,
+    different invariant under the same name): module names as they are, .py files from their carried text."""
+    from invariants.plugins import load_entry_points, load_module
+
+    if not _LOADED_MODULES:
+        load_entry_points()
+        _LOADED_MODULES.add("")
+    for module in modules:
+        if module in _LOADED_MODULES:
+            continue
+        if isinstance(module, str):
+            load_module(module)
+        else:
+            with tempfile.TemporaryDirectory(prefix="batchcheck-ci-") as tmp:
+                load_module(_materialise(Path(tmp), {"module": module})["module"])
+        _LOADED_MODULES.add(module)
+
+
 def _run_check(check: Check) -> Result:
     from checker import api
 
     started = time.monotonic()
+    load_invariant_modules(check.modules)
     with tempfile.TemporaryDirectory(prefix="batchcheck-ci-") as tmp:
         folder = Path(tmp)
         paths = _materialise(folder, {"policy": check.policy, "workload": check.workload, "slo": check.slo,
                                       "profile": check.profile, "old": check.old})
-        modules = [m if isinstance(m, str) else _materialise(folder / "modules", {m.shown: m})[m.shown]
-                   for m in check.modules]
         cex_dir, proof_dir = folder / "counterexamples", folder / "proofs"
         if check.kind == DIFF:
             from checker.ci.diffhook import run_diff_check
@@ -130,7 +151,7 @@ def _run_check(check: Check) -> Result:
         else:
             _, results = api.run_verify(paths["policy"], [check.name], requests=check.requests, depth=check.depth,
                                         timeout_s=check.timeout_s, workload=paths["workload"], out_dir=cex_dir,
-                                        unbounded=check.unbounded, proof_dir=proof_dir, invariant_modules=modules)
+                                        unbounded=check.unbounded, proof_dir=proof_dir)
             r = results[0]
             verdict, detail, line = r.verdict.value, r.as_dict(), r.line()
         artifacts = []

@@ -161,24 +161,20 @@ def _invariant(res: _Resolver, loc: tuple[Any, ...], text: str):
 def build_plan(config: CiConfig, lines: LineMap, source: str, only: list[str] | None = None) -> Plan:
     """Resolve globs, load and check every input, and list the checks (``only``: keep the checks of
     these policy files, e.g. the ones a pull request changed)."""
-    from invariants.plugins import load_entry_points, load_module
+    from checker.ci.execute import load_invariant_modules
 
     root = Path(source).resolve().parent
     res = _Resolver(config, lines, source, root)
     d = config.defaults
-    load_entry_points()
     modules: list[InputFile | str] = []
     for i, module in enumerate(config.invariant_modules):
-        if module.endswith(".py"):
-            ref = res.file(("invariant_modules", i), module, "invariant module")
-            load_module(str(root / ref.shown))
-            modules.append(ref)
-        else:
-            try:
-                load_module(module)
-            except InputError as exc:
-                raise res.fail(("invariant_modules", i), module, exc.problems[0].expected) from None
-            modules.append(module)
+        ref = res.file(("invariant_modules", i), module, "invariant module") if module.endswith(".py") else module
+        try:
+            load_invariant_modules([ref])
+        except InputError as exc:
+            raise res.fail(("invariant_modules", i), module, exc.problems[0].expected) from None
+        modules.append(ref)
+    load_invariant_modules([])
     plan = Plan(root, source)
     for i, entry in enumerate(config.verify):
         policies = res.entry_policies("verify", i, entry.policies)

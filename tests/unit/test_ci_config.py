@@ -99,3 +99,43 @@ def test_every_invariant_and_slo_kind_points_at_policy_fields_and_docs_list_them
             model = Policy.model_fields[section].annotation
             model = next(a for a in (get_args(model) or (model,)) if hasattr(a, "model_fields"))
             assert key in model.model_fields, path
+
+
+@pytest.fixture
+def catalogue():
+    """Leave the invariant catalogue as it was (user invariants register into it)."""
+    from invariants.catalogue import CATALOGUE
+
+    saved = dict(CATALOGUE)
+    yield CATALOGUE
+    CATALOGUE.clear()
+    CATALOGUE.update(saved)
+
+
+def test_user_invariant_modules_load_once_and_run(tmp_path, catalogue):
+    from checker.api import run_ci
+
+    config = make_project(tmp_path, 'invariant_modules = ["my_invariants.py"]\n'
+                                    '[[verify]]\npolicies = ["spec/policies/unchecked_growth.yaml"]\n'
+                                    'invariants = ["ci_at_most_one_running"]\nrequests = 2\ndepth = 2\n')
+    (tmp_path / "my_invariants.py").write_text('''
+from invariants import invariant
+from checker.semantics.state import Status
+
+
+def ci_at_most_one_running(o, ctx, t):
+    """At most one request runs at a time."""
+    return sum(o.b2i(s["status"] == int(Status.RUNNING)) for s in ctx.frames[t].slots) <= 1
+
+
+def two_arrived(o, ctx, t):
+    return sum(o.b2i(s["status"] != int(Status.PENDING)) for s in ctx.frames[t].slots) >= 2
+
+
+INVARIANTS = [invariant(ci_at_most_one_running, two_arrived)]
+''')
+    outcome = run_ci(config, jobs=1)  # in this process: the module is loaded by the plan and not again
+    [finding] = outcome.findings
+    assert (finding.check.label, finding.result.verdict, finding.field) == ("ci_at_most_one_running", "VIOLATED", "")
+    assert finding.line == 1 + next(i for i, text in enumerate(
+        (tmp_path / "spec" / "policies" / "unchecked_growth.yaml").read_text().splitlines()) if text.startswith("name:"))
