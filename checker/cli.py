@@ -20,8 +20,8 @@ from checker.exitcodes import ExitCode
 # Modules that add their own verbs (a function register(verbs) taking the subparsers object; each
 # handler returns an exit code). One line per module; keep cli.py a thin shell.
 VERB_MODULES: list[str] = [
-    "checker.liveness.cli",
     "checker.bugreport.cli",
+    "checker.liveness.cli",
     "checker.diff.cli",
     "checker.ci.cli",
     "checker.calibrate.cli",
@@ -85,6 +85,10 @@ def _simulate(args: argparse.Namespace) -> int:
         from checker.api import write_run_plot
 
         write_run_plot(result, args.plot)
+    from checker.calibrate.coverage import extrapolation_notes
+
+    for note in extrapolation_notes(result.policy, result.profile):  # never silent (docs/calibration.md)
+        print(f"batchcheck: {note}", file=sys.stderr)
     summary = result.summary()
     if args.json:
         print(json.dumps(summary, indent=2))

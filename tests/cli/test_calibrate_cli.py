@@ -181,3 +181,15 @@ def test_calibration_doc_quotes_the_shipped_errors():
         row = next(line for line in text.splitlines() if line.startswith(f"| `{name}.json` |"))
         assert (f"| {100 * e['held_out_median']:.1f} % | {100 * e['held_out_p95']:.1f} % "
                 f"| {100 * e['held_out_max']:.1f} % |") in row, name
+
+
+def test_simulate_flags_extrapolation_beyond_the_profile_on_stderr(capsys):
+    from checker.cli import main
+
+    policy = ROOT / "spec" / "policies" / "vllm_v1.yaml"
+    code = main(["simulate", str(policy), "--workload", str(ROOT / "spec" / "workloads" / "chat_mixed.yaml"),
+                 "--profile", str(ROOT / "spec" / "profiles" / "a100-llama-2-70b-tp2.json"), "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0 and out.startswith("{")
+    assert err.splitlines()[0].startswith("batchcheck: extrapolation: vllm_v1: batch.max_num_batched_tokens=8192 is "
+                                          "beyond profile ")
