@@ -21,6 +21,10 @@ FINDS = [
     ("broken/unchecked_growth", "kv_never_overcommitted", 3, 6, None, 2, 1),  # on-demand, unchecked growth
     ("broken/vllm_v1_small_pool", "no_deadlock:2", 2, 4, None, 1, 1),  # a head larger than the pool blocks all
     ("static_batching", "work_conserving", 2, 4, (1, 64), 2, 1),  # slots idle while the batch runs on
+    # a low-priority request arrives with a high one; full-budget prompts; a later high one jumps ahead of it
+    ("strict_priority", "bounded_starvation:1", 3, 3, (8192, 8192), 3, 1),
+    # a prompt larger than the pool is admitted chunk by chunk, fills the pool and preempts itself, again
+    ("broken/thrash_recompute", "bounded_preemptions:1", 2, 6, None, 1, 5),
 ]
 
 
@@ -93,3 +97,16 @@ def test_proves_cancellation_releases_within_one_step_for_any_depth(tmp_path):
                               timeout_s=120, out_dir=tmp_path, unbounded=True, proof_dir=tmp_path)
     assert result.verdict is Verdict.PROVED and result.certificate is not None
     assert run_recheck(result.certificate) == "unsat"
+
+
+
+def test_the_starvation_trace_is_served_in_arrival_order(tmp_path):
+    # With N slots any order's worst wait is the same (everyone may arrive at once), so the verdict alone does
+    # not blame priority; the trace does: the same arrivals under FCFS serve the low-priority request in time.
+    from checker.api import run_replay
+
+    fcfs = tmp_path / "fcfs.yaml"
+    fcfs.write_text((POLICIES / "strict_priority.yaml").read_text()
+                    .replace("order: priority", "order: fcfs").replace(", priority_inversion]", "]"))
+    (shipped,) = (ROOT / "counterexamples").glob("strict_priority__bounded_starvation__*.json")
+    assert run_replay(shipped)[1] and not run_replay(shipped, fcfs)[1]
