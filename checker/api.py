@@ -79,11 +79,25 @@ def run_audit(contract: str | Path, workload: str | Path) -> AuditResult:
     return audit_files(contract, workload)
 
 
-def run_derived_audit(policy: str | Path, workload: str | Path, profile: str | Path | None = None, *,
+def trace_requests(trace: str | Path, options: TraceOptions | None = None):
+    """A trace's requests with the trace options applied; an input error when the window holds none."""
+    rs = load_requests(trace=trace, options=options)
+    if not rs.specs:
+        window = options.window_s if options is not None else None
+        shown = "<none>" if window is None else f"{window[0]:g}:{window[1]:g}"
+        raise InputError(Problem("--window", shown, "a window holding at least one request of the trace"),
+                         str(trace))
+    return rs
+
+
+def run_derived_audit(policy: str | Path, workload: str | Path | None = None, profile: str | Path | None = None, *,
                       queue_slo_ms: int | None = None, ttft_slo_ms: int | None = None,
-                      tpot_slo_ms: int | None = None) -> AuditResult:
+                      tpot_slo_ms: int | None = None, trace: str | Path | None = None,
+                      trace_options: TraceOptions | None = None) -> AuditResult:
     """The audit of the contract and workload record derived from a policy, a profile (default:
-    spec/profiles/default_linear.json) and a batchcheck workload: the system `simulate` runs."""
+    spec/profiles/default_linear.json) and a batchcheck workload: the system `simulate` runs. With
+    ``trace`` instead of ``workload``, the classes and their rates come from a real trace (docs/audit.md,
+    "Class rates from a real trace")."""
     from checker.audit import audit, content_id
     from checker.audit.derive import derive
     from checker.loading import load_model
@@ -91,10 +105,16 @@ def run_derived_audit(policy: str | Path, workload: str | Path, profile: str | P
 
     pol = load_policy(policy)
     prof = load_profile(profile)
-    wl = load_model(Workload, workload)
-    contract, record, derivation = derive(
-        pol, prof, wl, policy_source=str(policy), profile_source=str(profile or DEFAULT_PROFILE),
-        workload_source=str(workload), queue_slo_ms=queue_slo_ms, ttft_slo_ms=ttft_slo_ms, tpot_slo_ms=tpot_slo_ms)
+    sources = {"policy_source": str(policy), "profile_source": str(profile or DEFAULT_PROFILE),
+               "queue_slo_ms": queue_slo_ms, "ttft_slo_ms": ttft_slo_ms, "tpot_slo_ms": tpot_slo_ms}
+    if trace is not None:
+        from checker.audit.from_trace import derive_from_trace
+
+        rs = trace_requests(trace, trace_options)
+        contract, record, derivation = derive_from_trace(pol, prof, rs, trace_source=str(trace), **sources)
+    else:
+        wl = load_model(Workload, workload)
+        contract, record, derivation = derive(pol, prof, wl, workload_source=str(workload), **sources)
     return audit(contract, record, content_id(contract), content_id(record), derived=derivation)
 
 
@@ -218,9 +238,11 @@ def run_fuzz(policy: str | Path, workload: str | Path, slo: str | Path | None = 
              properties: list[str] | None = None, max_examples: int = 200, time_budget_s: float = 60.0,
              seed: int = 0, profile: str | Path | None = None, out_dir: str | Path | None = "counterexamples",
              database_dir: str | Path | None = ".batchcheck/hypothesis", max_requests: int = 20,
-             stresses: list[str] | None = None, progress=None):
+             stresses: list[str] | None = None, progress=None, seed_trace: str | Path | None = None,
+             trace_options: TraceOptions | None = None, seed_windows: int = 20):
     """Search adversarial traces for SLO violations (one Hypothesis search per property); save and
-    return the shrunk, replayed counterexamples."""
+    return the shrunk, replayed counterexamples. With ``seed_trace``, the trace's ``seed_windows`` busiest
+    windows of at most ``max_requests`` requests run first (docs/fuzz.md, "Seeding from a real trace")."""
     from checker.fuzz import counterexample as fuzz_cex
     from checker.fuzz.run import run_property
     from checker.fuzz.strategies import STRESSES, to_requests
@@ -232,15 +254,28 @@ def run_fuzz(policy: str | Path, workload: str | Path, slo: str | Path | None = 
         if name not in STRESSES:
             raise InputError(Problem("--stress", name, "one of: " + ", ".join(STRESSES)))
     prof = load_profile(profile)
+    corpus = None
+    if seed_trace is not None:
+        from checker.fuzz.seeds import seed_corpus
+
+        if seed_windows < 1:
+            raise InputError(Problem("--seed-windows", seed_windows, "at least 1"))
+        corpus = seed_corpus(trace_requests(seed_trace, trace_options), wl, max_requests, seed_windows, str(seed_trace))
     results = []
     for prop in chosen:
         result = run_property(pol, wl, prof, prop, max_examples, time_budget_s / len(chosen), seed,
-                              Path(database_dir) if database_dir is not None else None, max_requests, stresses, progress)
+                              Path(database_dir) if database_dir is not None else None, max_requests, stresses, progress,
+                              corpus)
+        if corpus is not None:
+            result.seed_notes = corpus.notes(str(seed_trace))
         if result.violated and out_dir is not None:
             requests = to_requests(result.trace, wl, "fuzz")
             search = {"seed": seed, "max_examples": max_examples, "examples_run": result.examples,
                       "stresses": stresses or list(STRESSES), "max_requests_per_stress": max_requests,
                       "workload": str(workload), "slo": str(slo_path)}
+            if seed_trace is not None:
+                search.update(seed_trace=str(seed_trace), seed_windows_run=result.seeds_run,
+                              found_in_seed_window=result.seed_found)
             doc = fuzz_cex.build(pol, str(policy), prof, prop, result.outcome, requests, search)
             replayed = fuzz_cex.replay(doc)
             if not replayed.violated:

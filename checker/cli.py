@@ -75,6 +75,16 @@ def _options_from(args: argparse.Namespace):
     return TraceOptions(args.window, args.rate_scale, args.class_by_prompt, args.class_column)
 
 
+def _options_for(args: argparse.Namespace, trace: str | None, flag: str):
+    """The trace options; a usage error when they are given without the trace they apply to."""
+    from checker.errors import UsageError
+
+    options = _options_from(args)
+    if trace is None and options != type(options)():
+        raise UsageError(f"--window, --rate-scale, --class-by-prompt and --class-column need {flag}")
+    return options
+
+
 def _simulate(args: argparse.Namespace) -> int:
     from checker.api import run_simulation
     from checker.report import format_summary
@@ -102,18 +112,24 @@ def _audit(args: argparse.Namespace) -> int:
     from checker.errors import UsageError
 
     derived = [flag for flag, value in (("--policy", args.policy), ("--profile", args.profile),
-                                        ("--workload", args.derive_workload), ("--queue-slo-ms", args.queue_slo_ms),
+                                        ("--workload", args.derive_workload), ("--trace", args.trace),
+                                        ("--queue-slo-ms", args.queue_slo_ms),
                                         ("--ttft-slo-ms", args.ttft_slo_ms), ("--tpot-slo-ms", args.tpot_slo_ms))
                if value is not None]
     records = [path for path in (args.contract, args.workload) if path is not None]
     if records and derived:
         raise UsageError(f"give either CONTRACT WORKLOAD or --policy/--profile/--workload, not both "
                          f"(got {records[0]} and {derived[0]})")
+    options = _options_for(args, args.trace, "--trace FILE")
     if derived:
-        if args.policy is None or args.derive_workload is None:
-            raise UsageError("the derived form needs --policy FILE and --workload FILE (--profile is optional)")
+        if args.derive_workload is not None and args.trace is not None:
+            raise UsageError(f"give --workload or --trace, not both (got {args.derive_workload} and {args.trace})")
+        if args.policy is None or (args.derive_workload is None and args.trace is None):
+            raise UsageError("the derived form needs --policy FILE and --workload FILE or --trace FILE "
+                             "(--profile is optional)")
         result = run_derived_audit(args.policy, args.derive_workload, args.profile, queue_slo_ms=args.queue_slo_ms,
-                                   ttft_slo_ms=args.ttft_slo_ms, tpot_slo_ms=args.tpot_slo_ms)
+                                   ttft_slo_ms=args.ttft_slo_ms, tpot_slo_ms=args.tpot_slo_ms, trace=args.trace,
+                                   trace_options=options)
     elif len(records) == 2:
         result = run_audit(args.contract, args.workload)
     else:
@@ -216,12 +232,19 @@ def _recheck(args: argparse.Namespace) -> int:
 
 def _fuzz(args: argparse.Namespace) -> int:
     from checker.api import run_fuzz
+    from checker.errors import UsageError
 
+    if args.workload is None:
+        raise UsageError("--seed-trace needs --workload FILE (the classes and length ranges the seeds map onto)"
+                         if args.seed_trace is not None else "fuzz needs --workload FILE")
     database = None if args.database == "none" else args.database
     results = run_fuzz(args.policy, args.workload, args.slo, args.property, args.max_examples, args.time_budget,
                        args.seed, args.profile, args.out, database, args.max_requests, args.stress,
-                       _terminal_progress())
+                       _terminal_progress(), args.seed_trace, _options_for(args, args.seed_trace, "--seed-trace TRACE"),
+                       args.seed_windows)
     _terminal_progress.clear()
+    for note in results[0].seed_notes if results else []:
+        print(f"note: {note}")
     for r in results:
         print(r.line())
     return ExitCode.VIOLATED if any(r.violated for r in results) else ExitCode.OK
@@ -375,6 +398,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", metavar="FILE", help="derived form: service-curve profile (default: "
                    "spec/profiles/default_linear.json)")
     p.add_argument("--workload", dest="derive_workload", metavar="FILE", help="derived form: batchcheck workload")
+    p.add_argument("--trace", metavar="FILE", help="derived form: class rates from a real trace instead (Azure CSV, "
+                   "Mooncake JSONL or JSON trace; docs/audit.md)")
+    _trace_options(p)
     for slo in ("queue", "ttft", "tpot"):
         p.add_argument(f"--{slo}-slo-ms", type=int, metavar="MS", help=f"derived form: {slo.upper()} bound in ms")
     p.add_argument("--json", action="store_true", help="print every figure as JSON")
@@ -383,8 +409,13 @@ def build_parser() -> argparse.ArgumentParser:
                          description="Exit 1 if a property is violated (minimal trace saved), 0 if no "
                                      "counterexample was found in the examples run (a search, not a proof).")
     p.add_argument("policy", metavar="POLICY")
-    p.add_argument("--workload", required=True, metavar="FILE")
+    p.add_argument("--workload", metavar="FILE", help="workload spec (required)")
     p.add_argument("--slo", metavar="FILE", help="SLO properties (default: NAME.slo.yaml next to the workload)")
+    p.add_argument("--seed-trace", metavar="TRACE", help="seed the search with a real trace's busiest windows "
+                   "(Azure CSV, Mooncake JSONL or JSON trace; docs/fuzz.md)")
+    p.add_argument("--seed-windows", type=int, default=20, metavar="N",
+                   help="with --seed-trace: how many windows run first (default 20, busiest first)")
+    _trace_options(p)
     p.add_argument("--property", action="append", metavar="NAME", help="only these properties (repeatable)")
     p.add_argument("--max-examples", type=int, default=200, metavar="N", help="examples per property (default 200)")
     p.add_argument("--time-budget", type=float, default=60.0, metavar="S", help="seconds in all (default 60)")

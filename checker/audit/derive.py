@@ -29,15 +29,64 @@ def derive(policy: Policy, profile: Profile, workload: Workload, *, policy_sourc
            tpot_slo_ms: int | None = None) -> tuple[AuditContract, AuditWorkload, dict]:
     """The contract, the workload record written for it, and the derivation's intermediate figures."""
     specs = generate(workload)
-    max_len = policy.max_model_len
-    served = [r for r in specs if r.prompt_len < max_len]  # longer prompts are rejected on arrival
-    if not served:
-        raise InputError(Problem("classes", f"<{len(specs)} requests, none shorter than max_model_len>",
-                                 f"a workload that generates at least one request with a prompt shorter than "
-                                 f"max_model_len={max_len} of {policy_source}"), workload_source)
+    served = served_requests(policy, specs, f"a workload that generates at least one request with a prompt shorter "
+                             f"than max_model_len={policy.max_model_len} of {policy_source}", workload_source)
 
-    def out_len(r: RequestSpec) -> int:  # decoding stops at max_model_len
-        return min(r.output_len, max_len - r.prompt_len)
+    # 1. The classes, measured on the requests the engine would run.
+    truncated = workload.max_requests is not None and len(specs) == workload.max_requests
+    horizon_us = specs[-1].arrival_us + 1 if truncated else round(workload.duration_s * 1_000_000)
+    classes = []
+    for ci, k in enumerate(workload.classes):
+        members = [r for r in served if r.cls == ci]
+        if not members:
+            continue  # no request of this class reaches the scheduler
+        start_us = round(k.start_ms * 1000)
+        stop_us = horizon_us if k.stop_ms is None else min(horizon_us, round(k.stop_ms * 1000))
+        classes.append(class_figures(policy, k.name, k.tenant, k.priority, members, stop_us - start_us))
+    return derive_records(policy, profile, served, classes, {"workload": workload_source, "requests": len(specs)},
+                          policy_source=policy_source, profile_source=profile_source, workload_source=workload_source,
+                          queue_slo_ms=queue_slo_ms, ttft_slo_ms=ttft_slo_ms, tpot_slo_ms=tpot_slo_ms)
+
+
+def served_requests(policy: Policy, specs: list[RequestSpec], expected: str, source: str) -> list[RequestSpec]:
+    """The requests the scheduler admits to its queue: prompts shorter than max_model_len."""
+    served = [r for r in specs if r.prompt_len < policy.max_model_len]  # longer prompts are rejected on arrival
+    if not served:
+        raise InputError(Problem("classes", f"<{len(specs)} requests, none shorter than max_model_len>", expected),
+                         source)
+    return served
+
+
+def _out_len(policy: Policy, r: RequestSpec) -> int:  # decoding stops at max_model_len
+    return min(r.output_len, policy.max_model_len - r.prompt_len)
+
+
+def class_figures(policy: Policy, name: str, tenant: str, priority: int, members: list[RequestSpec],
+                  window_us: int) -> dict:
+    """One audit class from its served requests arriving over ``window_us`` (docs/audit.md, step 1)."""
+    n = len(members)
+    priority = priority if policy.queue.uses_priority else 0
+    if policy.queue.priority_polarity is Polarity.HIGHER_FIRST:
+        priority = -priority
+    return {
+        "name": _name(name),
+        "arrivals_per_min": ceil_div(n * 60_000_000, max(1, window_us)),
+        "prompt_tokens": ceil_div(sum(r.prompt_len for r in members), n),
+        "output_tokens": max(1, ceil_div(sum(_out_len(policy, r) for r in members), n)),
+        "max_prompt_tokens": max(r.prompt_len for r in members),
+        "priority": priority,
+        "tenant": _name(tenant),
+        "cancel_permille": ceil_div(sum(1 for r in members if r.cancel_us is not None) * 1000, n),
+    }
+
+
+def derive_records(policy: Policy, profile: Profile, served: list[RequestSpec], classes: list[dict], source: dict, *,
+                   policy_source: str, profile_source: str, workload_source: str, queue_slo_ms: int | None = None,
+                   ttft_slo_ms: int | None = None, tpot_slo_ms: int | None = None
+                   ) -> tuple[AuditContract, AuditWorkload, dict]:
+    """Steps 2-5 of the derivation, from the served requests and the class figures of step 1."""
+    def out_len(r: RequestSpec) -> int:
+        return _out_len(policy, r)
 
     b = policy.batch
     slots = b.max_num_seqs  # decode tokens one iteration can hold: one per running sequence
@@ -51,30 +100,6 @@ def derive(policy: Policy, profile: Profile, workload: Workload, *, policy_sourc
         raise InputError(Problem("model", None, "the model shape (layers, hidden, heads, kv_heads): the audit "
                                  "needs KV bytes per token"), profile_source)
 
-    # 1. The classes, measured on the requests the engine would run.
-    truncated = workload.max_requests is not None and len(specs) == workload.max_requests
-    horizon_us = specs[-1].arrival_us + 1 if truncated else round(workload.duration_s * 1_000_000)
-    classes = []
-    for ci, k in enumerate(workload.classes):
-        members = [r for r in served if r.cls == ci]
-        if not members:
-            continue  # no request of this class reaches the scheduler
-        start_us = round(k.start_ms * 1000)
-        stop_us = horizon_us if k.stop_ms is None else min(horizon_us, round(k.stop_ms * 1000))
-        n = len(members)
-        priority = k.priority if policy.queue.uses_priority else 0
-        if policy.queue.priority_polarity is Polarity.HIGHER_FIRST:
-            priority = -priority
-        classes.append({
-            "name": _name(k.name),
-            "arrivals_per_min": ceil_div(n * 60_000_000, max(1, stop_us - start_us)),
-            "prompt_tokens": ceil_div(sum(r.prompt_len for r in members), n),
-            "output_tokens": max(1, ceil_div(sum(out_len(r) for r in members), n)),
-            "max_prompt_tokens": max(r.prompt_len for r in members),
-            "priority": priority,
-            "tenant": _name(k.tenant),
-            "cancel_permille": ceil_div(sum(1 for r in members if r.cancel_us is not None) * 1000, n),
-        })
     prefill_per_min = sum(c["arrivals_per_min"] * c["prompt_tokens"] for c in classes)
     decode_per_min = sum(c["arrivals_per_min"] * c["output_tokens"] for c in classes)
     mean_prompt = ceil_div(sum(r.prompt_len for r in served), len(served))
@@ -142,8 +167,8 @@ def derive(policy: Policy, profile: Profile, workload: Workload, *, policy_sourc
     workload_data = {"scope": scope, "contract_id": content_id(contract), "classes": classes}
     record = validate(AuditWorkload, workload_data, f"<workload derived from {workload_source}>")
     derivation = {
-        "policy": policy.name, "profile": profile.name, "workload": workload_source,
-        "requests": len(specs), "requests_rejected_over_max_model_len": len(specs) - len(served),
+        "policy": policy.name, "profile": profile.name, **source,
+        "requests_rejected_over_max_model_len": source["requests"] - len(served),
         "phase_mode": b.phase_mode.value,
         "budget_tokens_per_iteration": b.max_num_batched_tokens,
         "decode_slots_per_iteration": slots,

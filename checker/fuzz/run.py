@@ -12,12 +12,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hypothesis import HealthCheck, Phase, given, seed, settings
+from hypothesis import HealthCheck, Phase, example, given, seed, settings
 from hypothesis.database import DirectoryBasedExampleDatabase
 
 from checker.engine import simulate
+from checker.fuzz.seeds import SeedCorpus, shrink
 from checker.fuzz.slo import Outcome, Property, evaluate
-from checker.fuzz.strategies import Draw, adversarial, to_requests
+from checker.fuzz.strategies import Draw, adversarial, ranges, to_requests
 from checker.policy import Policy
 from checker.profile import Profile
 from checker.workload import Workload
@@ -38,16 +39,22 @@ class PropertyResult:
     outcome: Outcome | None = None  # of the minimal failing trace
     trace: list[Draw] = field(default_factory=list)
     counterexample: Path | None = None
+    seeds_run: int = 0  # seed windows (from --seed-trace) that ran as explicit examples
+    seed_found: int | None = None  # the seed window (1 = busiest) the failure was found in
+    seed_notes: list[str] = field(default_factory=list)
 
     def line(self) -> str:
         name = f"{self.prop.name:<28}"
         if self.violated:
             assert self.outcome is not None
+            found = "" if self.seed_found is None else (f" (found in seed window {self.seed_found}, example "
+                                                         f"{self.seed_found}, then shrunk)")
             return (f"VIOLATED           {name} observed {self.outcome.observed} > allowed {self.outcome.allowed} "
-                    f"({self.outcome.detail}); minimal trace: {len(self.trace)} requests after shrinking; replayed; "
-                    f"{self.counterexample}  [{self.seconds:.1f} s]")
-        return (f"NO_COUNTEREXAMPLE  {name} no counterexample in {self.examples} examples (a search, not a proof)"
-                f"  [{self.seconds:.1f} s]")
+                    f"({self.outcome.detail}); minimal trace: {len(self.trace)} requests after shrinking{found}; "
+                    f"replayed; {self.counterexample}  [{self.seconds:.1f} s]")
+        seeded = f"{self.seeds_run} of them seed windows; " if self.seeds_run else ""
+        return (f"NO_COUNTEREXAMPLE  {name} no counterexample in {self.examples} examples ({seeded}a search, not a "
+                f"proof)  [{self.seconds:.1f} s]")
 
 
 @dataclass
@@ -59,20 +66,28 @@ class Hunt:
     seconds: float
     trace: list[Draw] | None = None
     verdict: object = None
+    seeds_run: int = 0  # explicit seed examples that ran
+    seed_found: int | None = None  # 1-based index of the seed the failure was found in
 
 
 Judge = Callable[[list[Draw]], "tuple[bool, object, float]"]  # (fails, what to report, badness for progress)
 
 
 def hunt(strategy, judge: Judge, max_examples: int, time_budget_s: float, seed_value: int,
-         database_dir: Path | None, label: str = "", progress: Callable[[str], None] | None = None) -> Hunt:
+         database_dir: Path | None, label: str = "", progress: Callable[[str], None] | None = None,
+         seeds: list[list[Draw]] = (), seed_shrinker: Callable[[list[Draw], Judge], tuple[list[Draw], object]]
+         | None = None) -> Hunt:
     """Generate traces until ``judge`` says one fails (then shrink it) or the budget is spent. A time budget
-    stops generating new examples (they are not counted); a failure already found is still shrunk."""
+    stops generating new examples (they are not counted); a failure already found is still shrunk.
+    ``seeds`` run first, in order, as Hypothesis explicit examples (they do not count against
+    ``max_examples``); Hypothesis does not shrink those, so a failing seed goes to ``seed_shrinker``."""
     started = time.monotonic()
     deadline = started + time_budget_s
-    state = {"examples": 0, "last_failure": None, "worst": 0.0}
+    state = {"examples": 0, "last_failure": None, "worst": 0.0, "seed_found": None}
 
     def check(trace: list[Draw]) -> None:
+        if state["seed_found"] is not None:  # the remaining explicit examples: a seed already failed
+            return
         if state["last_failure"] is None and time.monotonic() > deadline:
             return
         state["examples"] += 1
@@ -82,19 +97,27 @@ def hunt(strategy, judge: Judge, max_examples: int, time_budget_s: float, seed_v
             progress(f"{label}: {state['examples']} examples, worst {state['worst']:.2f}")
         if fails:
             state["last_failure"] = (list(trace), verdict)
+            if state["examples"] <= len(seeds):  # the explicit phase runs every seed before generating
+                state["seed_found"] = state["examples"]
             raise _Violation(verdict)
 
     database = DirectoryBasedExampleDatabase(str(database_dir)) if database_dir is not None else None
     test = settings(max_examples=max_examples, deadline=None, database=database, derandomize=False,
                     phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink], print_blob=False,
-                    suppress_health_check=list(HealthCheck))(given(strategy)(check))
-    test = seed(seed_value)(test)
+                    suppress_health_check=list(HealthCheck))
+    for trace in reversed(seeds):  # Hypothesis runs the last-applied example first
+        check = example(trace)(check)
+    test = seed(seed_value)(test(given(strategy)(check)))
     found = None
     try:
         test()
     except _Violation:
         found = state["last_failure"]
-    result = Hunt(state["examples"], time.monotonic() - started)
+    seed_found = state["seed_found"]
+    if found is not None and seed_found is not None and seed_shrinker is not None:
+        found = seed_shrinker(found[0], judge)
+    result = Hunt(state["examples"], time.monotonic() - started, seeds_run=min(len(seeds), state["examples"]),
+                  seed_found=seed_found)
     if found is not None:
         result.trace, result.verdict = found
     return result
@@ -102,15 +125,22 @@ def hunt(strategy, judge: Judge, max_examples: int, time_budget_s: float, seed_v
 
 def run_property(policy: Policy, workload: Workload, profile: Profile, prop: Property, max_examples: int,
                  time_budget_s: float, seed_value: int, database_dir: Path | None, max_requests: int = 20,
-                 stresses: list[str] | None = None, progress: Callable[[str], None] | None = None) -> PropertyResult:
+                 stresses: list[str] | None = None, progress: Callable[[str], None] | None = None,
+                 corpus: SeedCorpus | None = None) -> PropertyResult:
     def judge(trace: list[Draw]) -> tuple[bool, Outcome, float]:
         outcome = evaluate(prop, simulate(policy, to_requests(trace, workload), profile).summary())
         badness = outcome.observed / outcome.allowed if outcome.observed is not None and outcome.allowed else 0.0
         return not outcome.holds, outcome, badness
 
+    bounds = ranges(workload)
+
+    def shrink_seed(trace: list[Draw], judge_: Judge) -> tuple[list[Draw], object]:
+        smaller, verdict, _ = shrink(trace, lambda t: judge_(t)[:2], bounds)
+        return smaller, verdict
+
     h = hunt(adversarial(workload, policy, max_requests, stresses), judge, max_examples, time_budget_s, seed_value,
-             database_dir, f"{prop.name} (observed/allowed)", progress)
-    result = PropertyResult(prop, h.examples, h.seconds)
+             database_dir, f"{prop.name} (observed/allowed)", progress, corpus.windows if corpus else [], shrink_seed)
+    result = PropertyResult(prop, h.examples, h.seconds, seeds_run=h.seeds_run, seed_found=h.seed_found)
     if h.trace is not None:
         result.violated, result.trace, result.outcome = True, h.trace, h.verdict
     return result

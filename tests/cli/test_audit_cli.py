@@ -221,7 +221,7 @@ def test_swapped_records_are_named(capsys):
     ((CONTRACT,), "give CONTRACT WORKLOAD (audit records) or --policy FILE --workload FILE [--profile FILE]"),
     ((CONTRACT, WORKLOAD, "--policy", "p.yaml"),
      f"give either CONTRACT WORKLOAD or --policy/--profile/--workload, not both (got {CONTRACT} and --policy)"),
-    (("--policy", "p.yaml"), "the derived form needs --policy FILE and --workload FILE (--profile is optional)"),
+    (("--policy", "p.yaml"), "the derived form needs --policy FILE and --workload FILE or --trace FILE (--profile is optional)"),
 ], ids=["nothing", "one-record", "both-forms", "no-workload"])
 def test_usage_errors_exit_2(capsys, argv, message):
     code, out, err = run(capsys, "audit", *argv)

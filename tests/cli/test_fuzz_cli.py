@@ -53,3 +53,47 @@ def test_unknown_property_and_class(capsys, tmp_path):
                        "--slo", str(slo))
     assert code == 2
     assert err == f"batchcheck: error: {slo}: properties.x='vip' (expected a class of the workload: interactive, background)\n"
+
+
+# ----------------------------------------------------------------------------------------- --seed-trace
+def _seed_csv(tmp_path, rows: str = "0,100,50\n1,200,60\n"):
+    path = tmp_path / "seed.csv"
+    path.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n" + rows)
+    return path
+
+
+def test_seed_trace_runs_first_and_a_failing_seed_is_shrunk(capsys, tmp_path):
+    # five long prompts at once: the decode stall of vllm_v0_no_chunking is in the seed itself
+    trace = _seed_csv(tmp_path, "0,374,44\n0.01,5000,900\n0.02,5000,900\n0.03,5000,900\n0.04,5000,900\n1.0,100,20\n")
+    code, out, err = run(capsys, "fuzz", str(POLICIES / "vllm_v0_no_chunking.yaml"), "--workload",
+                         str(WORKLOADS / "chat_mixed.yaml"), "--property", "interactive_max_tbt", "--seed-trace",
+                         str(trace), "--out", str(tmp_path), "--database", "none", "--max-examples", "5")
+    assert code == 1, err
+    lines = out.splitlines()
+    assert lines[:2] == [f"note: seed trace {trace}: 6 requests cut into 1 windows; the 1 busiest (tokens arriving "
+                         "per second) run first as explicit examples", "note: seed classes: default -> by prompt length"]
+    assert lines[2].startswith("VIOLATED           interactive_max_tbt          observed ")
+    assert "after shrinking (found in seed window 1, example 1, then shrunk); replayed;" in lines[2]
+    (path,) = tmp_path.glob("vllm_v0_no_chunking__interactive_max_tbt__*.json")
+    doc = json.loads(path.read_text())
+    assert doc["environment"]["found_in_seed_window"] == 1 and len(doc["requests"]) < 6
+
+
+def test_seed_trace_bad_input_is_one_line(capsys, tmp_path):
+    trace = _seed_csv(tmp_path)
+    policy, workload = str(POLICIES / "vllm_v1.yaml"), str(WORKLOADS / "chat_mixed.yaml")
+    code, _, err = run(capsys, "fuzz", policy, "--seed-trace", str(trace))
+    assert (code, err) == (2, "batchcheck: error: --seed-trace needs --workload FILE (the classes and length ranges "
+                              "the seeds map onto)\n")
+    code, _, err = run(capsys, "fuzz", policy, "--workload", workload, "--seed-trace", str(trace), "--window", "5:9")
+    assert (code, err) == (2, f"batchcheck: error: {trace}: --window='5:9' (expected a window holding at least one "
+                              "request of the trace)\n")
+    code, _, err = run(capsys, "fuzz", policy, "--workload", workload, "--rate-scale", "2")
+    assert (code, err) == (2, "batchcheck: error: --window, --rate-scale, --class-by-prompt and --class-column need "
+                              "--seed-trace TRACE\n")
+    named = tmp_path / "named.jsonl"
+    named.write_text('{"timestamp": 0, "input_length": 10, "output_length": 5, "app": "search"}\n')
+    code, _, err = run(capsys, "fuzz", policy, "--workload", workload, "--seed-trace", str(named), "--class-column", "app")
+    assert (code, err) == (2, f"batchcheck: error: {named}: class='search' (expected a class of the workload "
+                              "(interactive, background), or a trace without class names, whose requests map by "
+                              "prompt length)\n")
