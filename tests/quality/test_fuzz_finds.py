@@ -9,18 +9,21 @@ from checker.api import run_fuzz
 from tests.helpers import POLICIES, ROOT, WORKLOADS
 
 SLO = ROOT / "spec" / "slo"
+TIERED_STRESSES = ["long_prefill_bursts", "priority_stream"]
 CASES = [
-    # (policy, slo file, property, stresses (None: all), max examples, bound on the shrunk trace's requests)
-    ("vllm_v0_no_chunking", WORKLOADS / "chat_mixed.slo.yaml", "interactive_max_tbt", None, 60, 4),  # decode stall
+    # (policy, workload, slo file, property, stresses (None: all), max examples, bound on the shrunk trace's requests)
+    ("vllm_v0_no_chunking", "chat_mixed", WORKLOADS / "chat_mixed.slo.yaml", "interactive_max_tbt", None, 60, 4),
     # low class starves; the named stress finds it for seeds 1-6 within 100 examples whatever else is loaded
-    ("strict_priority", SLO / "starvation.slo.yaml", "background_queue_max", ["priority_stream"], 100, 14),
-    ("broken/unchecked_growth", SLO / "kv_safety.slo.yaml", "kv_within_pool", None, 60, 3),  # KV over-commit
+    ("strict_priority", "chat_mixed", SLO / "starvation.slo.yaml", "background_queue_max", ["priority_stream"], 100, 14),
+    ("broken/unchecked_growth", "chat_mixed", SLO / "kv_safety.slo.yaml", "kv_within_pool", None, 60, 3),
+    # without its protection the tiered server lets background prompts degrade interactive TPOT (seeds 1-3: 8 requests)
+    ("tiered_unprotected", "tiered_normal", None, "background_degrades_first", TIERED_STRESSES, 300, 10),
 ]
 
 
-@pytest.mark.parametrize("policy,slo,prop,stresses,examples,bound", CASES, ids=[c[0] for c in CASES])
-def test_planted_weakness_is_found_and_shrunk(tmp_path, policy, slo, prop, stresses, examples, bound):
-    (result,) = run_fuzz(POLICIES / f"{policy}.yaml", WORKLOADS / "chat_mixed.yaml", slo, [prop], examples,
+@pytest.mark.parametrize("policy,workload,slo,prop,stresses,examples,bound", CASES, ids=[c[0] for c in CASES])
+def test_planted_weakness_is_found_and_shrunk(tmp_path, policy, workload, slo, prop, stresses, examples, bound):
+    (result,) = run_fuzz(POLICIES / f"{policy}.yaml", WORKLOADS / f"{workload}.yaml", slo, [prop], examples,
                          time_budget_s=300, seed=1, out_dir=tmp_path, database_dir=None, stresses=stresses)
     assert result.violated, result.line()
     assert len(result.trace) <= bound, result.trace
@@ -40,3 +43,11 @@ def test_no_counterexample_is_never_called_safe(tmp_path):
     assert not result.violated
     assert result.line().startswith(f"NO_COUNTEREXAMPLE  kv_within_pool               no counterexample in "
                                     f"{result.examples} examples (a search, not a proof)")
+
+
+def test_the_protection_holds_where_its_absence_fails(tmp_path):
+    (result,) = run_fuzz(POLICIES / "tiered_shedding.yaml", WORKLOADS / "tiered_normal.yaml", None,
+                         ["background_degrades_first"], 300, time_budget_s=300, seed=1, out_dir=tmp_path,
+                         database_dir=None, stresses=TIERED_STRESSES)
+    assert not result.violated and result.examples >= 300
+
