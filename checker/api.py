@@ -6,8 +6,8 @@ from pathlib import Path
 
 from checker.audit import AuditContract, AuditResult, AuditWorkload
 from checker.engine import SimResult, simulate
-from checker.fuzz.slo import SLOFile
 from checker.errors import InputError, Problem
+from checker.fuzz.slo import SLOFile
 from checker.loading import load_document, validate
 from checker.policy import Policy
 from checker.profile import Profile, load_profile
@@ -132,7 +132,6 @@ def run_verify(policy: str | Path, invariants: list[str] | None = None, requests
     from checker.loading import load_model
     from checker.verify.env import default_environment
     from checker.verify.run import check_one, parse_invariant
-
     from invariants.plugins import load_entry_points, load_module
 
     load_entry_points()
@@ -384,23 +383,6 @@ def run_ci(config: str | Path = "batchcheck.toml", jobs: int | None = None, sche
     return _run_ci(config, jobs, scheduler, junit, sarif, summary, policies, done)
 
 
-# ----------------------------------------------------------------------------------------- bug reports
-def run_report(counterexample: str | Path, out_dir: str | Path = "reports"):
-    """Replay a counterexample on the engine and write a markdown bug report and a PNG timeline into
-    ``out_dir`` (docs/report.md). Returns the ReportFiles; InputError (exit 2) for a bad file or an
-    unwritable directory, with nothing written."""
-    from checker.bugreport.build import write_report
-
-    return write_report(counterexample, out_dir)
-
-
-def write_run_plot(result: SimResult, path: str | Path) -> Path:
-    """The timeline PNG of a run simulated with ``record=True`` (``simulate --plot``)."""
-    from checker.bugreport.build import write_run_plot as write_plot
-
-    return write_plot(result, path)
-
-
 # ----------------------------------------------------------------------------------------- liveness
 def apply_overrides(policy: Policy, overrides: list[str] | None) -> Policy:
     """The policy with FIELD.PATH=VALUE settings applied (VALUE read as YAML), validated again."""
@@ -451,3 +433,20 @@ def run_liveness(policy: str | Path, properties: list[str] | None = None, reques
                       arrivals_per_step, round(step_ms * 1000))
     return check_liveness(pol, str(policy), env, properties, max_states or DEFAULT_MAX_STATES, timeout_s,
                           Path(out_dir) if out_dir is not None else None, overrides, progress)
+
+
+# ----------------------------------------------------------------------------------------- bug reports
+def run_report(counterexample: str | Path, out_dir: str | Path = "reports"):
+    """Replay a counterexample on the engine and write a markdown bug report and a PNG timeline into
+    ``out_dir`` (docs/report.md). Returns the ReportFiles; InputError (exit 2) for a bad file or an
+    unwritable directory, with nothing written."""
+    from checker.bugreport.build import write_report
+
+    return write_report(counterexample, out_dir)
+
+
+def write_run_plot(result: SimResult, path: str | Path) -> Path:
+    """The timeline PNG of a run simulated with ``record=True`` (``simulate --plot``)."""
+    from checker.bugreport.build import write_run_plot as write_plot
+
+    return write_plot(result, path)
