@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from checker.frames import Frame, TraceContext
 from checker.policy import Policy
@@ -148,25 +148,53 @@ def _shortest_violation(policy: Policy, inv: Invariant, params: dict[str, int], 
     return "holds", max_depth, None, reachable
 
 
+# Seconds an induction attempt may take to rule out violations with fewer requests before unrolling them.
+INDUCTION_SHORTCUT_S = 3.0
+
+
+def _proved_for_any_depth(policy: Policy, inv: Invariant, params: dict[str, int], env: Environment, n: int,
+                          deadline: Deadline) -> bool:
+    """Whether induction (the invariant with the structural lemmas) shows that n slots never violate it, at
+    any depth: then no unrolling of n slots is needed. A failed or timed-out attempt proves nothing."""
+    from checker.verify.induction import prove, supported
+
+    if not supported(inv, params):
+        return False
+    seconds = min(INDUCTION_SHORTCUT_S, deadline.left_ms() / 1000)
+    return seconds > 0 and prove(policy, inv, params, replace(env, requests=n), seconds).status == "proved"
+
+
 def search(policy: Policy, inv: Invariant, params: dict[str, int], env: Environment, timeout_s: float,
            progress: Progress | None = None) -> Search:
-    """The shortest violation with the fewest requests, or how far the invariant holds."""
+    """The shortest violation with the fewest requests, or how far the invariant holds.
+
+    Fewer slots first (their encodings are far smaller): for n = 1, 2, ... N-1, either induction shows
+    that n slots never violate the invariant, or the n-slot unrolling is searched up to the depth; the
+    first violation found is minimal (fewest requests, then fewest iterations). The N-slot search then
+    decides the rest and checks the trigger (vacuity). The smaller searches get half the time at most; if
+    they run out, the N-slot search goes on and a violation it finds is reported as not checked minimal."""
     deadline = Deadline(timeout_s)
+    fewer = Deadline(timeout_s / 2)  # the smaller searches leave at least half the time to the N-slot one
+    excluded = 0  # requests counts below this never violate up to the depth
+    for n in range(1, env.requests):
+        if _proved_for_any_depth(policy, inv, params, env, n, fewer):
+            excluded = n
+            continue
+        status, _, found, _ = _shortest_violation(policy, inv, params, env, n, env.depth, fewer,
+                                                  progress=progress)
+        if status == "violated":
+            return Search("violated", found.depth, found, minimal_checked=True)
+        if status == "unknown":
+            break
+        excluded = n
     status, reached, found, reachable = _shortest_violation(policy, inv, params, env, env.requests, env.depth,
                                                              deadline, check_trigger=True, progress=progress)
     if status == "unknown":
         return Search("unknown", reached)
     if status == "holds":
         return Search("holds", reached, vacuous=not reachable)
-    best = found
-    for n in range(1, env.requests):  # fewest requests first, then fewest iterations
-        status, _, smaller, _ = _shortest_violation(policy, inv, params, env, n, env.depth, deadline,
-                                                    progress=progress)
-        if status == "violated":
-            best = smaller
-            break
-        if status == "unknown":
-            return Search("violated", reached, best, minimal_checked=False,
-                          notes=[f"shortest with {best.requests} slots; fewer requests not excluded "
-                                 f"(timeout while checking {n})"])
-    return Search("violated", reached, best, minimal_checked=True)
+    if excluded >= env.requests - 1:
+        return Search("violated", reached, found, minimal_checked=True)
+    return Search("violated", reached, found, minimal_checked=False,
+                  notes=[f"shortest with {found.requests} slots; fewer requests not excluded "
+                         f"(timeout while checking {excluded + 1})"])

@@ -110,3 +110,12 @@ def test_the_starvation_trace_is_served_in_arrival_order(tmp_path):
                     .replace("order: priority", "order: fcfs").replace(", priority_inversion]", "]"))
     (shipped,) = (ROOT / "counterexamples").glob("strict_priority__bounded_starvation__*.json")
     assert run_replay(shipped)[1] and not run_replay(shipped, fcfs)[1]
+
+
+def test_finds_the_over_commit_among_eight_requests_and_shows_it_minimal(tmp_path):
+    # issue 3's speed case (8 x 32): fewer slots are searched first and one slot is ruled out for any depth by
+    # induction, so minimality no longer needs 32 unrolled depths of every smaller size (it timed out before)
+    _, (result,) = run_verify(POLICIES / "broken" / "unchecked_growth.yaml", ["kv_never_overcommitted"], 8, 32,
+                              timeout_s=20, out_dir=tmp_path)
+    assert result.verdict is Verdict.VIOLATED and (result.requests, result.violation_step) == (2, 1)
+    assert not result.notes
