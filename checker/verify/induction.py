@@ -130,6 +130,7 @@ class InductionResult:
     lemmas: list[str] = field(default_factory=list)
     certificate: str = ""  # SMT-LIB2 of the step query (unsat = proof)
     cti: list[str] = field(default_factory=list)  # what breaks, and the state before the step
+    k: int = 1  # the induction depth that proved it
 
 
 def _symbolic_state(smt: SmtSession, env: Environment, n: int, tag: str):
@@ -154,7 +155,11 @@ def _symbolic_state(smt: SmtSession, env: Environment, n: int, tag: str):
     return params, state, cons
 
 
-def prove(policy: Policy, inv: Invariant, params_: dict[str, int], env: Environment, timeout_s: float) -> InductionResult:
+def prove(policy: Policy, inv: Invariant, params_: dict[str, int], env: Environment, timeout_s: float,
+          k: int = 1) -> InductionResult:
+    """k-induction: from any state the lemmas allow, if the lemmas and the invariant hold over k-1 steps, they
+    hold after the k-th (k = 1: plain induction). The base case checks every path of k-1 steps from the
+    initial state."""
     if not supported(inv, params_):
         return InductionResult("unsupported")
     started = time.monotonic()
@@ -165,41 +170,65 @@ def prove(policy: Policy, inv: Invariant, params_: dict[str, int], env: Environm
     smt.add(*cons)
     pre = lemmas(o, policy, params, state.slots, state.step, state.next_seq, env.step_us)
     zeros = tuple([0] * n)
-    before = Frame(tuple(state.slots), zeros, tuple([False] * n), tuple([False] * n), state.kv_used,
-                   (state.step - 1) * env.step_us, tuple(state.counters))
-    ctx0 = TraceContext(policy, tuple(params), [before])
+    frames = [Frame(tuple(state.slots), zeros, tuple([False] * n), tuple([False] * n), state.kv_used,
+                    (state.step - 1) * env.step_us, tuple(state.counters))]
     for _, term in pre:
         smt.add(term)
-    smt.add(inv.holds(o, ctx0, 0, params_))
-    cancels = [smt.bool_var(f"cancel_{i}") for i in range(n)]
-    result = symbolic_step(o, policy, params, state, state.step * env.step_us, cancels)
-    after = Frame(tuple(result.state.slots), tuple(result.scheduled), tuple(result.produced), tuple(result.preempted),
-                  result.state.kv_used, state.step * env.step_us, tuple(result.state.counters))
-    ctx1 = TraceContext(policy, tuple(params), [before, after])
-    post = lemmas(o, policy, params, result.state.slots, result.state.step, result.state.next_seq, env.step_us)
-    goal = [(inv.name, inv.holds(o, ctx1, 1, params_))] + post
+    smt.add(inv.holds(o, TraceContext(policy, tuple(params), list(frames)), 0, params_))
+    first = state
+    for j in range(1, k + 1):
+        cancels = [smt.bool_var(f"cancel_{j}_{i}") for i in range(n)]
+        result = symbolic_step(o, policy, params, state, state.step * env.step_us, cancels)
+        if j < k:  # name the intermediate state (small terms, readable CTIs)
+            result = _named(smt, result, f"s{j}_")
+        frames.append(Frame(tuple(result.state.slots), tuple(result.scheduled), tuple(result.produced),
+                            tuple(result.preempted), result.state.kv_used, state.step * env.step_us,
+                            tuple(result.state.counters)))
+        state = result.state
+        ctx = TraceContext(policy, tuple(params), list(frames))
+        now = lemmas(o, policy, params, state.slots, state.step, state.next_seq, env.step_us)
+        if j < k:
+            smt.add(inv.holds(o, ctx, j, params_), *(t for _, t in now))
+    goal = [(inv.name, inv.holds(o, ctx, k, params_))] + now
     broken = smt.bool_var("goal_broken")
     smt.add(smt.implies(broken, o.not_(o.and_(*(t for _, t in goal)))))
     verdict = smt.check(broken)
     seconds = time.monotonic() - started
     names = [name for name, _ in pre]
     if verdict == "unsat":
-        if not _base_case(policy, inv, params_, env):
+        if not _base_case(policy, inv, params_, env, k):
             return InductionResult("cti", seconds, names, cti=["the initial state breaks a lemma (a bug in the lemmas)"])
         smt.add(broken)
-        return InductionResult("proved", seconds, names, certificate=smt.to_smt2())
+        return InductionResult("proved", seconds, names, certificate=smt.to_smt2(), k=k)
     if verdict == "unknown":
         return InductionResult("unknown", seconds, names)
     cti = [f"breaks: {name}" for name, term in goal if smt.value(term) is False]
-    for i, s in enumerate(state.slots):
+    for i, s in enumerate(first.slots):
         prm = params[i]
-        cti.append(f"slot {i} before the step: " + ", ".join(f"{f}={smt.value(s[f])}" for f in FIELDS)
+        cti.append(f"slot {i} {k} step(s) before: " + ", ".join(f"{f}={smt.value(s[f])}" for f in FIELDS)
                    + f"; prompt={smt.value(prm.prompt_len)} output={smt.value(prm.output_len)}")
     return InductionResult("cti", seconds, names, cti=cti)
 
 
-def _base_case(policy: Policy, inv: Invariant, params_: dict[str, int], env: Environment) -> bool:
-    """The initial state (nothing arrived, counters at their start) satisfies the lemmas and the invariant."""
+def _named(smt: SmtSession, result, tag: str):
+    """The step result with its state held in fresh variables (equal to the step's terms)."""
+    from dataclasses import replace
+
+    def fresh(name: str, term):
+        var = smt.int_var(tag + name)
+        smt.add(var == term)
+        return var
+
+    st = result.state
+    slots = [{f: fresh(f"{f}_{i}", slot[f]) for f in FIELDS} for i, slot in enumerate(st.slots)]
+    named = SlotState(slots, fresh("next_seq", st.next_seq), fresh("step", st.step),
+                      [fresh(f"counter_{t}", c) for t, c in enumerate(st.counters)])
+    return replace(result, state=named)
+
+
+def _base_case(policy: Policy, inv: Invariant, params_: dict[str, int], env: Environment, k: int = 1) -> bool:
+    """The initial state (nothing arrived, counters at their start), and every state k-1 steps or fewer
+    from it, satisfies the lemmas and the invariant."""
     from checker.verify.bmc import initial_state
 
     o = Z3Ops
@@ -211,6 +240,18 @@ def _base_case(policy: Policy, inv: Invariant, params_: dict[str, int], env: Env
     frame = Frame(tuple(init.slots), tuple([0] * n), tuple([False] * n), tuple([False] * n), 0, 0, tuple(init.counters))
     ctx = TraceContext(policy, tuple(params), [frame])
     terms = [t for _, t in lemmas(o, policy, params, init.slots, init.step, init.next_seq, env.step_us)]
+    frames, state = [frame], init
+    for j in range(1, k):  # k-induction: every path of k-1 steps from the initial state, too
+        cancels = [smt.bool_var(f"init_cancel_{j}_{i}") for i in range(n)]
+        result = symbolic_step(o, policy, params, state, state.step * env.step_us, cancels)
+        result = _named(smt, result, f"init_s{j}_")
+        frames.append(Frame(tuple(result.state.slots), tuple(result.scheduled), tuple(result.produced),
+                            tuple(result.preempted), result.state.kv_used, state.step * env.step_us,
+                            tuple(result.state.counters)))
+        state = result.state
+        ctx_j = TraceContext(policy, tuple(params), list(frames))
+        terms += [inv.holds(o, ctx_j, j, params_)]
+        terms += [t for _, t in lemmas(o, policy, params, state.slots, state.step, state.next_seq, env.step_us)]
     broken = smt.bool_var("init_broken")
     smt.add(smt.implies(broken, o.not_(o.and_(inv.holds(o, ctx, 0, params_), *terms))))
     return smt.check(broken) == "unsat"

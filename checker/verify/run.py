@@ -27,6 +27,8 @@ class Verdict(StrEnum):
     UNKNOWN = "UNKNOWN"  # timeout or solver unknown
 
 
+MAX_INDUCTION_DEPTH = 3  # k-induction is tried for k = 1, 2, 3 while a counterexample to induction remains
+
 EXIT = {Verdict.VIOLATED: ExitCode.VIOLATED, Verdict.UNKNOWN: ExitCode.INCONCLUSIVE,
         Verdict.VACUOUS: ExitCode.INCONCLUSIVE, Verdict.HOLDS_UP_TO: ExitCode.OK, Verdict.PROVED: ExitCode.OK}
 
@@ -44,6 +46,7 @@ class Checked:
     counterexample: Path | None = None
     certificate: Path | None = None
     lemmas: int = 0
+    induction_depth: int = 1  # k of the k-induction that proved it
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -60,7 +63,8 @@ class Checked:
                          f"{e.depth}, none shorter with {self.requests}" if not self.notes else "; ".join(self.notes))
                       + f"; replayed on the engine: {self.counterexample}")
         elif self.verdict is Verdict.PROVED:
-            detail = (f"for {e.requests} request slots and any number of iterations (induction with "
+            method = "induction" if self.induction_depth == 1 else f"{self.induction_depth}-induction"
+            detail = (f"for {e.requests} request slots and any number of iterations ({method} with "
                       f"{self.lemmas} structural lemmas; no violation up to depth {e.depth}); certificate: "
                       f"{self.certificate}")
         elif self.verdict is Verdict.HOLDS_UP_TO:
@@ -142,20 +146,27 @@ def _try_induction(checked: Checked, policy: Policy, timeout_s: float, proof_dir
     from checker.verify.induction import prove
 
     inv = checked.invariant
-    result = prove(policy, inv, checked.params, checked.env, max(1.0, timeout_s))
+    deadline = time.monotonic() + max(1.0, timeout_s)
+    for k in range(1, MAX_INDUCTION_DEPTH + 1):  # plain induction first; k-induction rules out unreachable CTIs
+        result = prove(policy, inv, checked.params, checked.env, max(1.0, deadline - time.monotonic()), k)
+        if result.status != "cti" or time.monotonic() >= deadline:
+            break
     if result.status == "proved":
         checked.verdict = Verdict.PROVED
         checked.lemmas = len(result.lemmas)
+        checked.induction_depth = result.k
         if proof_dir is not None:
             name = f"{policy.name}__{inv.name}__N{checked.env.requests}.smt2"
             path = proof_dir / name
             cex.write_atomic(path, f"; batchcheck certificate: {inv.name} for policy {policy.name}, "
                                    f"{checked.env.requests} request slots, any depth.\n"
-                                   f"; The step query below is unsat iff the invariant with its lemmas is inductive.\n"
+                                   f"; The step query below is unsat iff the invariant with its lemmas is "
+                                   f"{'inductive' if result.k == 1 else f'{result.k}-inductive'}.\n"
                                    f"; Lemmas: {', '.join(result.lemmas)}\n" + result.certificate)
             checked.certificate = path
     elif result.status == "cti":
-        checked.notes.append("induction failed, counterexample to induction: " + "; ".join(result.cti[:3]))
+        checked.notes.append(f"induction failed (up to k={result.k}), counterexample to induction: "
+                             + "; ".join(result.cti[:3]))
     elif result.status == "unknown":
         checked.notes.append("induction timed out")
     else:

@@ -86,8 +86,18 @@ def test_degradation_order_holds_with_the_protection_and_fails_without_it(tmp_pa
     shipped = list((ROOT / "counterexamples").glob("tiered_unprotected__degradation_order__*.json"))
     assert [len(json.loads(p.read_text())["requests"]) for p in shipped] == [2]
     _, (good,) = run_verify(POLICIES / "tiered_shedding.yaml", ["degradation_order"], 2, 3, timeout_s=120,
-                            workload=tiered, out_dir=tmp_path)
-    assert good.verdict is Verdict.HOLDS_UP_TO
+                            workload=tiered, out_dir=tmp_path, unbounded=True, proof_dir=tmp_path)
+    assert good.verdict is Verdict.PROVED and good.induction_depth == 2  # plain induction has an unreachable CTI
+
+
+def test_proves_decode_progress_for_sarathi_serve_by_2_induction(tmp_path):
+    from checker.api import run_recheck
+
+    _, (result,) = run_verify(POLICIES / "sarathi_serve.yaml", ["decode_progress"], requests=2, depth=3,
+                              timeout_s=120, out_dir=tmp_path, unbounded=True, proof_dir=tmp_path)
+    assert result.verdict is Verdict.PROVED and result.induction_depth == 2
+    assert "(2-induction with " in result.line()
+    assert run_recheck(result.certificate) == "unsat"
 
 
 def test_proves_cancellation_releases_within_one_step_for_any_depth(tmp_path):
