@@ -14,14 +14,13 @@ under the policy and compares the two step by step.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from checker.errors import InputError, Problem
 from checker.frames import Frame, TraceContext
-from checker.loading import load_document, read_text
+from checker.loading import json_lines, load_document
 from checker.policy import Policy
 from checker.semantics.kv import blocks_for
 from checker.semantics.state import FIELDS, Reason, RequestSpec, Status
@@ -94,13 +93,7 @@ def load_arrivals(path: str | Path) -> Arrivals:
 def load_log(path: str | Path, arrivals: Arrivals) -> list[LogStep]:
     source = str(path)
     steps = []
-    for line_no, line in enumerate(read_text(path).splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise InputError(Problem(f"line {line_no}", line[:40], f"a JSON object ({exc.msg})", line_no), source) from None
+    for line_no, _, rec in json_lines(path):
         missing = [k for k in LOG_KEYS if not isinstance(rec, dict) or k not in rec]
         if missing:
             raise InputError(Problem(missing[0], "<missing>", "the keys " + ", ".join(LOG_KEYS), line_no), source)

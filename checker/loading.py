@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import yaml
@@ -90,6 +90,19 @@ def read_text(path: str | Path) -> str:
         raise InputError(Problem("", f"byte {exc.start}", "UTF-8 text"), str(p)) from None
     except OSError as exc:
         raise InputError(Problem("", str(p), f"a readable file ({exc.strerror})"), str(p)) from None
+
+
+def json_lines(path: str | Path) -> Iterator[tuple[int, str, Any]]:
+    """(line number, text, parsed value) for each non-blank line of a JSON-lines file; a line that is not
+    JSON is an input error at its line."""
+    for line_no, line in enumerate(read_text(path).splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            yield line_no, line, json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise InputError(Problem(f"line {line_no}", line[:40], f"a JSON object ({exc.msg})", line_no),
+                             str(path)) from None
 
 
 def load_document(path: str | Path) -> tuple[Any, Callable[[], LineMap]]:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
@@ -18,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
 from checker.errors import InputError, Problem
-from checker.loading import load_model, read_text
+from checker.loading import json_lines, load_model, read_text
 from checker.policy import MAX_TOKENS
 from checker.semantics.state import RequestSpec
 from checker.workload import Workload, generate
@@ -197,13 +196,7 @@ def load_mooncake_jsonl(path: str | Path, limit: int | None = None, class_column
     (prefix-cache block hashes: read, not modelled, since the policy model has no prefix cache)."""
     source = str(path)
     rows: list = []
-    for line_no, line in enumerate(read_text(path).splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise InputError(Problem(f"line {line_no}", line[:40], f"a JSON object ({exc.msg})", line_no), source) from None
+    for line_no, line, record in json_lines(path):
         if not isinstance(record, dict):
             raise InputError(Problem(f"line {line_no}", line[:40], "a JSON object", line_no), source)
         for key in MOONCAKE_FIELDS:

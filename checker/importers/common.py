@@ -197,6 +197,15 @@ def _looks_like_flag(token: str) -> bool:
         return True
 
 
+def _converted(opt: Opt, raw: Any, shown: str) -> Arg:
+    """The option's value converted, or an input error naming it as the user wrote it (``shown``)."""
+    value, expected = convert(opt, raw)
+    arg = Arg(opt.name, value, shown)
+    if expected is not None:
+        raise arg.error(expected)
+    return arg
+
+
 def parse_cli(tokens: list[str], table: Table, *, env: dict[str, str] | None = None,
               positional: Callable[[str], None] | None = None) -> Given:
     """Parse a server's command-line arguments: ``--name VALUE``, ``--name=VALUE``, boolean ``--flag``,
@@ -240,11 +249,7 @@ def parse_cli(tokens: list[str], table: Table, *, env: dict[str, str] | None = N
                 i += 1
             else:
                 raise InputError(Problem(shown, "<missing>", f"a value after {shown}"))
-            value, expected = convert(opt, raw)
-            arg = Arg(opt.name, value, shown)
-            if expected is not None:
-                raise arg.error(expected)
-            out[opt.name] = arg
+            out[opt.name] = _converted(opt, raw, shown)
             continue
         key, eq, raw_value = token.partition("=")
         if eq and env is not None and re.fullmatch(r"[A-Z_][A-Z0-9_]*", key):
@@ -256,11 +261,7 @@ def parse_cli(tokens: list[str], table: Table, *, env: dict[str, str] | None = N
             opt = table.lookup(env[key])
             if opt is None:
                 raise InternalError(f"{table.system}: env {key} names unknown option {env[key]}")
-            value, expected = convert(opt, raw_value)
-            arg = Arg(opt.name, value, key)
-            if expected is not None:
-                raise arg.error(expected)
-            out[opt.name] = arg
+            out[opt.name] = _converted(opt, raw_value, key)
             continue
         if positional is None:
             raise InputError(Problem("(argument)", token, f"{table.prefix}option VALUE: {table.system} takes "
