@@ -325,23 +325,24 @@ def run_diff(old: str | Path, new: str | Path, workload: str | Path | None = Non
 
         raise UsageError("--slo and --property need --workload (the traces are generated from its classes)")
     chosen = [parse_invariant(text) for text in (invariants if invariants is not None else DIFF_INVARIANTS)]
-    wl = load_model(Workload, workload) if workload is not None else None
+    wl, slo_chosen = None, []  # every input is read and checked before the first solver call
+    if workload is not None and (slo is not None or slo_properties or slo_file_for(workload).exists()):
+        wl, _, slo_chosen = load_slo(workload, slo, slo_properties)
+    elif workload is not None:
+        wl = load_model(Workload, workload)
+    prof = load_profile(profile) if slo_chosen else None
     widest = pair.old if pair.old.max_model_len >= pair.new.max_model_len else pair.new
     env = default_environment(widest, requests, depth, wl, prompt, output) if chosen else None
     out = Path(out_dir) if out_dir is not None else None
     props = [diff_invariant(pair, inv, params, env, timeout_s, out, unbounded, progress) for inv, params in chosen]
     audit_pair = None
-    if workload is not None:
-        declared = slo is not None or slo_file_for(workload).exists()
-        if declared or slo_properties:
-            wl, _, slo_chosen = load_slo(workload, slo, slo_properties)
-            prof = load_profile(profile)
-            tolerance = Tolerance(threshold, min_delta, slo_must_violate)
-            props += [diff_slo(pair, wl, prof, prop, tolerance, max_examples, fuzz_budget_s / len(slo_chosen), seed,
-                               out, progress) for prop in slo_chosen]
-        if audit:
-            a, b = (run_derived_audit(p, workload, profile) for p in (old, new))
-            audit_pair = AuditPair(a.text(), b.text(), a.decision, b.decision)
+    if slo_chosen:
+        tolerance = Tolerance(threshold, min_delta, slo_must_violate)
+        props += [diff_slo(pair, wl, prof, prop, tolerance, max_examples, fuzz_budget_s / len(slo_chosen), seed,
+                           out, progress) for prop in slo_chosen]
+    if workload is not None and audit:
+        a, b = (run_derived_audit(p, workload, profile) for p in (old, new))
+        audit_pair = AuditPair(a.text(), b.text(), a.decision, b.decision)
     return DiffReport(pair.old, pair.new, str(old), str(new), env, props, audit_pair,
                       changed_fields(pair.old, pair.new), time.monotonic() - started)
 
