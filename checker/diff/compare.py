@@ -131,14 +131,11 @@ def _holds_on(policy: Policy, inv: Invariant, params: dict[str, int], env: Envir
 def _from_counterexample(checked: Checked, keeps: Policy, env: Environment) -> Side:
     """The breaking side's own minimal counterexample, when the other side holds everywhere within the
     bounds: it is a witness; confirm that on the engine."""
-    doc = cex.load(checked.counterexample) if checked.counterexample else None
     assert checked.violation_step is not None
     depth = checked.violation_step + 1
-    if doc is not None:
-        specs = cex.specs_from_json(doc["requests"])
-        if not _holds_on(keeps, checked.invariant, checked.params, env, specs, depth):
-            raise InternalError(f"{keeps.name} holds {checked.invariant.name} within the bounds, yet fails on the "
-                                f"counterexample {checked.counterexample} when replayed on the engine")
+    if not _holds_on(keeps, checked.invariant, checked.params, env, checked.specs, depth):
+        raise InternalError(f"{keeps.name} holds {checked.invariant.name} within the bounds, yet fails on the "
+                            f"counterexample {checked.counterexample} when replayed on the engine")
     return Side(checked.requests, depth, checked.counterexample,
                 f"{checked.requests} request(s), fails at iteration {checked.violation_step}")
 

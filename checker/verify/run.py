@@ -12,6 +12,7 @@ from pathlib import Path
 from checker.errors import InputError, InternalError, Problem
 from checker.exitcodes import ExitCode
 from checker.policy import Policy
+from checker.semantics.state import RequestSpec
 from checker.verify import counterexample as cex
 from checker.verify.bmc import Found, search
 from checker.verify.env import Environment
@@ -48,6 +49,7 @@ class Checked:
     lemmas: int = 0
     induction_depth: int = 1  # k of the k-induction that proved it
     notes: list[str] = field(default_factory=list)
+    specs: list[RequestSpec] = field(default_factory=list)  # the counterexample's requests (VIOLATED)
 
     @property
     def label(self) -> str:
@@ -138,7 +140,8 @@ def check_one(policy: Policy, policy_file: str | None, inv: Invariant, params: d
                         env.as_dict(), found.specs, env.step_us, step, found.frames, "z3 bounded model checking")
         path = cex.save(doc, out_dir)
     return Checked(inv, params, Verdict.VIOLATED, env, time.monotonic() - started, depth=found.depth,
-                   requests=len(found.specs), violation_step=step, counterexample=path, notes=outcome.notes)
+                   requests=len(found.specs), violation_step=step, counterexample=path, notes=outcome.notes,
+                   specs=found.specs)
 
 
 def _try_induction(checked: Checked, policy: Policy, timeout_s: float, proof_dir: Path | None) -> None:
