@@ -32,7 +32,7 @@ from checker.traces import dump_json_trace
 from checker.verify import counterexample as cex
 from checker.verify.env import Environment
 from checker.verify.replay import first_violation, replay_fixed_clock
-from checker.verify.run import Checked, Verdict, check_one
+from checker.verify.run import Checked, Verdict, check_one, save_counterexample
 from checker.workload import Workload
 from invariants.catalogue import Invariant
 
@@ -111,19 +111,6 @@ class Pair:
         return cex.policy_hash(self.old) == cex.policy_hash(self.new)
 
 
-def _save_witness(breaks: Policy, breaks_file: str, keeps: Policy, inv: Invariant, params: dict[str, int],
-                  env: Environment, specs, depth: int, frames: list[dict], minimal: bool, out_dir: Path | None) -> Path | None:
-    if out_dir is None:
-        return None
-    doc = cex.build(breaks, breaks_file, {"kind": "invariant", "name": inv.name, "params": {**inv.defaults, **params},
-                                          "statement": inv.statement},
-                    {"verdict": Verdict.VIOLATED.value, "minimal": minimal,
-                     "minimality": "fewest requests, then fewest iterations" if minimal else "not minimised",
-                     "holds_under": {"name": keeps.name, "sha256": cex.policy_hash(keeps)}},
-                    env.as_dict(), specs, env.step_us, depth - 1, frames, "z3 product encoding (batchcheck diff)")
-    return cex.save(doc, out_dir)
-
-
 def _holds_on(policy: Policy, inv: Invariant, params: dict[str, int], env: Environment, specs, depth: int) -> bool:
     return first_violation(inv, params, replay_fixed_clock(policy, specs, depth, env.step_us, env.tenants)) is None
 
@@ -152,8 +139,9 @@ def _product_side(keeps: Policy, breaks: Policy, breaks_file: str, inv: Invarian
         return False, None, ""
     w = search.witness
     assert w is not None
-    path = _save_witness(breaks, breaks_file, keeps, inv, params, env, w.specs, w.depth, w.breaks_frames, w.minimal,
-                         out_dir)
+    path = save_counterexample(breaks, breaks_file, inv, params, env, w.specs, w.violation, w.breaks_frames,
+                               w.minimal, "not minimised", "z3 product encoding (batchcheck diff)", out_dir,
+                               holds_under={"name": keeps.name, "sha256": cex.policy_hash(keeps)})
     detail = f"{len(w.specs)} request(s), {breaks.name} fails at iteration {w.violation}, {keeps.name} holds"
     return True, Side(len(w.specs), w.depth, path, detail + ("; " + "; ".join(w.notes) if w.notes else "")), ""
 

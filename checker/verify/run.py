@@ -130,18 +130,27 @@ def check_one(policy: Policy, policy_file: str | None, inv: Invariant, params: d
     found = outcome.found
     assert found is not None
     step = confirm_on_engine(policy, inv, params, env, found)
-    path = None
-    if out_dir is not None:
-        doc = cex.build(policy, policy_file, {"kind": "invariant", "name": inv.name, "params": {**inv.defaults, **params},
-                                              "statement": inv.statement},
-                        {"verdict": Verdict.VIOLATED.value, "minimal": outcome.minimal_checked,
-                         "minimality": "fewest requests, then fewest iterations" if outcome.minimal_checked else
-                         "; ".join(outcome.notes)},
-                        env.as_dict(), found.specs, env.step_us, step, found.frames, "z3 bounded model checking")
-        path = cex.save(doc, out_dir)
+    path = save_counterexample(policy, policy_file, inv, params, env, found.specs, step, found.frames,
+                               outcome.minimal_checked, "; ".join(outcome.notes), "z3 bounded model checking", out_dir)
     return Checked(inv, params, Verdict.VIOLATED, env, time.monotonic() - started, depth=found.depth,
                    requests=len(found.specs), violation_step=step, counterexample=path, notes=outcome.notes,
                    specs=found.specs)
+
+
+def save_counterexample(policy: Policy, policy_file: str | None, inv: Invariant, params: dict[str, int],
+                        env: Environment, specs: list[RequestSpec], violation_step: int, frames: list[dict],
+                        minimal: bool, not_minimal_why: str, found_by: str, out_dir: Path | None,
+                        **verdict_extra: object) -> Path | None:
+    """Write an invariant counterexample to ``out_dir`` (nothing when it is None); its path."""
+    if out_dir is None:
+        return None
+    doc = cex.build(policy, policy_file, {"kind": "invariant", "name": inv.name, "params": {**inv.defaults, **params},
+                                          "statement": inv.statement},
+                    {"verdict": Verdict.VIOLATED.value, "minimal": minimal,
+                     "minimality": "fewest requests, then fewest iterations" if minimal else not_minimal_why,
+                     **verdict_extra},
+                    env.as_dict(), specs, env.step_us, violation_step, frames, found_by)
+    return cex.save(doc, out_dir)
 
 
 def _try_induction(checked: Checked, policy: Policy, timeout_s: float, proof_dir: Path | None) -> None:
