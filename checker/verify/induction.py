@@ -177,14 +177,8 @@ def prove(policy: Policy, inv: Invariant, params_: dict[str, int], env: Environm
     smt.add(inv.holds(o, TraceContext(policy, tuple(params), list(frames)), 0, params_))
     first = state
     for j in range(1, k + 1):
-        cancels = [smt.bool_var(f"cancel_{j}_{i}") for i in range(n)]
-        result = symbolic_step(o, policy, params, state, state.step * env.step_us, cancels)
-        if j < k:  # name the intermediate state (small terms, readable CTIs)
-            result = _named(smt, result, f"s{j}_")
-        frames.append(Frame(tuple(result.state.slots), tuple(result.scheduled), tuple(result.produced),
-                            tuple(result.preempted), result.state.kv_used, state.step * env.step_us,
-                            tuple(result.state.counters)))
-        state = result.state
+        # the intermediate states get names (small terms, readable CTIs); the last one stays a term
+        state = _step_into(smt, policy, params, state, env, frames, f"s{j}_" if j < k else None, f"cancel_{j}_")
         ctx = TraceContext(policy, tuple(params), list(frames))
         now = lemmas(o, policy, params, state.slots, state.step, state.next_seq, env.step_us)
         if j < k:
@@ -208,6 +202,20 @@ def prove(policy: Policy, inv: Invariant, params_: dict[str, int], env: Environm
         cti.append(f"slot {i} {k} step(s) before: " + ", ".join(f"{f}={smt.value(s[f])}" for f in FIELDS)
                    + f"; prompt={smt.value(prm.prompt_len)} output={smt.value(prm.output_len)}")
     return InductionResult("cti", seconds, names, cti=cti)
+
+
+def _step_into(smt: SmtSession, policy: Policy, params: list[SlotParams], state: SlotState, env: Environment,
+               frames: list[Frame], tag: str | None, cancel_tag: str) -> SlotState:
+    """One symbolic step from ``state`` (any client may cancel): append its frame, return the state after it
+    (held in fresh variables named with ``tag``, or as terms when ``tag`` is None)."""
+    cancels = [smt.bool_var(f"{cancel_tag}{i}") for i in range(len(state.slots))]
+    result = symbolic_step(Z3Ops, policy, params, state, state.step * env.step_us, cancels)
+    if tag is not None:
+        result = _named(smt, result, tag)
+    frames.append(Frame(tuple(result.state.slots), tuple(result.scheduled), tuple(result.produced),
+                        tuple(result.preempted), result.state.kv_used, state.step * env.step_us,
+                        tuple(result.state.counters)))
+    return result.state
 
 
 def _named(smt: SmtSession, result, tag: str):
@@ -242,13 +250,7 @@ def _base_case(policy: Policy, inv: Invariant, params_: dict[str, int], env: Env
     terms = [t for _, t in lemmas(o, policy, params, init.slots, init.step, init.next_seq, env.step_us)]
     frames, state = [frame], init
     for j in range(1, k):  # k-induction: every path of k-1 steps from the initial state, too
-        cancels = [smt.bool_var(f"init_cancel_{j}_{i}") for i in range(n)]
-        result = symbolic_step(o, policy, params, state, state.step * env.step_us, cancels)
-        result = _named(smt, result, f"init_s{j}_")
-        frames.append(Frame(tuple(result.state.slots), tuple(result.scheduled), tuple(result.produced),
-                            tuple(result.preempted), result.state.kv_used, state.step * env.step_us,
-                            tuple(result.state.counters)))
-        state = result.state
+        state = _step_into(smt, policy, params, state, env, frames, f"init_s{j}_", f"init_cancel_{j}_")
         ctx_j = TraceContext(policy, tuple(params), list(frames))
         terms += [inv.holds(o, ctx_j, j, params_)]
         terms += [t for _, t in lemmas(o, policy, params, state.slots, state.step, state.next_seq, env.step_us)]
