@@ -1,53 +1,94 @@
 """Benchmark: fuzzing speed. Examples per second on 20-request traces (no violation, so no shrinking),
 and time to the first (shrunk, replayed) counterexample for each planted weakness.
 
-    python bench/fuzz_speed.py
+    python bench/fuzz_speed.py [--repeats N] [--examples N] [--skip-finds]
+
+Examples per second are complete examples, single process: Hypothesis generates the trace, the engine
+runs it, the property is checked. They are measured through ``checker.fuzz.run.run_property`` (what
+``batchcheck fuzz`` runs once per property, with a fresh example database as the CLI keeps one), on
+vllm_v1 and chat_mixed with all stresses, for kv_within_pool: the one SLO property shipped for chat_mixed
+that holds on these traces (the others fail within a few hundred examples, and a failure stops the search
+and shrinks). A second row checks all five chat_mixed.slo.yaml properties on each example through
+``run.hunt`` (the search loop run_property uses; the judge evaluates five properties and fails none).
+Best of ``--repeats`` runs (the machine is shared), with the median and the load average.
 """
 
 from __future__ import annotations
 
+import argparse
+import os
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from hypothesis import HealthCheck, given, settings  # noqa: E402
-
 from checker.api import load_policy, run_fuzz  # noqa: E402
 from checker.engine import simulate  # noqa: E402
+from checker.fuzz.run import hunt, run_property  # noqa: E402
 from checker.fuzz.slo import SLOFile, evaluate  # noqa: E402
-from checker.fuzz.strategies import adversarial, to_requests  # noqa: E402
+from checker.fuzz.strategies import adversarial, request_maker  # noqa: E402
 from checker.loading import load_model  # noqa: E402
 from checker.profile import load_profile  # noqa: E402
 from checker.workload import Workload  # noqa: E402
 
 W = ROOT / "spec" / "workloads"
+SHAPES = {  # label: (min_requests, max_requests, max_segments)
+    "20 requests (one segment, min = max = 20)": (20, 20, 1),
+    "default shape (1-3 segments of 1-20)": (1, 20, 3),
+}
 
 
-def examples_per_second() -> None:
+def _load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def _report(label: str, rates: list[float], mean_requests: float, examples: int) -> None:
+    print(f"  {label:<62} best {max(rates):5.0f}/s  median {statistics.median(rates):5.0f}/s  "
+          f"(mean trace {mean_requests:.1f} requests, {examples} examples per run, load {_load()})", flush=True)
+
+
+def examples_per_second(repeats: int, examples: int) -> None:
     policy = load_policy(ROOT / "spec" / "policies" / "vllm_v1.yaml")
     workload = load_model(Workload, W / "chat_mixed.yaml")
-    props = load_model(SLOFile, W / "chat_mixed.slo.yaml").properties
+    chat = load_model(SLOFile, W / "chat_mixed.slo.yaml").properties
+    kv = load_model(SLOFile, ROOT / "spec" / "slo" / "kv_safety.slo.yaml").properties
+    holding = kv
     profile = load_profile(None)
-    sizes = []
+    requests = request_maker(workload)
+    print("examples/s (vllm_v1, chat_mixed, all stresses, generation + engine + property checks, one process):")
+    for shape, (low, high, segments) in SHAPES.items():
+        print(f" {shape}")
+        for prop in holding:
+            rates, sizes = [], []
+            for i in range(repeats):
+                with tempfile.TemporaryDirectory() as db:
+                    t0 = time.perf_counter()
+                    r = run_property(policy, workload, profile, prop, examples, 600, i + 1, Path(db), high,
+                                     min_requests=low, max_segments=segments)
+                    seconds = time.perf_counter() - t0
+                if r.violated:
+                    raise SystemExit(f"{prop.name} failed on a trace: the rate would include shrinking")
+                rates.append(r.examples / seconds)
+                sizes.append(r.requests_run / r.examples)
+            _report(f"run_property, one property ({prop.name})", rates, statistics.mean(sizes), examples)
 
-    @settings(max_examples=400, deadline=None, database=None, derandomize=True, suppress_health_check=list(HealthCheck))
-    @given(adversarial(workload, policy, max_requests=20))
-    def body(trace):
-        sizes.append(len(trace))
-        summary = simulate(policy, to_requests(trace, workload), profile).summary()
-        for prop in props:
-            evaluate(prop, summary)
+        def judge(trace):
+            summary = simulate(policy, requests(trace), profile).summary()
+            for p in chat:
+                evaluate(p, summary)
+            return False, None, 0.0
 
-    t0 = time.perf_counter()
-    body()
-    seconds = time.perf_counter() - t0
-    print(f"examples/s (vllm_v1, chat_mixed, all stresses, 5 properties, generation included): "
-          f"{len(sizes) / seconds:.0f} ({len(sizes)} examples in {seconds:.2f} s; mean trace "
-          f"{statistics.mean(sizes):.1f} requests, max {max(sizes)})")
+        rates, sizes = [], []
+        for i in range(repeats):
+            t0 = time.perf_counter()
+            h = hunt(adversarial(workload, policy, high, None, low, segments), judge, examples, 600, i + 1, None)
+            rates.append(h.examples / (time.perf_counter() - t0))
+            sizes.append(h.requests_run / h.examples)
+        _report("hunt, all five chat_mixed properties on each example", rates, statistics.mean(sizes), examples)
 
 
 def time_to_counterexample() -> None:
@@ -64,10 +105,16 @@ def time_to_counterexample() -> None:
         dt = time.perf_counter() - t0
         times.append(dt)
         print(f"{policy:<24} {prop:<28} found={r.violated} shrunk to {len(r.trace)} requests in {dt:.1f} s "
-              f"({r.examples} runs incl. shrinking)")
-    print(f"time to counterexample: median {statistics.median(times):.1f} s, max {max(times):.1f} s")
+              f"({r.examples} runs incl. shrinking)", flush=True)
+    print(f"time to counterexample: median {statistics.median(times):.1f} s, max {max(times):.1f} s (load {_load()})")
 
 
 if __name__ == "__main__":
-    examples_per_second()
-    time_to_counterexample()
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--examples", type=int, default=400)
+    parser.add_argument("--skip-finds", action="store_true")
+    args = parser.parse_args()
+    examples_per_second(args.repeats, args.examples)
+    if not args.skip_finds:
+        time_to_counterexample()

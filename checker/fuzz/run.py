@@ -18,7 +18,7 @@ from hypothesis.database import DirectoryBasedExampleDatabase
 from checker.engine import simulate
 from checker.fuzz.seeds import SeedCorpus, shrink
 from checker.fuzz.slo import Outcome, Property, evaluate
-from checker.fuzz.strategies import Draw, adversarial, ranges, to_requests
+from checker.fuzz.strategies import Draw, adversarial, ranges, request_maker
 from checker.policy import Policy
 from checker.profile import Profile
 from checker.workload import Workload
@@ -42,6 +42,7 @@ class PropertyResult:
     seeds_run: int = 0  # seed windows (from --seed-trace) that ran as explicit examples
     seed_found: int | None = None  # the seed window (1 = busiest) the failure was found in
     seed_notes: list[str] = field(default_factory=list)
+    requests_run: int = 0  # requests in all the examples that ran (their mean trace length times examples)
 
     def line(self) -> str:
         name = f"{self.prop.name:<28}"
@@ -68,6 +69,7 @@ class Hunt:
     verdict: object = None
     seeds_run: int = 0  # explicit seed examples that ran
     seed_found: int | None = None  # 1-based index of the seed the failure was found in
+    requests_run: int = 0  # requests in all the examples that ran
 
 
 Judge = Callable[[list[Draw]], "tuple[bool, object, float]"]  # (fails, what to report, badness for progress)
@@ -83,7 +85,7 @@ def hunt(strategy, judge: Judge, max_examples: int, time_budget_s: float, seed_v
     ``max_examples``); Hypothesis does not shrink those, so a failing seed goes to ``seed_shrinker``."""
     started = time.monotonic()
     deadline = started + time_budget_s
-    state = {"examples": 0, "last_failure": None, "worst": 0.0, "seed_found": None}
+    state = {"examples": 0, "requests": 0, "last_failure": None, "worst": 0.0, "seed_found": None}
 
     def check(trace: list[Draw]) -> None:
         if state["seed_found"] is not None:  # the remaining explicit examples: a seed already failed
@@ -91,6 +93,7 @@ def hunt(strategy, judge: Judge, max_examples: int, time_budget_s: float, seed_v
         if state["last_failure"] is None and time.monotonic() > deadline:
             return
         state["examples"] += 1
+        state["requests"] += len(trace)
         fails, verdict, badness = judge(trace)
         state["worst"] = max(state["worst"], badness)
         if progress is not None and state["examples"] % 20 == 0:
@@ -117,7 +120,7 @@ def hunt(strategy, judge: Judge, max_examples: int, time_budget_s: float, seed_v
     if found is not None and seed_found is not None and seed_shrinker is not None:
         found = seed_shrinker(found[0], judge)
     result = Hunt(state["examples"], time.monotonic() - started, seeds_run=min(len(seeds), state["examples"]),
-                  seed_found=seed_found)
+                  seed_found=seed_found, requests_run=state["requests"])
     if found is not None:
         result.trace, result.verdict = found
     return result
@@ -126,9 +129,13 @@ def hunt(strategy, judge: Judge, max_examples: int, time_budget_s: float, seed_v
 def run_property(policy: Policy, workload: Workload, profile: Profile, prop: Property, max_examples: int,
                  time_budget_s: float, seed_value: int, database_dir: Path | None, max_requests: int = 20,
                  stresses: list[str] | None = None, progress: Callable[[str], None] | None = None,
-                 corpus: SeedCorpus | None = None) -> PropertyResult:
+                 corpus: SeedCorpus | None = None, min_requests: int = 1, max_segments: int = 3) -> PropertyResult:
+    """One property's search. ``min_requests`` and ``max_segments`` shape the traces (see
+    ``strategies.adversarial``; bench/fuzz_speed.py uses them for its 20-request traces)."""
+    requests = request_maker(workload)
+
     def judge(trace: list[Draw]) -> tuple[bool, Outcome, float]:
-        outcome = evaluate(prop, simulate(policy, to_requests(trace, workload), profile).summary())
+        outcome = evaluate(prop, simulate(policy, requests(trace), profile).summary())
         badness = outcome.observed / outcome.allowed if outcome.observed is not None and outcome.allowed else 0.0
         return not outcome.holds, outcome, badness
 
@@ -138,9 +145,11 @@ def run_property(policy: Policy, workload: Workload, profile: Profile, prop: Pro
         smaller, verdict, _ = shrink(trace, lambda t: judge_(t)[:2], bounds)
         return smaller, verdict
 
-    h = hunt(adversarial(workload, policy, max_requests, stresses), judge, max_examples, time_budget_s, seed_value,
-             database_dir, f"{prop.name} (observed/allowed)", progress, corpus.windows if corpus else [], shrink_seed)
-    result = PropertyResult(prop, h.examples, h.seconds, seeds_run=h.seeds_run, seed_found=h.seed_found)
+    strategy = adversarial(workload, policy, max_requests, stresses, min_requests, max_segments)
+    h = hunt(strategy, judge, max_examples, time_budget_s, seed_value, database_dir, f"{prop.name} (observed/allowed)",
+             progress, corpus.windows if corpus else [], shrink_seed)
+    result = PropertyResult(prop, h.examples, h.seconds, seeds_run=h.seeds_run, seed_found=h.seed_found,
+                            requests_run=h.requests_run)
     if h.trace is not None:
         result.violated, result.trace, result.outcome = True, h.trace, h.verdict
     return result
