@@ -30,6 +30,7 @@ from checker.semantics.state import Request, RequestSpec, SchedulerState, Status
 WAITING, SWAPPED, RUNNING, CANCELLED = int(Status.WAITING), int(Status.SWAPPED), int(Status.RUNNING), int(Status.CANCELLED)
 LIVE = frozenset({WAITING, SWAPPED, RUNNING})
 STATUS_OF = {int(s): s for s in Status}
+STATUS_INT = {s: int(s) for s in Status}
 
 # A request class: what the environment chooses when a request arrives.
 RequestClass = tuple[int, int, int, int, int]  # prompt, output, max_output, priority, tenant
@@ -38,11 +39,6 @@ RequestClass = tuple[int, int, int, int, int]  # prompt, output, max_output, pri
 # admission rank, requeue rank.
 FIELDS_PER_REQUEST = 8
 FIELDS_PER_HOLDING = 2  # blocks, steps until release
-
-# A row: one request as the key reads it, from a SchedulerState or from a replayed frame.
-Row = tuple[int, RequestClass, int, int, int, int, int, int, int, int]
-# arrival_us, class, status, computed, generated, blocks, swapped, admitted_seq, requeue_seq, release_step
-
 
 class Canon:
     """Encodes states of one policy under one clock into keys, and keys back into representatives."""
@@ -86,27 +82,37 @@ class Canon:
         return cap + (age - cap) % self.period if self.period else cap
 
     # ------------------------------------------------------------------------------------- encode
-    def encode_rows(self, rows: list[Row], next_now_us: int, next_step: int, counters: tuple[int, ...] = ()) -> tuple:
+    def encode_requests(self, requests: list[Request], next_now_us: int, next_step: int,
+                        counters: list[int] | tuple[int, ...] = ()) -> tuple:
         """The key of a state given its requests in arrival order (ties: by number). ``next_now_us`` is
         when the next iteration starts; ``next_step`` its index (for release lags)."""
-        live = [r for r in rows if r[2] in LIVE]
-        running = sorted(r[7] for r in live if r[2] == RUNNING)
-        admitted_rank = {seq: i + 1 for i, seq in enumerate(running)}
-        requeue_rank = {seq: i + 1 for i, seq in enumerate(sorted(r[8] for r in live if r[8]))} if self.front else {}
+        live = [r for r in requests if r.status in LIVE]
         out = [len(live)]
-        for arrival, cls, status, computed, generated, blocks, swapped, admitted, requeue, _ in live:
-            out += (self.class_id(cls), status, computed, generated, blocks, swapped,
-                    admitted_rank[admitted] if status == RUNNING else (1 if admitted else 0),
-                    requeue_rank.get(requeue, 0))
-        if self.timed and live:
-            step_us = self.step_us
-            ages = [(next_now_us - r[0]) // step_us for r in live]
-            out.append(self._cap(ages[-1]))
-            out += (self._cap(ages[i] - ages[i + 1]) for i in range(len(ages) - 1))
-        holding = sorted((r[5], max(r[9] - next_step, 0)) for r in rows if r[2] == CANCELLED and r[5])
+        if live:
+            running = sorted([r.admitted_seq for r in live if r.status is Status.RUNNING])
+            admitted_rank = {seq: i for i, seq in enumerate(running, 1)}
+            requeue_rank = ({seq: i for i, seq in enumerate(sorted([r.requeue_seq for r in live if r.requeue_seq]), 1)}
+                            if self.front else None)
+            class_ids = self.class_ids
+            for r in live:
+                cls = (r.prompt_len, r.output_len, r.max_output, r.priority, r.tenant)
+                cid = class_ids.get(cls)
+                if cid is None:
+                    cid = self.class_id(cls)
+                status = r.status
+                out += (cid, STATUS_INT[status], r.num_computed, r.num_generated, r.blocks, r.swapped_blocks,
+                        admitted_rank[r.admitted_seq] if status is Status.RUNNING else (1 if r.admitted_seq else 0),
+                        requeue_rank.get(r.requeue_seq, 0) if requeue_rank else 0)
+            if self.timed:
+                step_us = self.step_us
+                ages = [(next_now_us - r.arrival_us) // step_us for r in live]
+                out.append(self._cap(ages[-1]))
+                out += (self._cap(ages[i] - ages[i + 1]) for i in range(len(ages) - 1))
+        holding = [r for r in requests if r.status is Status.CANCELLED and r.blocks]
         out.append(len(holding))
-        for pair in holding:
-            out += pair
+        if holding:
+            for pair in sorted([(r.blocks, max(r.release_step - next_step, 0)) for r in holding]):
+                out += pair
         if self.fair:
             low = min(counters)
             out += (c - low for c in counters)
@@ -114,11 +120,7 @@ class Canon:
 
     def encode(self, s: SchedulerState, next_now_us: int) -> tuple:
         """The key of a SchedulerState whose requests are numbered in arrival order."""
-        rows = [(r.arrival_us, (r.prompt_len, r.output_len, r.max_output, r.priority, r.tenant), int(r.status),
-                 r.num_computed, r.num_generated, r.blocks, r.swapped_blocks, r.admitted_seq, r.requeue_seq,
-                 r.release_step)
-                for r in s.requests if r.status in LIVE or (r.status == CANCELLED and r.blocks)]
-        return self.encode_rows(rows, next_now_us, s.step, tuple(s.tenant_counters))
+        return self.encode_requests(s.requests, next_now_us, s.step, s.tenant_counters)
 
     # ------------------------------------------------------------------------------------- decode
     def decode(self, key: tuple) -> tuple[SchedulerState, int]:

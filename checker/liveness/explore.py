@@ -28,12 +28,14 @@ from checker.liveness.canon import LIVE, Canon, RequestClass
 from checker.policy import Policy
 from checker.semantics.decision import StepDecision
 from checker.semantics.state import Request, RequestSpec, SchedulerState, Status
-from checker.semantics.step import step
+from checker.semantics.step import step, step_events, step_schedule
+from checker.semantics.decision import DecisionBuilder
 
 DEFAULT_STEP_US = 10_000
 DEFAULT_MAX_STATES = 200_000
 
 TERMINAL_STATUSES = frozenset({Status.FINISHED, Status.REJECTED, Status.CANCELLED})
+LIVE_STATUSES = frozenset({Status.WAITING, Status.SWAPPED, Status.RUNNING})
 
 
 @dataclass(frozen=True)
@@ -141,18 +143,32 @@ class Transition:
         self.env = env
         self.class_ids = [canon.class_id(c) for c in env.classes()]
         self.steps_run = 0
+        self._specs: dict[tuple[int, int, int], RequestSpec] = {}  # (number, arrival, class) -> spec
+        self._memo: dict[tuple, tuple] = {}
+
+    def _spec(self, rid: int, now: int, cid: int) -> RequestSpec:
+        spec = self._specs.get((rid, now, cid))
+        if spec is None:
+            prompt, output, max_output, priority, tenant = self.canon.classes[cid]
+            spec = self._specs[rid, now, cid] = RequestSpec(rid, now, prompt, output, max_output, priority, tenant, cid)
+        return spec
+
+    def _stepped(self, base: SchedulerState, now: int, choice: Choice) -> tuple[SchedulerState, StepDecision]:
+        """A copy of ``base`` after the choice's arrivals and cancels and one step at ``now``."""
+        s = base.copy()
+        requests = s.requests
+        arrivals = []
+        for cid in choice[0]:
+            r = Request(self._spec(len(requests), now, cid))
+            requests.append(r)
+            arrivals.append(r)
+        d = step(s, arrivals, [requests[i] for i in choice[1]], now)
+        self.steps_run += 1
+        return s, d
 
     def apply(self, key: tuple, choice: Choice) -> tuple[SchedulerState, StepDecision, int]:
         s, now = self.canon.decode(key)
-        arrivals = []
-        classes = self.canon.classes
-        for cid in choice[0]:
-            prompt, output, max_output, priority, tenant = classes[cid]
-            r = Request(RequestSpec(len(s.requests), now, prompt, output, max_output, priority, tenant))
-            s.requests.append(r)
-            arrivals.append(r)
-        cancels = [s.requests[i] for i in choice[1]]
-        d = step(s, arrivals, cancels, now)
+        s, d = self._stepped(s, now, choice)
         return s, d, now + self.canon.step_us
 
     def successors(self, key: tuple) -> dict[tuple, dict[tuple, Label]]:
@@ -168,19 +184,44 @@ class Transition:
             cancel_options = [()]
         out: dict[tuple, dict[tuple, Label]] = {}
         encode = self.canon.encode
+        base, now = self.canon.decode(key)
+        next_now = now + self.canon.step_us
+        memo = self._memo
         for arriving in arrival_options:
             for cancelled in cancel_options:
                 choice = (arriving, cancelled)
-                s, d, next_now = self.apply(key, choice)
-                self.steps_run += 1
-                succ = encode(s, next_now)
-                reqs = s.requests
+                s = base.copy()
+                requests = s.requests
+                arrivals = []
+                for cid in arriving:
+                    r = Request(self._spec(len(requests), now, cid))
+                    requests.append(r)
+                    arrivals.append(r)
+                events = DecisionBuilder()
+                step_events(s, arrivals, [requests[i] for i in cancelled], now, events)
+                mid = encode(s, now)
+                mid_live = [r for r in requests if r.status in LIVE_STATUSES]
+                gone_before = [requests[i].status in TERMINAL_STATUSES for i in range(live)]
+                hit = memo.get(mid)
+                if hit is None:
+                    self.steps_run += 1
+                    d = step_schedule(s, now, events)
+                    gone_mid = 0
+                    for j, r in enumerate(mid_live):
+                        if r.status in TERMINAL_STATUSES:
+                            gone_mid |= 1 << j
+                    hit = memo[mid] = (encode(s, next_now), d.num_scheduled_tokens, bool(d.finished), gone_mid)
+                succ, tokens, finished, gone_mid = hit
                 gone = 0
+                j = 0
                 for i in range(live):
-                    if reqs[i].status in TERMINAL_STATUSES:
+                    if gone_before[i]:
                         gone |= 1 << i
-                tokens = d.num_scheduled_tokens
-                core = (tokens > 0, bool(d.finished), bool(cancelled), gone)
+                    else:
+                        if gone_mid >> j & 1:
+                            gone |= 1 << i
+                        j += 1
+                core = (tokens > 0, finished, bool(cancelled), gone)
                 labels = out.setdefault(succ, {})
                 if core not in labels:
                     labels[core] = Label(tokens, core[1], core[2], gone, choice)

@@ -15,7 +15,7 @@ from typing import Any
 from checker.frames import TraceContext
 from checker.liveness.canon import CANCELLED, LIVE, Canon
 from checker.liveness.lasso import EVENTUALLY_SERVED, NO_DEADLOCK, NO_LIVELOCK, STATEMENTS
-from checker.semantics.state import Status
+from checker.semantics.state import FIELDS, Reason, Request, RequestSpec, Status
 from invariants.catalogue import Invariant
 
 FINISHED = int(Status.FINISHED)
@@ -25,18 +25,19 @@ def frame_key(canon: Canon, ctx: TraceContext, t: int) -> tuple:
     """The canonical key of the state after iteration t (t = -1: the empty system before the first)."""
     tenants = canon.tenants
     if t < 0:
-        return canon.encode_rows([], 0, 0, (0,) * tenants)
+        return canon.encode_requests([], 0, 0, (0,) * tenants)
     frame = ctx.frames[t]
-    rows = []
+    requests = []
     for i, slot in enumerate(frame.slots):
-        status = slot["status"]
-        if status in LIVE or (status == CANCELLED and slot["blocks"]):
-            prm = ctx.params[i]
-            rows.append((prm.arrival_us, (prm.prompt_len, prm.output_len, prm.max_output, prm.priority, prm.tenant),
-                         status, slot["num_computed"], slot["num_generated"], slot["blocks"], slot["swapped_blocks"],
-                         slot["admitted_seq"], slot["requeue_seq"], slot["release_step"]))
+        prm = ctx.params[i]
+        r = Request(RequestSpec(i, prm.arrival_us, prm.prompt_len, prm.output_len, prm.max_output, prm.priority,
+                                prm.tenant))
+        for name in FIELDS:
+            setattr(r, name, slot[name])
+        r.status, r.reason = Status(slot["status"]), Reason(slot["reason"])
+        requests.append(r)
     step_us = ctx.frames[1].now_us - ctx.frames[0].now_us
-    return canon.encode_rows(rows, frame.now_us + step_us, t + 1, tuple(frame.counters) or (0,) * tenants)
+    return canon.encode_requests(requests, frame.now_us + step_us, t + 1, tuple(frame.counters) or (0,) * tenants)
 
 
 def _live(ctx: TraceContext, t: int) -> list[int]:

@@ -26,34 +26,69 @@ def time_varying(s: SchedulerState) -> bool:
 
 def key_function(s: SchedulerState, now_us: int) -> Callable[[Request], Key]:
     q = s.policy.queue
-    front = q.preempted_requeue is Requeue.FRONT
     order = q.order
+    if order in _STATIC_ORDERS:
+        return _static_key(s)
+    front = q.preempted_requeue is Requeue.FRONT
 
     def requeue_part(r: Request) -> Key:
         # front: the most recently requeued request first, then the never-requeued ones
         return (0, -r.requeue_seq) if front and r.requeue_seq else (1, 0)
 
-    if order is QueueOrder.FCFS:
-        return lambda r: (*requeue_part(r), r.arrival_us, r.rid)
-    if order is QueueOrder.PRIORITY:
-        return lambda r: (*requeue_part(r), norm_priority(s, r), r.arrival_us, r.rid)
     if order is QueueOrder.PRIORITY_AGING:
         interval = q.aging_interval_ms * 1000
         return lambda r: (*requeue_part(r), norm_priority(s, r) - (now_us - r.arrival_us) // interval,
                           r.arrival_us, r.rid)
-    if order is QueueOrder.SHORTEST_PROMPT_FIRST:
-        return lambda r: (*requeue_part(r), r.prompt_len, r.arrival_us, r.rid)
     counters = s.tenant_counters  # TENANT_FAIR
     return lambda r: (*requeue_part(r), counters[r.tenant], r.arrival_us, r.rid)
+
+
+# Orders whose key reads only the request and the policy: one key function per policy, built once.
+_STATIC_ORDERS = frozenset({QueueOrder.FCFS, QueueOrder.PRIORITY, QueueOrder.SHORTEST_PROMPT_FIRST})
+_STATIC_KEYS: dict[int, tuple[object, Callable[[Request], Key]]] = {}  # id(policy) -> (policy, key)
+
+
+def _static_key(s: SchedulerState) -> Callable[[Request], Key]:
+    p = s.policy
+    cached = _STATIC_KEYS.get(id(p))
+    if cached is not None and cached[0] is p:
+        return cached[1]
+    q = p.queue
+    front = q.preempted_requeue is Requeue.FRONT
+    order = q.order
+    # the tuples key_function's requeue_part + order part + (arrival_us, rid) would build
+    if order is QueueOrder.FCFS:
+        def part(r: Request) -> Key:
+            return (r.arrival_us, r.rid)
+    elif order is QueueOrder.PRIORITY and q.priority_polarity is Polarity.LOWER_FIRST:
+        def part(r: Request) -> Key:
+            return (r.priority, r.arrival_us, r.rid)
+    elif order is QueueOrder.PRIORITY:
+        def part(r: Request) -> Key:
+            return (-r.priority, r.arrival_us, r.rid)
+    else:  # SHORTEST_PROMPT_FIRST
+        def part(r: Request) -> Key:
+            return (r.prompt_len, r.arrival_us, r.rid)
+    if front:
+        def key(r: Request) -> Key:
+            seq = r.requeue_seq
+            return (0, -seq, *part(r)) if seq else (1, 0, *part(r))
+    else:
+        def key(r: Request) -> Key:
+            return (1, 0, *part(r))
+    if len(_STATIC_KEYS) > 256:  # policies built by tests and fuzzing: keep the cache small
+        _STATIC_KEYS.clear()
+    _STATIC_KEYS[id(p)] = (p, key)
+    return key
 
 
 def enqueue(s: SchedulerState, r: Request) -> None:
     """Put a request into the waiting queue at its place in queue order. Keys that vary with time
     are sorted at the start of each step instead (sort_waiting); the others do not read the clock."""
-    if time_varying(s):
-        s.waiting.append(r)
+    if s.policy.queue.order in _STATIC_ORDERS:
+        insort(s.waiting, r, key=_static_key(s))
     else:
-        insort(s.waiting, r, key=key_function(s, 0))
+        s.waiting.append(r)
 
 
 def sort_waiting(s: SchedulerState, now_us: int) -> None:

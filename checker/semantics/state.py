@@ -75,6 +75,16 @@ class Request:
         self.num_preemptions = 0
         self.release_step = -1  # CANCELLED holding KV: the step at whose start the KV is freed
 
+    def copy(self) -> Request:
+        """An independent record with the same spec and the same mutable fields."""
+        c = Request.__new__(Request)
+        c.spec, c.rid, c.arrival_us, c.prompt_len = self.spec, self.rid, self.arrival_us, self.prompt_len
+        c.output_len, c.max_output, c.priority, c.tenant = self.output_len, self.max_output, self.priority, self.tenant
+        c.status, c.reason, c.num_computed, c.num_generated = self.status, self.reason, self.num_computed, self.num_generated
+        c.blocks, c.swapped_blocks, c.admitted_seq, c.requeue_seq = self.blocks, self.swapped_blocks, self.admitted_seq, self.requeue_seq
+        c.num_preemptions, c.release_step = self.num_preemptions, self.release_step
+        return c
+
     @property
     def num_tokens(self) -> int:
         """Prompt plus generated tokens: what the next computation must cover."""
@@ -119,6 +129,18 @@ class SchedulerState:
         self.next_seq = 1  # shared counter for admitted_seq and requeue_seq
         self.step = 0  # index of the next step
         self.tenant_counters = [0] * max(num_tenants, 1 + max((s.tenant for s in specs), default=0))
+
+    def copy(self) -> SchedulerState:
+        """An independent state (requests copied; the policy shared), for stepping one state several ways."""
+        c = SchedulerState.__new__(SchedulerState)
+        c.policy = self.policy
+        c.requests = requests = [r.copy() for r in self.requests]
+        c.running = [requests[r.rid] for r in self.running]
+        c.waiting = [requests[r.rid] for r in self.waiting]
+        c.holding = [requests[r.rid] for r in self.holding]
+        c.kv_used, c.swap_used, c.next_seq, c.step = self.kv_used, self.swap_used, self.next_seq, self.step
+        c.tenant_counters = list(self.tenant_counters)
+        return c
 
     def take_seq(self) -> int:
         seq = self.next_seq

@@ -44,10 +44,23 @@ class Budget:
 
 def step(s: SchedulerState, arrivals: list[Request], cancels: list[Request], now_us: int) -> StepDecision:
     out = DecisionBuilder()
+    step_events(s, arrivals, cancels, now_us, out)
+    return step_schedule(s, now_us, out)
+
+
+def step_events(s: SchedulerState, arrivals: list[Request], cancels: list[Request], now_us: int,
+                out: DecisionBuilder) -> None:
+    """Phases 1-4 of a step (release, arrive, cancel, expire)."""
     _release(s, out)
     _arrive(s, arrivals, out)
     _cancel(s, cancels, out)
     _expire(s, now_us, out)
+
+
+def step_schedule(s: SchedulerState, now_us: int, out: DecisionBuilder) -> StepDecision:
+    """Phases 5-6 of a step (schedule, complete), after step_events filled ``out``. They read the state and
+    what they write into ``out`` themselves, nothing that phases 1-4 wrote there: the same state after
+    phases 1-4 is scheduled the same way whatever events led to it (the liveness explorer relies on it)."""
     sort_waiting(s, now_us)
     budget = Budget(s.policy.batch.max_num_batched_tokens, s.policy.batch.prefill_token_cap)
     _schedule(s, budget, now_us, out)
@@ -347,7 +360,7 @@ def _complete(s: SchedulerState, now_us: int, out: DecisionBuilder) -> StepDecis
     p = s.policy
     max_len = p.max_model_len
     fair = p.queue.order is QueueOrder.TENANT_FAIR
-    weights = p.queue.vtc_weights
+    weights = p.queue.vtc_weights if fair else None
     prefill_tokens = decode_seqs = prefill_attention = decode_kv = 0
     by_rid = s.requests
     produced = out.produced
@@ -382,15 +395,11 @@ def _complete(s: SchedulerState, now_us: int, out: DecisionBuilder) -> StepDecis
         s.running = [r for r in s.running if r.status is Status.RUNNING]
     total = prefill_tokens + decode_seqs
     _assert_budgets(s, out, total)
-    return StepDecision(
-        step=s.step, now_us=now_us, scheduled=tuple(out.scheduled.items()), produced=tuple(out.produced),
-        arrived=tuple(out.arrived),
-        admitted=tuple(out.admitted), preempted=tuple(out.preempted), finished=tuple(out.finished),
-        rejected=tuple(out.rejected), cancelled=tuple(out.cancelled), released=tuple(out.released),
-        num_prefill_tokens=prefill_tokens, num_decode_seqs=decode_seqs,
-        prefill_attention=prefill_attention, decode_kv_tokens=decode_kv,
-        kv_blocks_used=s.kv_used, kv_blocks_free=p.kv.num_blocks - s.kv_used, num_running=len(s.running), num_waiting=len(s.waiting),
-    )
+    return StepDecision(  # positional, in field order (the hot path of explorers and fuzzing)
+        s.step, now_us, tuple(out.scheduled.items()), tuple(out.produced), tuple(out.arrived), tuple(out.admitted),
+        tuple(out.preempted), tuple(out.finished), tuple(out.rejected), tuple(out.cancelled), tuple(out.released),
+        prefill_tokens, decode_seqs, prefill_attention, decode_kv, s.kv_used, p.kv.num_blocks - s.kv_used,
+        len(s.running), len(s.waiting))
 
 
 def _finish(s: SchedulerState, r: Request, out: DecisionBuilder) -> None:
