@@ -175,10 +175,31 @@ class _TerminalProgress:
 _terminal_progress = _TerminalProgress()
 
 
+# verify's options that the bounded check reads and verify --liveness does not
+_BMC_ONLY = ("invariant", "invariant_module", "depth", "workload", "no_audit", "prompt_range", "output_range",
+             "no_cancellations", "unbounded", "proof_dir")
+
+
 def _verify(args: argparse.Namespace) -> int:
     from checker.api import run_verify
+    from checker.errors import UsageError
+    from checker.liveness import cli as liveness_cli
     from checker.verify.run import overall_exit
 
+    parser = args.verify_parser
+    if args.liveness:  # the liveness verb's check, output and exit codes (docs/liveness.md)
+        given = [name for name in _BMC_ONLY if getattr(args, name) != parser.get_default(name)]
+        if given:
+            raise UsageError(f"--{given[0].replace('_', '-')} is not an option of verify --liveness (liveness "
+                             f"options: --requests, --step-ms, --timeout, --out, --json, --property, --prompts, "
+                             f"--outputs, --priorities, --tenants, --cancellations, --arrivals-per-step, --set, "
+                             f"--max-states)")
+        args.requests = 2 if args.requests is None else args.requests
+        return liveness_cli.run(args)
+    given = [name for name in liveness_cli.INSTANCE_OPTIONS if getattr(args, name) != parser.get_default(name)]
+    if given:
+        raise UsageError(f"--{given[0].replace('_', '-')} needs --liveness (it describes a liveness instance)")
+    args.requests = 3 if args.requests is None else args.requests
     if args.workload is not None and not args.no_audit:  # an impossible plan stops here, before any solver call
         from checker.api import run_derived_audit
 
@@ -362,7 +383,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="e.g. kv_never_overcommitted, decode_progress:gap=2 (repeatable; default: the four safety invariants)")
     p.add_argument("--invariant-module", action="append", metavar="MODULE",
                    help="load user invariants from a module or .py file with an INVARIANTS list (repeatable)")
-    p.add_argument("--requests", type=int, default=3, metavar="N", help="request slots (default 3)")
+    p.add_argument("--requests", type=int, metavar="N", help="request slots (default 3; with --liveness: requests "
+                   "in the system at once, default 2)")
     p.add_argument("--depth", type=int, default=5, metavar="K", help="iterations (default 5)")
     p.add_argument("--timeout", type=float, default=60.0, metavar="S", help="seconds per invariant (default 60)")
     p.add_argument("--workload", metavar="FILE", help="take length ranges, priorities and tenants from a workload "
@@ -377,7 +399,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--proof-dir", default="proofs", metavar="DIR", help="where proof certificates go (default proofs/)")
     p.add_argument("--out", default="counterexamples", metavar="DIR", help="where counterexamples go (default counterexamples/)")
     p.add_argument("--json", action="store_true")
-    p.set_defaults(run=_verify)
+    from checker.liveness import cli as liveness_cli  # the liveness verb's instance options, defined once
+
+    live = p.add_argument_group("liveness", "--liveness runs `batchcheck liveness` instead of the bounded check: "
+                                "the same state graph, output, exit codes and lasso files (docs/liveness.md)")
+    live.add_argument("--liveness", action="store_true", help="check eventually_served, no_livelock and no_deadlock "
+                      "on the explicit state graph of a small instance")
+    liveness_cli.add_instance_arguments(live)
+    p.set_defaults(run=_verify, verify_parser=p)
 
     p = verbs.add_parser("recheck", help="verify a PROVED verdict's certificate with a fresh solver",
                          description="Exit 0: the certificate holds; 1: it does not; 3: the solver could not decide.")

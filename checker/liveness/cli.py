@@ -22,7 +22,8 @@ def _ints(text: str) -> tuple[int, ...]:
     return tuple(sorted(set(values)))
 
 
-def _run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
+    """Explore, check and print (the liveness verb and ``verify --liveness``)."""
     from checker.api import run_liveness
     from checker.cli import _terminal_progress
 
@@ -45,18 +46,20 @@ def _run(args: argparse.Namespace) -> int:
     return code
 
 
-def register(verbs) -> None:
-    p = verbs.add_parser(
-        "liveness", help="explore a small instance's state graph for starvation, livelock and deadlock lassos",
-        description="Enumerate every reachable state of the policy with a bounded number of requests in flight "
-                    "and small sets of request classes (networkx graph, canonical states, symmetry reduction), "
-                    "then look for lassos: eventually_served, no_livelock, no_deadlock. Exit 1: a lasso was found "
-                    "(replayed on the engine and saved); 0: every property PROVED on the complete graph; 3: the "
-                    "graph was cut off by --max-states or --timeout (NO_COUNTEREXAMPLE). docs/liveness.md.")
-    p.add_argument("policy", metavar="POLICY")
+DESCRIPTION = ("Enumerate every reachable state of the policy with a bounded number of requests in flight and small "
+               "sets of request classes (networkx graph, canonical states, symmetry reduction), then look for "
+               "lassos: eventually_served, no_livelock, no_deadlock. Exit 1: a lasso was found (replayed on the "
+               "engine and saved); 0: every property PROVED on the complete graph; 3: the graph was cut off by "
+               "--max-states or --timeout (NO_COUNTEREXAMPLE). docs/liveness.md.")
+
+# The options of the instance that only the liveness check reads (verify --liveness takes them too).
+INSTANCE_OPTIONS = ("property", "prompts", "outputs", "priorities", "tenants", "cancellations", "arrivals_per_step",
+                    "set", "max_states")
+
+
+def add_instance_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--property", action="append", choices=PROPERTIES, metavar="NAME",
                    help="eventually_served, no_livelock or no_deadlock (repeatable; default: all three)")
-    p.add_argument("--requests", type=int, default=2, metavar="N", help="requests in the system at once (default 2)")
     p.add_argument("--prompts", type=_ints, metavar="LIST", help="prompt lengths, e.g. 16,600 (default: one KV block)")
     p.add_argument("--outputs", type=_ints, default=(1, 2), metavar="LIST", help="output lengths (default 1:2)")
     p.add_argument("--priorities", type=_ints, metavar="LIST",
@@ -65,12 +68,21 @@ def register(verbs) -> None:
     p.add_argument("--cancellations", action="store_true", help="clients may cancel live requests (default: never)")
     p.add_argument("--arrivals-per-step", type=int, metavar="K", help="at most K arrivals per iteration "
                    "(default: as many as there are free places)")
-    p.add_argument("--step-ms", type=float, default=10.0, metavar="MS", help="clock: ms per iteration (default 10)")
     p.add_argument("--set", action="append", metavar="FIELD=VALUE",
                    help="override a policy field for this instance, e.g. batch.max_num_seqs=1 (repeatable)")
     p.add_argument("--max-states", type=int, metavar="N", help="stop exploring after N states (default 200,000)")
+
+
+def register(verbs) -> None:
+    p = verbs.add_parser(
+        "liveness", help="explore a small instance's state graph for starvation, livelock and deadlock lassos",
+        description=DESCRIPTION + " The same check runs as `verify --liveness`.")
+    p.add_argument("policy", metavar="POLICY")
+    p.add_argument("--requests", type=int, default=2, metavar="N", help="requests in the system at once (default 2)")
+    add_instance_arguments(p)
+    p.add_argument("--step-ms", type=float, default=10.0, metavar="MS", help="clock: ms per iteration (default 10)")
     p.add_argument("--timeout", type=float, default=60.0, metavar="S", help="seconds for the exploration (default 60)")
     p.add_argument("--out", default="counterexamples", metavar="DIR", help="where lasso files go (default "
                    "counterexamples/)")
     p.add_argument("--json", action="store_true")
-    p.set_defaults(run=_run)
+    p.set_defaults(run=run)

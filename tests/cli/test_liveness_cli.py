@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -85,3 +86,45 @@ def test_bad_input_is_one_line_and_exit_2(capsys, tmp_path, argv, message):
     code, out, err = run(capsys, "liveness", AGING, *argv, "--out", str(tmp_path))
     assert code == 2 and out == ""
     assert err.splitlines() == [message]
+
+
+def _masked(out: str) -> list[str]:
+    """Output lines with the exploration time (the only part that differs between two runs) masked."""
+    return [re.sub(r"edges, [0-9.]+ s \(", "edges, T s (", line) for line in out.splitlines()]
+
+
+def test_verify_liveness_is_the_liveness_verb(capsys, tmp_path):
+    argv = [STRICT, "--set", "batch.max_num_seqs=1", "--property", "eventually_served", "--property", "no_deadlock"]
+    code, out, err = run(capsys, "liveness", *argv, "--out", str(tmp_path / "verb"))
+    code_v, out_v, err_v = run(capsys, "verify", *argv, "--liveness", "--out", str(tmp_path / "verify"))
+    assert (code, code_v) == (1, 1), err + err_v
+    assert _masked(out_v.replace(str(tmp_path / "verify"), str(tmp_path / "verb"))) == _masked(out)
+    lines = _masked(out_v)
+    assert lines[1].startswith("  - at most 2 request(s) in the system at once")  # the liveness default, not verify's 3
+    assert lines[4] == "graph: 17 states, 58 edges, T s (complete)"
+    assert lines[5].startswith("VIOLATED           eventually_served  lasso: 1 iteration(s) to a cycle of 1")
+    assert lines[6].startswith("PROVED             no_deadlock")
+    (verb_file,) = (tmp_path / "verb").glob("strict_priority__eventually_served_lasso__*.json")
+    (verify_file,) = (tmp_path / "verify").glob("strict_priority__eventually_served_lasso__*.json")
+    assert verify_file.name == verb_file.name and lines[5].endswith(str(verify_file))
+    assert json.loads(verify_file.read_text())["lasso"] == json.loads(verb_file.read_text())["lasso"]
+
+    code, out, _ = run(capsys, "verify", AGING, "--liveness", "--set", "batch.max_num_seqs=1", "--step-ms", "500",
+                       "--outputs", "1", "--requests", "2", "--json", "--out", str(tmp_path / "verify"))
+    doc = json.loads(out)
+    assert code == 0 and doc["exit_code"] == 0 and doc["starvation_bound"]["iterations"] == 2
+    assert [r["verdict"] for r in doc["results"]] == ["PROVED", "PROVED", "PROVED"]
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--liveness", "--depth", "3"], "batchcheck: error: --depth is not an option of verify --liveness"),
+    (["--liveness", "--invariant", "kv_never_overcommitted"],
+     "batchcheck: error: --invariant is not an option of verify --liveness"),
+    (["--prompts", "16"], "batchcheck: error: --prompts needs --liveness (it describes a liveness instance)"),
+    (["--property", "no_livelock"], "batchcheck: error: --property needs --liveness (it describes a liveness instance)"),
+])
+def test_verify_keeps_bounded_and_liveness_options_apart(capsys, tmp_path, argv, message):
+    code, out, err = run(capsys, "verify", STRICT, *argv, "--out", str(tmp_path))
+    assert code == 2 and out == ""
+    assert len(err.splitlines()) == 1 and err.startswith(message)
+    assert not tmp_path.exists() or not list(tmp_path.iterdir())
