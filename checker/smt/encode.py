@@ -11,6 +11,7 @@ so requests that arrive in the same step are taken in slot order.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from checker.policy import (Allocation, HeadOfLine, PhaseMode, Policy, Polarity, PreemptMode, QueueOrder,
@@ -278,26 +279,29 @@ class SymbolicStep:
 
     # ------------------------------------------------------------------ schedule
     def schedule(self) -> None:
-        o = self.o
+        self.begin_schedule()
+        for pass_ in self.passes():
+            pass_.run(self)
+
+    def begin_schedule(self) -> None:
+        """What the schedule phase starts from: the step's budgets and the running count."""
         b = self.p.batch
         self.budget = b.max_num_batched_tokens
         self.prefill_budget = b.prefill_token_cap
         self.running = self.count(Status.RUNNING)
-        mode = b.phase_mode
+        self.running_at_start = self.running
+
+    def passes(self) -> list[Pass]:
+        """The passes of the policy's phase mode, in order (each a loop of rounds over the slots)."""
+        mode = self.p.batch.phase_mode
         if mode is PhaseMode.DECODE_FIRST:
-            self.running_pass()
-            self.waiting_pass(True)
-        elif mode is PhaseMode.STATIC:
-            batch_done = self.running == 0
-            self.running_pass()
-            self.waiting_pass(batch_done)
-        elif mode is PhaseMode.PREFILL_FIRST:
-            self.running_pass(prefill_only=True)
-            self.waiting_pass(True)
-            nothing = o.not_(o.or_(*(x > 0 for x in self.sched)))
-            self.running_pass(enabled=nothing)
-        else:
-            self.mixed_pass()
+            return [RunningPass(), WaitingPass()]
+        if mode is PhaseMode.STATIC:
+            return [RunningPass(), WaitingPass(enable=lambda step: step.running_at_start == 0)]  # batch done
+        if mode is PhaseMode.PREFILL_FIRST:
+            return [RunningPass(prefill_only=True), WaitingPass(),
+                    RunningPass(enable=lambda step: step.o.not_(step.o.or_(*(x > 0 for x in step.sched))))]
+        return [MixedPass()]
 
     def num_new_tokens(self, r: dict[str, Term]) -> Term:
         o, p = self.o, self.p
@@ -407,74 +411,62 @@ class SymbolicStep:
             return self.growth_preempted
         return False
 
-    def running_pass(self, prefill_only: bool = False, enabled: Term = True) -> None:
-        """Phase A as a flat loop: each round serves, skips or stalls the first unprocessed running
-        request, or preempts one victim for it; 2N rounds suffice."""
+    def running_round(self, loop: dict, prefill_only: bool) -> None:
+        """One round of phase A: serve, skip or stall the first unprocessed running request, or preempt
+        one victim for it."""
         o = self.o
         n_slots = self.n
-        processed = [False] * n_slots
-        want: list[Term] = [-1] * n_slots  # tokens fixed when a request is first reached (as in the engine)
-        for _ in range(2 * n_slots):
-            cand = [o.and_(self.st(i) == int(Status.RUNNING), o.not_(processed[i])) for i in range(n_slots)]
-            active = o.and_(enabled, self.budget > 0, o.or_(*cand))
-            sel = self.first(cand, [(self.s.slots[i]["admitted_seq"],) for i in range(n_slots)])
-            done = self.serve_running(sel, active, want, prefill_only)
-            processed = [o.or_(processed[i], o.and_(done, sel[i])) for i in range(n_slots)]
+        processed = loop["processed"]
+        cand = [o.and_(self.st(i) == int(Status.RUNNING), o.not_(processed[i])) for i in range(n_slots)]
+        active = o.and_(loop["enabled"], self.budget > 0, o.or_(*cand))
+        sel = self.first(cand, [(self.s.slots[i]["admitted_seq"],) for i in range(n_slots)])
+        done = self.serve_running(sel, active, loop["want"], prefill_only)
+        loop["processed"] = [o.or_(processed[i], o.and_(done, sel[i])) for i in range(n_slots)]
 
-    def waiting_pass(self, enabled: Term) -> None:
-        """Phase B as a flat loop over the queue snapshot in key order: each round admits or gives up
-        on the first untried request, or preempts one running request for it (priority inversion)."""
+    def waiting_round(self, loop: dict) -> None:
+        """One round of phase B over the queue snapshot in key order: admit or give up on the first
+        untried request, or preempt one running request for it (priority inversion)."""
         o, p = self.o, self.p
         n_slots = self.n
-        enabled = o.and_(enabled, o.not_(self.admission_blocked()))
-        snapshot = [o.and_(self.is_(i, *WAITING_STATES), o.not_(self.preempted[i])) for i in range(n_slots)]
-        keys = [self.queue_key(i) for i in range(n_slots)]
+        snapshot, tried = loop["snapshot"], loop["tried"]
         inversion = p.preempts_on_inversion
-        strict = p.queue.head_of_line is HeadOfLine.STRICT
-        tried = [False] * n_slots
-        stopped = o.not_(enabled)
-        for _ in range(2 * n_slots):
-            cand = [o.and_(snapshot[i], o.not_(tried[i])) for i in range(n_slots)]
-            room = o.and_(self.budget > 0, True if inversion else self.running < p.batch.max_num_seqs)
-            any_cand = o.or_(*cand)
-            stopped = o.or_(stopped, o.and_(any_cand, o.not_(room)))
-            active = o.and_(o.not_(stopped), any_cand)
-            sel = self.first(cand, keys)
-            admitted, failed = self.try_admit(sel, active)
-            tried = [o.or_(tried[i], o.and_(sel[i], o.or_(admitted, failed))) for i in range(n_slots)]
-            if strict:
-                stopped = o.or_(stopped, failed)
+        cand = [o.and_(snapshot[i], o.not_(tried[i])) for i in range(n_slots)]
+        room = o.and_(self.budget > 0, True if inversion else self.running < p.batch.max_num_seqs)
+        any_cand = o.or_(*cand)
+        stopped = o.or_(loop["stopped"], o.and_(any_cand, o.not_(room)))
+        active = o.and_(o.not_(stopped), any_cand)
+        sel = self.first(cand, loop["keys"])
+        admitted, failed = self.try_admit(sel, active)
+        loop["tried"] = [o.or_(tried[i], o.and_(sel[i], o.or_(admitted, failed))) for i in range(n_slots)]
+        if p.queue.head_of_line is HeadOfLine.STRICT:
+            stopped = o.or_(stopped, failed)
+        loop["stopped"] = stopped
 
-    def mixed_pass(self) -> None:
-        """Orca's single pass (mirrors step._mixed_pass): running and waiting requests together in
-        queue order; each round serves or admits the first unprocessed one, or preempts one victim."""
+    def mixed_round(self, loop: dict) -> None:
+        """One round of Orca's single pass: serve or admit the first unprocessed request in queue order,
+        or preempt one victim."""
         o, p = self.o, self.p
         n_slots = self.n
-        keys = [self.queue_key(i) for i in range(n_slots)]  # the order is fixed when the pass starts
-        snapshot = [self.is_(i, Status.RUNNING, *WAITING_STATES) for i in range(n_slots)]
+        snapshot, processed, admitting = loop["snapshot"], loop["processed"], loop["admitting"]
         inversion = p.preempts_on_inversion
         strict = p.queue.head_of_line is HeadOfLine.STRICT
-        processed = [False] * n_slots
-        want: list[Term] = [-1] * n_slots
-        admitting: Term = True
-        stopped: Term = False
-        for _ in range(3 * n_slots):
-            cand = [o.and_(snapshot[i], o.not_(processed[i])) for i in range(n_slots)]
-            any_cand = o.or_(*cand)
-            stopped = o.or_(stopped, o.and_(any_cand, self.budget <= 0))
-            active = o.and_(o.not_(stopped), any_cand)
-            sel = self.first(cand, keys)
-            is_running = o.or_(*(o.and_(sel[i], self.st(i) == int(Status.RUNNING)) for i in range(n_slots)))
-            was_preempted = o.or_(*(o.and_(sel[i], self.preempted[i]) for i in range(n_slots)))
-            run_done = self.serve_running(sel, o.and_(active, is_running), want)
-            waiting = o.and_(active, o.not_(is_running))
-            may_admit = o.and_(waiting, admitting, o.not_(was_preempted), o.not_(self.admission_blocked()))
-            seq_full = False if inversion else o.and_(may_admit, self.running >= p.batch.max_num_seqs)
-            admitted, failed = self.try_admit(sel, o.and_(may_admit, o.not_(seq_full)))
-            passed_over = o.and_(waiting, o.not_(may_admit))
-            done = o.or_(run_done, passed_over, seq_full, admitted, failed)
-            processed = [o.or_(processed[i], o.and_(done, sel[i])) for i in range(n_slots)]
-            admitting = o.and_(admitting, o.not_(seq_full), o.not_(failed) if strict else True)
+        cand = [o.and_(snapshot[i], o.not_(processed[i])) for i in range(n_slots)]
+        any_cand = o.or_(*cand)
+        stopped = o.or_(loop["stopped"], o.and_(any_cand, self.budget <= 0))
+        active = o.and_(o.not_(stopped), any_cand)
+        sel = self.first(cand, loop["keys"])
+        is_running = o.or_(*(o.and_(sel[i], self.st(i) == int(Status.RUNNING)) for i in range(n_slots)))
+        was_preempted = o.or_(*(o.and_(sel[i], self.preempted[i]) for i in range(n_slots)))
+        run_done = self.serve_running(sel, o.and_(active, is_running), loop["want"])
+        waiting = o.and_(active, o.not_(is_running))
+        may_admit = o.and_(waiting, admitting, o.not_(was_preempted), o.not_(self.admission_blocked()))
+        seq_full = False if inversion else o.and_(may_admit, self.running >= p.batch.max_num_seqs)
+        admitted, failed = self.try_admit(sel, o.and_(may_admit, o.not_(seq_full)))
+        passed_over = o.and_(waiting, o.not_(may_admit))
+        done = o.or_(run_done, passed_over, seq_full, admitted, failed)
+        loop["processed"] = [o.or_(processed[i], o.and_(done, sel[i])) for i in range(n_slots)]
+        loop["admitting"] = o.and_(admitting, o.not_(seq_full), o.not_(failed) if strict else True)
+        loop["stopped"] = stopped
 
     def admit(self, sel: list[Term], r: dict[str, Term], n: Term, cond: Term) -> None:
         o, s = self.o, self.s
@@ -517,6 +509,69 @@ class SymbolicStep:
             produced_all.append(produced)
         s.step = s.step + 1
         return produced_all
+
+
+class Pass:
+    """A phase of the schedule: its loop variables at the start, and one round (a slot's worth of work).
+    ``run`` is the loop the step takes; verification also runs single rounds from symbolic loop variables
+    (checker/verify/actions.py)."""
+
+    rounds_per_slot = 2
+    prefill_only = False
+
+    def __init__(self, enable: Callable[[SymbolicStep], Term] | None = None):
+        self.enable = enable  # whether the pass runs, read from the step when the pass starts
+
+    def enabled(self, step: SymbolicStep) -> Term:
+        return True if self.enable is None else self.enable(step)
+
+    def start(self, step: SymbolicStep) -> dict:
+        raise NotImplementedError
+
+    def round(self, step: SymbolicStep, loop: dict) -> None:
+        raise NotImplementedError
+
+    def run(self, step: SymbolicStep) -> None:
+        loop = self.start(step)
+        for _ in range(self.rounds_per_slot * step.n):
+            self.round(step, loop)
+
+
+class RunningPass(Pass):
+    def __init__(self, prefill_only: bool = False, **kw):
+        super().__init__(**kw)
+        self.prefill_only = prefill_only
+
+    def start(self, step: SymbolicStep) -> dict:
+        # want: tokens fixed when a request is first reached (as in the engine)
+        return {"enabled": self.enabled(step), "processed": [False] * step.n, "want": [-1] * step.n}
+
+    def round(self, step: SymbolicStep, loop: dict) -> None:
+        step.running_round(loop, self.prefill_only)
+
+
+class WaitingPass(Pass):
+    def start(self, step: SymbolicStep) -> dict:
+        o, n = step.o, step.n
+        enabled = o.and_(self.enabled(step), o.not_(step.admission_blocked()))
+        return {"snapshot": [o.and_(step.is_(i, *WAITING_STATES), o.not_(step.preempted[i])) for i in range(n)],
+                "keys": [step.queue_key(i) for i in range(n)], "tried": [False] * n, "stopped": o.not_(enabled)}
+
+    def round(self, step: SymbolicStep, loop: dict) -> None:
+        step.waiting_round(loop)
+
+
+class MixedPass(Pass):
+    rounds_per_slot = 3
+
+    def start(self, step: SymbolicStep) -> dict:
+        n = step.n
+        return {"keys": [step.queue_key(i) for i in range(n)],  # the order is fixed when the pass starts
+                "snapshot": [step.is_(i, Status.RUNNING, *WAITING_STATES) for i in range(n)],
+                "processed": [False] * n, "want": [-1] * n, "admitting": True, "stopped": False}
+
+    def round(self, step: SymbolicStep, loop: dict) -> None:
+        step.mixed_round(loop)
 
 
 def symbolic_step(ops, policy: Policy, params: list[SlotParams], state: SlotState, now_us: Term,
