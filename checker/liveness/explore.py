@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import networkx as nx
 
 from checker.errors import InputError, Problem
-from checker.liveness.canon import LIVE, Canon, RequestClass
+from checker.liveness.canon import FIELDS_PER_REQUEST, LIVE, Canon, RequestClass
 from checker.policy import Policy
 from checker.semantics.decision import StepDecision
 from checker.semantics.state import Request, RequestSpec, SchedulerState, Status
@@ -116,7 +116,8 @@ class StateGraph:
     seconds: float
     stop_reason: str = ""
     edges: int = 0
-    steps_run: int = 0  # calls of the step function (one per state and environment choice)
+    choices_run: int = 0  # environment choices applied (one per state and choice)
+    steps_run: int = 0  # schedules run (phases 5-6 of the step; the other choices' came from the memo)
 
     @property
     def states(self) -> int:
@@ -135,16 +136,22 @@ class StateGraph:
 
 
 class Transition:
-    """Applies one environment choice and one step to a decoded key: the single step function, on a
-    representative state."""
+    """Applies environment choices and one step to a decoded key: the single step function, on copies of a
+    representative state.
 
-    def __init__(self, canon: Canon, env: LivenessEnv):
+    Phases 5-6 of the step (schedule, complete) are memoized by the canonical key of the state after phases
+    1-4 (release, arrive, cancel, expire): equal keys have the same future, and phases 5-6 read only the
+    state (checker.semantics.step.step_schedule), so many choices, from many states, share one schedule
+    (``memo=False`` runs every step whole: tests/unit/test_liveness.py checks both give the same graph)."""
+
+    def __init__(self, canon: Canon, env: LivenessEnv, memo: bool = True):
         self.canon = canon
         self.env = env
         self.class_ids = [canon.class_id(c) for c in env.classes()]
-        self.steps_run = 0
+        self.choices_run = 0  # environment choices applied (phases 1-4 of a step each)
+        self.steps_run = 0  # schedules run (phases 5-6; the others came from the memo)
         self._specs: dict[tuple[int, int, int], RequestSpec] = {}  # (number, arrival, class) -> spec
-        self._memo: dict[tuple, tuple] = {}
+        self._memo: dict[tuple, tuple] | None = {} if memo else None
 
     def _spec(self, rid: int, now: int, cid: int) -> RequestSpec:
         spec = self._specs.get((rid, now, cid))
@@ -157,12 +164,10 @@ class Transition:
         """A copy of ``base`` after the choice's arrivals and cancels and one step at ``now``."""
         s = base.copy()
         requests = s.requests
-        arrivals = []
-        for cid in choice[0]:
-            r = Request(self._spec(len(requests), now, cid))
-            requests.append(r)
-            arrivals.append(r)
+        arrivals = [Request(self._spec(len(requests) + k, now, cid)) for k, cid in enumerate(choice[0])]
+        requests += arrivals
         d = step(s, arrivals, [requests[i] for i in choice[1]], now)
+        self.choices_run += 1
         self.steps_run += 1
         return s, d
 
@@ -171,10 +176,10 @@ class Transition:
         s, d = self._stepped(s, now, choice)
         return s, d, now + self.canon.step_us
 
-    def successors(self, key: tuple) -> dict[tuple, dict[tuple, Label]]:
-        """Successor key -> {(tokens > 0, finished, cancelled, gone): label}."""
+    def choices(self, key: tuple) -> tuple[list[tuple[int, ...]], list[tuple[int, ...]]]:
+        """The environment's options in a state: arrival sequences, and sets of live positions to cancel."""
         live = key[0]
-        holding = key[1 + live * 8 + (live if self.canon.timed and live else 0)]
+        holding = key[1 + live * FIELDS_PER_REQUEST + (live if self.canon.timed and live else 0)]
         free = self.env.requests - live - holding
         limit = free if self.env.arrivals_per_step is None else min(free, self.env.arrivals_per_step)
         arrival_options = [seq for n in range(limit + 1) for seq in itertools.product(self.class_ids, repeat=n)]
@@ -182,46 +187,84 @@ class Transition:
             cancel_options = [c for n in range(live + 1) for c in itertools.combinations(range(live), n)]
         else:
             cancel_options = [()]
+        return arrival_options, cancel_options
+
+    def successors(self, key: tuple) -> dict[tuple, dict[tuple, Label]]:
+        """Successor key -> {(tokens > 0, finished, cancelled, gone): label}."""
+        if self._memo is None:
+            return self._successors_whole(key)
+        live = key[0]
+        everyone = (1 << live) - 1
+        arrival_options, cancel_options = self.choices(key)
         out: dict[tuple, dict[tuple, Label]] = {}
         encode = self.canon.encode
         base, now = self.canon.decode(key)
         next_now = now + self.canon.step_us
+        first_new = len(base.requests)
         memo = self._memo
+        self.choices_run += len(arrival_options) * len(cancel_options)
         for arriving in arrival_options:
+            specs = [self._spec(first_new + k, now, cid) for k, cid in enumerate(arriving)]
             for cancelled in cancel_options:
-                choice = (arriving, cancelled)
                 s = base.copy()
                 requests = s.requests
-                arrivals = []
-                for cid in arriving:
-                    r = Request(self._spec(len(requests), now, cid))
-                    requests.append(r)
-                    arrivals.append(r)
+                arrivals = [Request(spec) for spec in specs]
+                requests += arrivals
                 events = DecisionBuilder()
                 step_events(s, arrivals, [requests[i] for i in cancelled], now, events)
                 mid = encode(s, now)
-                mid_live = [r for r in requests if r.status in LIVE_STATUSES]
-                gone_before = [requests[i].status in TERMINAL_STATUSES for i in range(live)]
+                left = events.cancelled or events.rejected  # did a live request of the source leave in phases 1-4?
+                if left:
+                    gone_before = [requests[i].status in TERMINAL_STATUSES for i in range(live)]
                 hit = memo.get(mid)
                 if hit is None:
-                    self.steps_run += 1
+                    mid_live = [r for r in requests if r.status in LIVE_STATUSES]
                     d = step_schedule(s, now, events)
+                    self.steps_run += 1
                     gone_mid = 0
                     for j, r in enumerate(mid_live):
                         if r.status in TERMINAL_STATUSES:
                             gone_mid |= 1 << j
                     hit = memo[mid] = (encode(s, next_now), d.num_scheduled_tokens, bool(d.finished), gone_mid)
                 succ, tokens, finished, gone_mid = hit
-                gone = 0
-                j = 0
-                for i in range(live):
-                    if gone_before[i]:
-                        gone |= 1 << i
-                    else:
-                        if gone_mid >> j & 1:
+                if left:  # source positions -> positions after phases 1-4 (the requests that stayed, in order)
+                    gone = 0
+                    j = 0
+                    for i in range(live):
+                        if gone_before[i]:
                             gone |= 1 << i
-                        j += 1
+                        else:
+                            if gone_mid >> j & 1:
+                                gone |= 1 << i
+                            j += 1
+                else:  # the source's live requests are the first ones after phases 1-4
+                    gone = gone_mid & everyone
                 core = (tokens > 0, finished, bool(cancelled), gone)
+                labels = out.get(succ)
+                if labels is None:
+                    labels = out[succ] = {}
+                if core not in labels:
+                    labels[core] = Label(tokens, finished, core[2], gone, (arriving, cancelled))
+        return out
+
+    def _successors_whole(self, key: tuple) -> dict[tuple, dict[tuple, Label]]:
+        """successors() without the memo: one whole step per choice."""
+        live = key[0]
+        arrival_options, cancel_options = self.choices(key)
+        out: dict[tuple, dict[tuple, Label]] = {}
+        base, now = self.canon.decode(key)
+        next_now = now + self.canon.step_us
+        for arriving in arrival_options:
+            for cancelled in cancel_options:
+                choice = (arriving, cancelled)
+                s, d = self._stepped(base, now, choice)
+                succ = self.canon.encode(s, next_now)
+                gone = 0
+                for i in range(live):
+                    if s.requests[i].status in TERMINAL_STATUSES:
+                        gone |= 1 << i
+                tokens = d.num_scheduled_tokens
+                core = (tokens > 0, bool(d.finished), bool(cancelled), gone)
                 labels = out.setdefault(succ, {})
                 if core not in labels:
                     labels[core] = Label(tokens, core[1], core[2], gone, choice)
@@ -233,20 +276,20 @@ def initial_key(canon: Canon, env: LivenessEnv) -> tuple:
 
 
 def explore(policy: Policy, env: LivenessEnv, max_states: int = DEFAULT_MAX_STATES, timeout_s: float = 60.0,
-            progress=None) -> StateGraph:
-    """Breadth-first enumeration of the reachable canonical states (so BFS paths are shortest prefixes)."""
+            progress=None, memo: bool = True) -> StateGraph:
+    """Breadth-first enumeration of the reachable canonical states (so BFS paths are shortest prefixes). The
+    edges are collected in a list and put into the networkx graph once, at the end."""
     started = time.monotonic()
     canon = Canon(policy, env.step_us, env.priorities, env.tenants)
-    trans = Transition(canon, env)
+    trans = Transition(canon, env, memo)
     first = initial_key(canon, env)
     ids = {first: 0}
     keys, depth, parent = [first], [0], [None]
-    graph = nx.DiGraph()
-    graph.add_node(0)
+    edge_list: list[tuple[int, int, dict]] = []
     queue = deque([0])
-    edges = 0
     stop = ""
     deadline = started + timeout_s
+    successors = trans.successors
     while queue:
         if len(keys) >= max_states:
             stop = f"state limit ({max_states:,}) reached"
@@ -255,7 +298,7 @@ def explore(policy: Policy, env: LivenessEnv, max_states: int = DEFAULT_MAX_STAT
             stop = f"time limit ({timeout_s:g} s) reached"
             break
         u = queue.popleft()
-        for succ, labels in trans.successors(keys[u]).items():
+        for succ, labels in successors(keys[u]).items():
             v = ids.get(succ)
             if v is None:
                 v = ids[succ] = len(keys)
@@ -263,12 +306,15 @@ def explore(policy: Policy, env: LivenessEnv, max_states: int = DEFAULT_MAX_STAT
                 depth.append(depth[u] + 1)
                 parent.append((u, next(iter(labels.values())).choice))
                 queue.append(v)
-            graph.add_edge(u, v, labels=tuple(labels.values()))
-            edges += 1
+            edge_list.append((u, v, {"labels": tuple(labels.values())}))
         if progress is not None and u % 5000 == 0:
-            progress(f"{len(keys):,} states, {edges:,} edges")
+            progress(f"{len(keys):,} states, {len(edge_list):,} edges")
+    graph = nx.DiGraph()
+    graph.add_node(0)
+    graph.add_edges_from(edge_list)
     return StateGraph(graph, canon, env, keys, depth, parent, complete=not queue and not stop,
-                      seconds=time.monotonic() - started, stop_reason=stop, edges=edges, steps_run=trans.steps_run)
+                      seconds=time.monotonic() - started, stop_reason=stop, edges=len(edge_list),
+                      choices_run=trans.choices_run, steps_run=trans.steps_run)
 
 
 def live_positions(s: SchedulerState) -> list[int]:

@@ -106,3 +106,26 @@ def test_environment_values_are_checked():
         LivenessEnv(1, (0,), (1,))
     with pytest.raises(InputError, match=r"--requests=0 \(expected >= 1\)"):
         LivenessEnv(0, (1,), (1,))
+
+
+@pytest.mark.parametrize("name,overrides,env", [
+    ("vllm_v1", SMALL_POOL, LivenessEnv(3, (16, 48), (1, 3), cancellations=True)),
+    ("priority_aging", ["kv.num_blocks=6"], LivenessEnv(2, (16, 48), (1, 3), (0, 1), cancellations=True,
+                                                        step_us=250_000)),
+    ("vtc_fair", ["batch.max_num_seqs=1"], LivenessEnv(2, (16,), (1,), tenants=2)),
+    ("vllm_v0_no_chunking", SMALL_POOL, LivenessEnv(3, (16, 48), (1, 2), cancellations=True)),
+    ("tiered_shedding", ["timeouts.queue_timeout_ms=30", "kv.num_blocks=4"],
+     LivenessEnv(2, (16, 48), (1, 2), (0, 1), cancellations=True)),
+    ("vllm_v0_no_chunking", [*SMALL_POOL, "preemption.mode=swap", "kv.swap_blocks=4"], LivenessEnv(3, (16, 48), (1, 3))),
+    ("sarathi_serve", SMALL_POOL, LivenessEnv(3, (16, 48), (1, 2))),
+])
+def test_the_schedule_memo_gives_the_graph_of_whole_steps(name, overrides, env):
+    """Phases 5-6 memoized by the canonical key after phases 1-4 (queue timeouts, cancels with a release lag,
+    requeues at the front, tenant counters, aging) give the same states, edges, labels and BFS tree."""
+    def dump(sg):
+        edges = sorted((sg.keys[u], sg.keys[v], labels) for u, v, labels in sg.graph.edges(data="labels"))
+        return sg.keys, sg.depth, sg.parent, edges
+    policy = _policy(name, overrides)
+    memo, whole = explore(policy, env, max_states=600), explore(policy, env, max_states=600, memo=False)
+    assert memo.steps_run < whole.steps_run == whole.choices_run == memo.choices_run
+    assert dump(memo) == dump(whole)
