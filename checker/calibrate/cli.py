@@ -159,7 +159,7 @@ def register(verbs) -> None:
     f.add_argument("--held-out", type=_share, default=0.25, metavar="SHARE",
                    help="share of each kind's shapes kept out of the fit (default 0.25)")
     f.add_argument("--seed", type=int, default=0, metavar="N", help="seed of the held-out split (default 0)")
-    f.add_argument("--max-pieces", type=_positive, default=6, metavar="N", help="pieces at most (default 6)")
+    f.add_argument("--max-pieces", type=_positive, default=4, metavar="N", help="pieces at most (default 4)")
     f.add_argument("--terms", metavar="T,T,...", help="only these terms (default all: overhead, prefill_token, "
                    "prefill_attention, decode_seq, decode_kv_token)")
     f.add_argument("--no-plot", action="store_true", help="do not write the residual plot")

@@ -139,7 +139,7 @@ def test_import_vidur_of_a_missing_directory_exits_2(capsys, tmp_path):
                    "with Vidur's mlp.csv, attention.csv and cpu_overheads.csv)\n")
 
 
-@pytest.mark.parametrize(("name", "meets_targets"), [("a100-llama-2-70b-tp2", True), ("cpu-tiny-llama", False)])
+@pytest.mark.parametrize(("name", "meets_targets"), [("a100-llama-2-70b-tp2", True), ("cpu-small-llama", True)])
 def test_shipped_profiles_refit_from_their_tables_with_the_recorded_error(capsys, tmp_path, name, meets_targets):
     shipped = load_profile(PROFILES / f"{name}.json")
     assert shipped.measured
@@ -181,7 +181,7 @@ def test_import_vidur_reproduces_the_shipped_measurements(capsys, tmp_path):
 
 def test_calibration_doc_quotes_the_shipped_errors():
     text = (ROOT / "docs" / "calibration.md").read_text()
-    for name in ("a100-llama-2-70b-tp2", "cpu-tiny-llama"):
+    for name in ("a100-llama-2-70b-tp2", "cpu-small-llama"):
         e = load_profile(PROFILES / f"{name}.json").fit_error
         row = next(line for line in text.splitlines() if line.startswith(f"| `{name}.json` |"))
         assert (f"| {100 * e['held_out_median']:.1f} % | {100 * e['held_out_p95']:.1f} % "

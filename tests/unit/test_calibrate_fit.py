@@ -108,3 +108,18 @@ def test_unmeasured_profiles_give_no_extrapolation_notes_and_a_policy_within_ran
         update={"max_num_batched_tokens": 512, "max_num_seqs": 64})})
     assert extrapolation_notes(within, profile) == []
     assert len(extrapolation_notes(policy, profile)) == 3
+
+
+def test_single_sequence_decodes_get_a_piece_of_their_own():
+    """A kernel switch between one and two decoding sequences (as on the CPU: matrix-vector for one row)
+    is a piece that holds only one-sequence decodes: it fits the overhead and the KV-token cost alone, so
+    it needs rows for those two terms, not for all five."""
+    def time_of(prefill, attention, seqs, kv):
+        jump = 0.0 if prefill + seqs <= 1 else 6000.0
+        return 4000.0 + jump + 8.0 * prefill + 0.001 * attention + 800.0 * seqs + 2.0 * kv
+
+    rows = grid_rows(time_of) + tuple(Measurement("decode", 0, 0, 1, k + 1, k + 1, time_of(0, 0, 1, k + 1))
+                                      for k in (100, 400, 1200))
+    result = fit(MeasurementTable("toy", SHAPE, rows), "m.csv", "p.json", opt=FitOptions(held_out=0.0))
+    assert result.profile.pieces[0].max_batched_tokens == 1
+    assert result.errors(held_out=False)["max"] < 0.01
