@@ -1,6 +1,5 @@
 """Profile.decode_steps_us is the closed form the engine's fast-forward uses: term for term
-iteration_us(0, 0, seqs, context + seqs * j), cut at the first step starting at or after the horizon,
-whichever path computes it (a loop for short stretches, numpy for long ones)."""
+iteration_us(0, 0, seqs, context + seqs * j), cut at the first step starting at or after the horizon."""
 
 from __future__ import annotations
 
