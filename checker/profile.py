@@ -123,12 +123,6 @@ class Profile(_Strict):
         p = self.piece_for(seqs)
         base = p.overhead_us + p.per_decode_seq_us * seqs  # the prefill terms are 0 (x + 0.0 == x)
         per_kv = p.per_decode_kv_token_us
-        if per_kv >= 0 and max_steps >= _NUMPY_FROM:  # durations never fall: the first is the shortest
-            first = max(1, round(base + per_kv * (context + seqs)))
-            if horizon_us is not None:
-                max_steps = min(max_steps, max(0, -(-(horizon_us - start_us) // first)))
-            if max_steps >= _NUMPY_FROM:
-                return _decode_steps_np(base, per_kv, seqs, context, max_steps, start_us, horizon_us)
         durations: list[int] = []
         t = start_us
         for j in range(1, max_steps + 1):
@@ -141,26 +135,6 @@ class Profile(_Strict):
 
     def step_us(self, d: StepDecision) -> int:
         return self.iteration_us(d.num_prefill_tokens, d.prefill_attention, d.num_decode_seqs, d.decode_kv_tokens)
-
-
-_NUMPY_FROM = 48  # stretches at least this long are computed with numpy (the fuzzer's short traces run
-# thousands of them, with tens to hundreds of steps each; the loop costs ~0.2 us a step)
-
-
-def _decode_steps_np(base: float, per_kv: float, seqs: int, context: int, steps: int, start_us: int,
-                     horizon_us: int | None) -> list[int]:
-    """Profile.decode_steps_us's loop with numpy, value for value: the same float64 operations in the
-    same order (an int64 context times per_kv, plus base; exact below 2**53 as Python's int-to-float
-    is), rounded half to even as round() does, at least 1; then the steps starting before horizon_us."""
-    import numpy as np
-
-    tokens = context + seqs * np.arange(1, steps + 1, dtype=np.int64)
-    durations = np.maximum(np.rint(base + per_kv * tokens), 1).astype(np.int64)
-    if horizon_us is not None:
-        ends = np.cumsum(durations)
-        starts = ends - durations + start_us
-        durations = durations[: int(np.searchsorted(starts, horizon_us, "left"))]
-    return durations.tolist()
 
 
 def load_profile(path: str | Path | None) -> Profile:
