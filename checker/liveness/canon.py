@@ -86,13 +86,22 @@ class Canon:
                         counters: list[int] | tuple[int, ...] = ()) -> tuple:
         """The key of a state given its requests in arrival order (ties: by number). ``next_now_us`` is
         when the next iteration starts; ``next_step`` its index (for release lags)."""
-        live = [r for r in requests if r.status in LIVE]
+        live = []
+        holding = None  # (blocks, steps until release) of the cancelled requests still holding KV
+        for r in requests:
+            status = r.status
+            if status in LIVE:
+                live.append(r)
+            elif status is Status.CANCELLED and r.blocks:
+                if holding is None:
+                    holding = []
+                holding.append((r.blocks, max(r.release_step - next_step, 0)))
         out = [len(live)]
         if live:
             running = sorted([r.admitted_seq for r in live if r.status is Status.RUNNING])
             admitted_rank = {seq: i for i, seq in enumerate(running, 1)}
-            requeue_rank = ({seq: i for i, seq in enumerate(sorted([r.requeue_seq for r in live if r.requeue_seq]), 1)}
-                            if self.front else None)
+            requeued = sorted([r.requeue_seq for r in live if r.requeue_seq]) if self.front else None
+            requeue_rank = {seq: i for i, seq in enumerate(requeued, 1)} if requeued else None
             class_ids = self.class_ids
             for r in live:
                 cls = (r.prompt_len, r.output_len, r.max_output, r.priority, r.tenant)
@@ -102,16 +111,17 @@ class Canon:
                 status = r.status
                 out += (cid, STATUS_INT[status], r.num_computed, r.num_generated, r.blocks, r.swapped_blocks,
                         admitted_rank[r.admitted_seq] if status is Status.RUNNING else (1 if r.admitted_seq else 0),
-                        requeue_rank.get(r.requeue_seq, 0) if requeue_rank else 0)
+                        requeue_rank[r.requeue_seq] if requeue_rank and r.requeue_seq else 0)
             if self.timed:
                 step_us = self.step_us
                 ages = [(next_now_us - r.arrival_us) // step_us for r in live]
                 out.append(self._cap(ages[-1]))
                 out += (self._cap(ages[i] - ages[i + 1]) for i in range(len(ages) - 1))
-        holding = [r for r in requests if r.status is Status.CANCELLED and r.blocks]
-        out.append(len(holding))
-        if holding:
-            for pair in sorted([(r.blocks, max(r.release_step - next_step, 0)) for r in holding]):
+        if holding is None:
+            out.append(0)
+        else:
+            out.append(len(holding))
+            for pair in sorted(holding):
                 out += pair
         if self.fair:
             low = min(counters)

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from checker.semantics.state import Reason, Request
 
 
-@dataclass(frozen=True, slots=True)
-class StepDecision:
+class StepDecision(NamedTuple):  # immutable; a tuple, so building one (every step) is cheap
     step: int
     now_us: int
     scheduled: tuple[tuple[int, int], ...]  # (rid, tokens) in scheduling order

@@ -23,9 +23,10 @@ def max_context(s: SchedulerState, r: Request) -> int:
 def target_blocks(s: SchedulerState, r: Request, n: int) -> int:
     """Blocks the request must hold to compute n more tokens."""
     kv = s.policy.kv
-    need = blocks_for(r.num_computed + n, kv.block_size)
+    size = kv.block_size
+    need = -(-(r.num_computed + n) // size)  # blocks_for
     if kv.allocation is Allocation.FULL_RESERVATION:
-        need = max(need, blocks_for(max_context(s, r), kv.block_size))
+        need = max(need, blocks_for(max_context(s, r), size))
     return need
 
 
@@ -39,23 +40,24 @@ def free_blocks(s: SchedulerState) -> int:
 
 def can_grow(s: SchedulerState, r: Request, n: int) -> bool:
     """A running request may compute n more tokens (always true if the policy does not check)."""
-    if not s.policy.kv.check_allocation:
+    kv = s.policy.kv
+    if not kv.check_allocation:
         return True
-    return new_blocks(s, r, n) <= free_blocks(s)
+    return max(0, target_blocks(s, r, n) - r.blocks) <= kv.num_blocks - s.kv_used  # new_blocks <= free_blocks
 
 
 def can_admit(s: SchedulerState, r: Request, n: int) -> bool:
     """A waiting request may be admitted with a first chunk of n tokens: the chunk's blocks (and,
     with reserve_full_prompt, the blocks of its whole current sequence) fit with the watermark kept
     free when something is already running."""
-    kv = s.policy.kv
-    headroom = kv.watermark_blocks if s.running else 0
-    free = free_blocks(s) - headroom
-    if s.policy.admission.reserve_full_prompt:
-        whole = max(target_blocks(s, r, 0), blocks_for(r.num_tokens, kv.block_size)) - r.blocks
+    p = s.policy
+    kv = p.kv
+    free = kv.num_blocks - s.kv_used - (kv.watermark_blocks if s.running else 0)
+    if p.admission.reserve_full_prompt:
+        whole = max(target_blocks(s, r, 0), blocks_for(r.prompt_len + r.num_generated, kv.block_size)) - r.blocks
         if whole > free:
             return False
-    return new_blocks(s, r, n) <= free
+    return max(0, target_blocks(s, r, n) - r.blocks) <= free  # new_blocks(s, r, n) <= free
 
 
 def allocate(s: SchedulerState, r: Request, n: int) -> int:

@@ -176,14 +176,15 @@ def _schedule(s: SchedulerState, budget: Budget, now_us: int, out: DecisionBuild
 def num_new_tokens(s: SchedulerState, r: Request, budget: Budget) -> int:
     """Tokens the request would compute now: its gap, capped by the long-prefill threshold, the
     budget and (for prefill) the prefill cap; 0 if chunking is off and the gap does not fit."""
-    p = s.policy
-    gap = r.prompt_len + r.num_generated - r.num_computed
+    chunking = s.policy.chunking
+    generated = r.num_generated
+    gap = r.prompt_len + generated - r.num_computed
     n = min(gap, budget.tokens)
-    if p.chunking.long_prefill_token_threshold:
-        n = min(n, p.chunking.long_prefill_token_threshold)
-    if r.in_prefill:
+    if chunking.long_prefill_token_threshold:
+        n = min(n, chunking.long_prefill_token_threshold)
+    if generated == 0 or gap > 1:  # r.in_prefill
         n = min(n, budget.prefill)
-    if n < gap and not p.chunking.enabled:
+    if n < gap and not chunking.enabled:
         return 0
     return max(n, 0)
 
