@@ -416,10 +416,11 @@ def run_liveness(policy: str | Path, properties: list[str] | None = None, reques
                  priorities: tuple[int, ...] | None = None, tenants: int = 1, cancellations: bool = False,
                  arrivals_per_step: int | None = None, step_ms: float = 10.0, overrides: list[str] | None = None,
                  max_states: int | None = None, timeout_s: float = 60.0,
-                 out_dir: str | Path | None = "counterexamples", progress=None):
+                 out_dir: str | Path | None = "counterexamples", progress=None, jobs: int = 1):
     """Explore the policy's reachable states for a small instance into a networkx graph and check
     eventually_served, no_livelock and no_deadlock on it (docs/liveness.md); returns a LivenessReport.
-    Defaults: prompts of one KV block, priorities 0 and 1 when the policy reads priorities (else 0)."""
+    Defaults: prompts of one KV block, priorities 0 and 1 when the policy reads priorities (else 0).
+    ``jobs`` > 1 explores with that many worker processes (the same graph)."""
     from checker.liveness.check import check_liveness
     from checker.liveness.explore import DEFAULT_MAX_STATES, LivenessEnv
     from checker.liveness.lasso import PROPERTIES
@@ -427,13 +428,15 @@ def run_liveness(policy: str | Path, properties: list[str] | None = None, reques
     for name in properties or []:
         if name not in PROPERTIES:
             raise InputError(Problem("--property", name, "one of: " + ", ".join(PROPERTIES)))
+    if jobs < 1:
+        raise InputError(Problem("--jobs", jobs, ">= 1"))
     pol = apply_overrides(load_policy(policy), overrides)
     reads_priority = pol.queue.uses_priority or pol.preemption.victim.value == "lowest_priority"
     env = LivenessEnv(requests, tuple(prompts or (pol.kv.block_size,)), tuple(outputs),
                       tuple(priorities or ((0, 1) if reads_priority else (0,))), tenants, cancellations,
                       arrivals_per_step, round(step_ms * 1000))
     return check_liveness(pol, str(policy), env, properties, max_states or DEFAULT_MAX_STATES, timeout_s,
-                          Path(out_dir) if out_dir is not None else None, overrides, progress)
+                          Path(out_dir) if out_dir is not None else None, overrides, progress, jobs)
 
 
 # ----------------------------------------------------------------------------------------- bug reports

@@ -193,7 +193,7 @@ def _verify(args: argparse.Namespace) -> int:
             raise UsageError(f"--{given[0].replace('_', '-')} is not an option of verify --liveness (liveness "
                              f"options: --requests, --step-ms, --timeout, --out, --json, --property, --prompts, "
                              f"--outputs, --priorities, --tenants, --cancellations, --arrivals-per-step, --set, "
-                             f"--max-states)")
+                             f"--max-states, --jobs)")
         args.requests = 2 if args.requests is None else args.requests
         return liveness_cli.run(args)
     given = [name for name in liveness_cli.INSTANCE_OPTIONS if getattr(args, name) != parser.get_default(name)]

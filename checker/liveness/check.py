@@ -205,9 +205,9 @@ def confirm_bound(policy: Policy, sg: StateGraph, bound: StarvationBound) -> Bou
 
 def check_liveness(policy: Policy, policy_file: str | None, env: LivenessEnv, properties: list[str] | None = None,
                    max_states: int = DEFAULT_MAX_STATES, timeout_s: float = 60.0, out_dir: Path | None = None,
-                   overrides: list[str] | None = None, progress=None) -> LivenessReport:
+                   overrides: list[str] | None = None, progress=None, workers: int = 1) -> LivenessReport:
     chosen = list(properties or PROPERTIES)
-    sg = explore(policy, env, max_states, timeout_s, progress)
+    sg = explore(policy, env, max_states, timeout_s, progress, workers=workers)
     report = LivenessReport(policy, env, sg, [], overrides=list(overrides or []))
     for prop in chosen:
         lasso = find_lasso(sg, prop)

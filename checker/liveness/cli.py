@@ -29,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
 
     report = run_liveness(args.policy, args.property, args.requests, args.prompts, args.outputs, args.priorities,
                           args.tenants, args.cancellations, args.arrivals_per_step, args.step_ms, args.set,
-                          args.max_states, args.timeout, args.out, _terminal_progress())
+                          args.max_states, args.timeout, args.out, _terminal_progress(), args.jobs)
     _terminal_progress.clear()
     code = report.exit_code()
     if args.json:
@@ -54,7 +54,7 @@ DESCRIPTION = ("Enumerate every reachable state of the policy with a bounded num
 
 # The options of the instance that only the liveness check reads (verify --liveness takes them too).
 INSTANCE_OPTIONS = ("property", "prompts", "outputs", "priorities", "tenants", "cancellations", "arrivals_per_step",
-                    "set", "max_states")
+                    "set", "max_states", "jobs")
 
 
 def add_instance_arguments(p: argparse.ArgumentParser) -> None:
@@ -71,6 +71,8 @@ def add_instance_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--set", action="append", metavar="FIELD=VALUE",
                    help="override a policy field for this instance, e.g. batch.max_num_seqs=1 (repeatable)")
     p.add_argument("--max-states", type=int, metavar="N", help="stop exploring after N states (default 200,000)")
+    p.add_argument("--jobs", type=int, default=1, metavar="N", help="explore with N worker processes (the same "
+                   "graph; default 1)")
 
 
 def register(verbs) -> None:

@@ -18,18 +18,17 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import NamedTuple
 
 import networkx as nx
 
 from checker.errors import InputError, Problem
 from checker.liveness.canon import FIELDS_PER_REQUEST, LIVE, Canon, RequestClass
 from checker.policy import Policy
-from checker.semantics.decision import StepDecision
+from checker.semantics.decision import DecisionBuilder, StepDecision
 from checker.semantics.state import Request, RequestSpec, SchedulerState, Status
 from checker.semantics.step import step, step_events, step_schedule
-from checker.semantics.decision import DecisionBuilder
 
 DEFAULT_STEP_US = 10_000
 DEFAULT_MAX_STATES = 200_000
@@ -95,8 +94,7 @@ def _join(values) -> str:
 Choice = tuple[tuple[int, ...], tuple[int, ...]]
 
 
-@dataclass(frozen=True, slots=True)
-class Label:
+class Label(NamedTuple):  # immutable; a tuple, cheap to build and to send between processes
     tokens: int  # tokens scheduled in the iteration
     finished: bool  # a request finished
     cancelled: bool  # the environment cancelled a request
@@ -276,9 +274,14 @@ def initial_key(canon: Canon, env: LivenessEnv) -> tuple:
 
 
 def explore(policy: Policy, env: LivenessEnv, max_states: int = DEFAULT_MAX_STATES, timeout_s: float = 60.0,
-            progress=None, memo: bool = True) -> StateGraph:
+            progress=None, memo: bool = True, workers: int = 1) -> StateGraph:
     """Breadth-first enumeration of the reachable canonical states (so BFS paths are shortest prefixes). The
-    edges are collected in a list and put into the networkx graph once, at the end."""
+    edges are collected in a list and put into the networkx graph once, at the end.
+
+    ``workers`` > 1: the successors of each BFS level are computed by that many forked processes (each with its
+    own memo), a chunk of the level at a time, and merged here in the level's order: the same graph, node
+    numbers and BFS tree as one process (the state limit is applied while merging, so it cuts at the same
+    state; a time limit cuts wherever the clock says)."""
     started = time.monotonic()
     canon = Canon(policy, env.step_us, env.priorities, env.tenants)
     trans = Transition(canon, env, memo)
@@ -286,35 +289,83 @@ def explore(policy: Policy, env: LivenessEnv, max_states: int = DEFAULT_MAX_STAT
     ids = {first: 0}
     keys, depth, parent = [first], [0], [None]
     edge_list: list[tuple[int, int, dict]] = []
-    queue = deque([0])
     stop = ""
     deadline = started + timeout_s
-    successors = trans.successors
-    while queue:
-        if len(keys) >= max_states:
-            stop = f"state limit ({max_states:,}) reached"
-            break
-        if time.monotonic() > deadline:
-            stop = f"time limit ({timeout_s:g} s) reached"
-            break
-        u = queue.popleft()
-        for succ, labels in successors(keys[u]).items():
+    counts = [0, 0]  # choices and schedules run in worker processes
+
+    def merge(u: int, successors: dict[tuple, dict[tuple, Label]], discovered: list[int]) -> None:
+        for succ, labels in successors.items():
             v = ids.get(succ)
             if v is None:
                 v = ids[succ] = len(keys)
                 keys.append(succ)
                 depth.append(depth[u] + 1)
                 parent.append((u, next(iter(labels.values())).choice))
-                queue.append(v)
+                discovered.append(v)
             edge_list.append((u, v, {"labels": tuple(labels.values())}))
-        if progress is not None and u % 5000 == 0:
-            progress(f"{len(keys):,} states, {len(edge_list):,} edges")
+
+    def expansions(level: list[int]):
+        """(node, its successors) for the nodes of a BFS level, in order."""
+        if workers <= 1:
+            for u in level:
+                yield u, trans.successors(keys[u])
+            return
+        chunk = max(16, min(256, len(level) // (4 * workers) + 1))
+        parts = [level[i:i + chunk] for i in range(0, len(level), chunk)]
+        for part, (results, choices, schedules) in zip(parts, pool.imap(_expand, [[keys[u] for u in part]
+                                                                                   for part in parts])):
+            counts[0] += choices
+            counts[1] += schedules
+            yield from zip(part, results)
+
+    pool = _worker_pool(workers, policy, env, memo) if workers > 1 else None
+    level = [0]
+    try:
+        while level and not stop:
+            discovered: list[int] = []
+            for u, successors in expansions(level):
+                if len(keys) >= max_states:
+                    stop = f"state limit ({max_states:,}) reached"
+                    break
+                if time.monotonic() > deadline:
+                    stop = f"time limit ({timeout_s:g} s) reached"
+                    break
+                merge(u, successors, discovered)
+                if progress is not None and u % 5000 == 0:
+                    progress(f"{len(keys):,} states, {len(edge_list):,} edges")
+            if not stop:
+                level = discovered
+    finally:
+        if pool is not None:
+            pool.terminate()
     graph = nx.DiGraph()
     graph.add_node(0)
     graph.add_edges_from(edge_list)
-    return StateGraph(graph, canon, env, keys, depth, parent, complete=not queue and not stop,
+    return StateGraph(graph, canon, env, keys, depth, parent, complete=not stop,
                       seconds=time.monotonic() - started, stop_reason=stop, edges=len(edge_list),
-                      choices_run=trans.choices_run, steps_run=trans.steps_run)
+                      choices_run=trans.choices_run + counts[0], steps_run=trans.steps_run + counts[1])
+
+
+_WORKER: Transition | None = None  # the Transition of a worker process
+
+
+def _worker_pool(workers: int, policy: Policy, env: LivenessEnv, memo: bool):
+    import multiprocessing
+
+    return multiprocessing.get_context("fork").Pool(workers, _start_worker, (policy, env, memo))
+
+
+def _start_worker(policy: Policy, env: LivenessEnv, memo: bool) -> None:
+    global _WORKER
+    _WORKER = Transition(Canon(policy, env.step_us, env.priorities, env.tenants), env, memo)
+
+
+def _expand(batch: list[tuple]) -> tuple[list[dict[tuple, dict[tuple, Label]]], int, int]:
+    """In a worker: the successors of a chunk of keys, and the choices and schedules it took."""
+    trans = _WORKER
+    choices, schedules = trans.choices_run, trans.steps_run
+    results = [trans.successors(key) for key in batch]
+    return results, trans.choices_run - choices, trans.steps_run - schedules
 
 
 def live_positions(s: SchedulerState) -> list[int]:

@@ -129,3 +129,15 @@ def test_the_schedule_memo_gives_the_graph_of_whole_steps(name, overrides, env):
     memo, whole = explore(policy, env, max_states=600), explore(policy, env, max_states=600, memo=False)
     assert memo.steps_run < whole.steps_run == whole.choices_run == memo.choices_run
     assert dump(memo) == dump(whole)
+
+
+@pytest.mark.parametrize("max_states", [10_000, 150])
+def test_worker_processes_give_the_graph_of_one_process(max_states):
+    def dump(sg):
+        edges = sorted((sg.keys[u], sg.keys[v], labels) for u, v, labels in sg.graph.edges(data="labels"))
+        return sg.keys, sg.depth, sg.parent, edges, sg.complete, sg.stop_reason
+    policy = _policy("vllm_v1", SMALL_POOL)
+    env = LivenessEnv(3, (16, 48), (1, 3), cancellations=True)
+    one, two = explore(policy, env, max_states=max_states), explore(policy, env, max_states=max_states, workers=2)
+    assert dump(two) == dump(one)
+    assert one.complete == (max_states > one.states)
