@@ -1,5 +1,6 @@
 """Profile.decode_steps_us is the closed form the engine's fast-forward uses: term for term
-iteration_us(0, 0, seqs, context + seqs * j), cut at the first step starting at or after the horizon."""
+iteration_us(0, 0, seqs, context + seqs * j), cut at the first step starting at or after the horizon (for
+every shipped profile, a profile with half-way ties, and one whose steps round to 0 and take 1 us)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from hypothesis import strategies as st
 
 from checker.profile import SPEC_DIR, Profile, load_profile
 
-PROFILES = [load_profile(None), load_profile(SPEC_DIR / "profiles" / "a100-llama-2-70b-tp2.json"),
+PROFILES = [*(load_profile(p) for p in sorted((SPEC_DIR / "profiles").glob("*.json"))),
             Profile.model_validate({"name": "ties", "device": "x", "pieces": [
                 {"overhead_us": 0.5, "per_decode_seq_us": 0.0, "per_decode_kv_token_us": 0.5}]}),
             Profile.model_validate({"name": "zero", "device": "x", "pieces": [{"overhead_us": 0.0}]})]
