@@ -13,15 +13,21 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
+import platform
 import time
 from collections import Counter
 from pathlib import Path
 
 from checker.api import apply_overrides, load_policy
 from checker.liveness.canon import FIELDS_PER_HOLDING, FIELDS_PER_REQUEST
-from checker.liveness.explore import LivenessEnv, explore
+from checker.liveness.explore import LivenessEnv, Transition, explore
+from checker.semantics.decision import DecisionBuilder
+from checker.semantics.state import Request
+from checker.semantics.step import step_events, step_schedule
 
 ROOT = Path(__file__).resolve().parent.parent
+PROMPTS, OUTPUTS = (16, 48, 96), (1, 2, 4)
 
 
 def unreduced(key: tuple, slots: int, timed: bool) -> int:
@@ -37,28 +43,141 @@ def unreduced(key: tuple, slots: int, timed: bool) -> int:
     return count
 
 
+def load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def rates(policy, args) -> None:
+    print("| requests in flight | canonical states | edges | complete | seconds (best of "
+          f"{args.repeat}) | CPU s | states/s | states/min | choices | schedules run | us per choice | unreduced states |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for n in range(1, args.max_requests + 1):
+        env = LivenessEnv(n, PROMPTS, OUTPUTS, arrivals_per_step=args.arrivals_per_step)
+        best = None
+        for _ in range(args.repeat):
+            started, cpu = time.perf_counter(), time.process_time()
+            sg = explore(policy, env, max_states=10 ** 8, timeout_s=args.budget, workers=args.workers)
+            seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
+            if best is None or seconds < best[0]:
+                best = seconds, sg, cpu
+            if not sg.complete:
+                break
+        seconds, sg, cpu = best
+        rate = sg.states / seconds
+        total = sum(unreduced(k, n, sg.canon.timed) for k in sg.keys)
+        print(f"| {n} | {sg.states:,} | {sg.edges:,} | {'yes' if sg.complete else 'no (budget)'} | {seconds:.1f} | {cpu:.1f} "
+              f"| {rate:,.0f} | {60 * rate:,.0f} | {sg.choices_run:,} | {sg.steps_run:,} "
+              f"| {1e6 * seconds / sg.choices_run:.0f} | {total:,} |", flush=True)
+        if not sg.complete:
+            break
+
+
+def breakdown(policy, args) -> None:
+    """Where the time goes: the explorer's work per environment choice, one stage at a time over every
+    (state, choice) of a complete instance (each stage timed over all choices, best of --repeat, in CPU
+    seconds of this process: the machine is shared, and wall time swings with the other jobs)."""
+    env = LivenessEnv(args.breakdown, PROMPTS, OUTPUTS, arrivals_per_step=args.arrivals_per_step)
+    whole = None
+    for _ in range(args.repeat):
+        started = time.process_time()
+        sg = explore(policy, env, max_states=10 ** 8, timeout_s=10 ** 6)
+        whole = min(whole or 1e9, time.process_time() - started)
+    trans = Transition(sg.canon, env)
+    canon = sg.canon
+
+    def best(stage, items) -> tuple[float, list]:
+        times, out = [], None
+        for _ in range(args.repeat):
+            t = time.process_time()
+            out = stage(items)
+            times.append(time.process_time() - t)
+        return min(times), out
+
+    decoded = best(lambda keys: [canon.decode(k) for k in keys], sg.keys)
+    jobs = []
+    for key, (base, now) in zip(sg.keys, decoded[1]):
+        arrivals, cancels = trans.choices(key)
+        first = len(base.requests)
+        jobs += [(base, now, [trans._spec(first + i, now, c) for i, c in enumerate(a)], cancel)
+                 for a in arrivals for cancel in cancels]
+
+    def copy(items):
+        out = []
+        for base, now, specs, cancel in items:
+            s = base.copy()
+            arrivals = [Request(spec) for spec in specs]
+            s.requests += arrivals
+            out.append((s, now, arrivals, [s.requests[i] for i in cancel]))
+        return out
+
+    def events(items):
+        out = []
+        for s, now, arrivals, cancels in items:
+            d = DecisionBuilder()
+            step_events(s, arrivals, cancels, now, d)
+            out.append((s, now, d))
+        return out
+
+    def mid_keys(items):
+        return [canon.encode(s, now) for s, now, _ in items]
+
+    copied = best(copy, jobs)
+    # phases 1-4 mutate their states: time them on fresh copies, once per repeat
+    event_times = []
+    for _ in range(args.repeat):
+        fresh = copy(jobs)
+        t = time.process_time()
+        stepped = events(fresh)
+        event_times.append(time.process_time() - t)
+    encoded = best(mid_keys, stepped)
+    seen: set[tuple] = set()
+    first_of_key = []  # the choices whose state after phases 1-4 is new: the memo misses
+    for i, key in enumerate(encoded[1]):
+        if key not in seen:
+            seen.add(key)
+            first_of_key.append(i)
+    lookups = best(lambda keys: [k in seen for k in keys], encoded[1])
+    schedule_times = []
+    for _ in range(args.repeat):
+        fresh = events(copy([jobs[i] for i in first_of_key]))
+        t = time.process_time()
+        done = [(step_schedule(s, now, d), s, now) for s, now, d in fresh]
+        schedule_times.append(time.process_time() - t)
+    successors = best(lambda items: [canon.encode(s, now + canon.step_us) for _, s, now in items], done)
+    n_choices, n_states, n_misses = len(jobs), sg.states, len(done)
+    stages = [("decode each state once", decoded[0]), ("copy the state, add the arrivals", copied[0]),
+              ("phases 1-4 (step_events)", min(event_times)), ("encode the state after phases 1-4", encoded[0]),
+              ("memo lookup", lookups[0]),
+              (f"phases 5-6 (step_schedule), {n_misses:,} memo misses", min(schedule_times)),
+              ("encode the successor (misses)", successors[0])]
+    accounted = sum(t for _, t in stages)
+    stages.append(("the rest: position mapping, labels, edges, BFS, networkx", max(whole - accounted, 0.0)))
+    print(f"instance: {args.breakdown} requests in flight, {n_states:,} states, {sg.edges:,} edges, "
+          f"{n_choices:,} choices ({n_choices / n_states:.1f} per state), explored in {whole:.2f} CPU s "
+          f"({60 * n_states / whole:,.0f} states/min)")
+    print("| stage | CPU seconds | us per choice | us per state | share |")
+    print("|---|---|---|---|---|")
+    for name, t in stages:
+        print(f"| {name} | {t:.2f} | {1e6 * t / n_choices:.1f} | {1e6 * t / n_states:.0f} | {100 * t / whole:.0f} % |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--budget", type=float, default=60.0, help="seconds per exploration")
     ap.add_argument("--policy", default=str(ROOT / "spec" / "policies" / "vllm_v1.yaml"))
     ap.add_argument("--max-requests", type=int, default=6)
+    ap.add_argument("--repeat", type=int, default=1, help="explorations per instance (the best is shown)")
+    ap.add_argument("--workers", type=int, default=1, help="worker processes (explore(workers=...))")
+    ap.add_argument("--arrivals-per-step", type=int, help="at most K arrivals per iteration (default: free places)")
+    ap.add_argument("--breakdown", type=int, metavar="N", help="instead: where the time goes, N requests in flight")
     args = ap.parse_args()
     policy = apply_overrides(load_policy(args.policy), ["kv.num_blocks=16"])
-    print("| requests in flight | canonical states | edges | complete | seconds | states/s | states/min "
-          "| choices | schedules run | us per choice | unreduced states |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
-    for n in range(1, args.max_requests + 1):
-        env = LivenessEnv(n, (16, 48, 96), (1, 2, 4))
-        started = time.perf_counter()
-        sg = explore(policy, env, max_states=10 ** 8, timeout_s=args.budget)
-        seconds = time.perf_counter() - started
-        rate = sg.states / seconds
-        total = sum(unreduced(k, n, sg.canon.timed) for k in sg.keys)
-        print(f"| {n} | {sg.states:,} | {sg.edges:,} | {'yes' if sg.complete else 'no (budget)'} | {seconds:.1f} "
-              f"| {rate:,.0f} | {60 * rate:,.0f} | {sg.choices_run:,} | {sg.steps_run:,} "
-              f"| {1e6 * seconds / sg.choices_run:.0f} | {total:,} |", flush=True)
-        if not sg.complete:
-            break
+    print(f"load average at start: {load()}; python {platform.python_version()}; {os.cpu_count()} CPUs")
+    if args.breakdown:
+        breakdown(policy, args)
+    else:
+        rates(policy, args)
+    print(f"load average at end: {load()}")
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ the iteration did, and one choice that does it).
 
 from __future__ import annotations
 
+import gc
 import itertools
 import time
 from dataclasses import dataclass
@@ -320,6 +321,8 @@ def explore(policy: Policy, env: LivenessEnv, max_states: int = DEFAULT_MAX_STAT
 
     pool = _worker_pool(workers, policy, env, memo) if workers > 1 else None
     level = [0]
+    collecting = gc.isenabled()
+    gc.disable()  # the explorer makes no reference cycles; the collector would walk the growing graph again and again
     try:
         while level and not stop:
             discovered: list[int] = []
@@ -336,6 +339,8 @@ def explore(policy: Policy, env: LivenessEnv, max_states: int = DEFAULT_MAX_STAT
             if not stop:
                 level = discovered
     finally:
+        if collecting:
+            gc.enable()
         if pool is not None:
             pool.terminate()
     graph = nx.DiGraph()
@@ -357,6 +362,7 @@ def _worker_pool(workers: int, policy: Policy, env: LivenessEnv, memo: bool):
 
 def _start_worker(policy: Policy, env: LivenessEnv, memo: bool) -> None:
     global _WORKER
+    gc.disable()  # as in explore(): no reference cycles
     _WORKER = Transition(Canon(policy, env.step_us, env.priorities, env.tenants), env, memo)
 
 

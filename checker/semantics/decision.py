@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from checker.semantics.state import Reason, Request
@@ -40,21 +39,35 @@ class StepDecision(NamedTuple):  # immutable; a tuple, so building one (every st
                     or self.rejected or self.cancelled or self.released)
 
 
-@dataclass(slots=True)
 class DecisionBuilder:
     """Mutable collector the step fills in; frozen into a StepDecision at the end."""
 
-    scheduled: dict[int, int] = field(default_factory=dict)  # rid -> tokens, insertion-ordered
-    grown: dict[int, int] = field(default_factory=dict)  # rid -> blocks allocated this step
-    produced: list[int] = field(default_factory=list)
-    arrived: list[int] = field(default_factory=list)
-    admitted: list[int] = field(default_factory=list)
-    preempted: list[int] = field(default_factory=list)
-    finished: list[int] = field(default_factory=list)
-    rejected: list[tuple[int, Reason]] = field(default_factory=list)
-    cancelled: list[int] = field(default_factory=list)
-    released: list[int] = field(default_factory=list)
-    preempted_for_growth: bool = False
+    __slots__ = (
+        "admitted",
+        "arrived",
+        "cancelled",
+        "finished",
+        "grown",
+        "preempted",
+        "preempted_for_growth",
+        "produced",
+        "rejected",
+        "released",
+        "scheduled",
+    )
+
+    def __init__(self) -> None:  # by hand: a dataclass's default factories cost twice as much, every step
+        self.scheduled: dict[int, int] = {}  # rid -> tokens, insertion-ordered
+        self.grown: dict[int, int] = {}  # rid -> blocks allocated this step
+        self.produced: list[int] = []
+        self.arrived: list[int] = []
+        self.admitted: list[int] = []
+        self.preempted: list[int] = []
+        self.finished: list[int] = []
+        self.rejected: list[tuple[int, Reason]] = []
+        self.cancelled: list[int] = []
+        self.released: list[int] = []
+        self.preempted_for_growth = False
 
     def schedule(self, r: Request, n: int, added_blocks: int) -> None:
         self.scheduled[r.rid] = n
