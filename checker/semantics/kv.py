@@ -62,7 +62,7 @@ def can_admit(s: SchedulerState, r: Request, n: int) -> bool:
 
 def allocate(s: SchedulerState, r: Request, n: int) -> int:
     """Give the request the blocks for n more tokens; return how many were added."""
-    added = new_blocks(s, r, n)
+    added = max(0, target_blocks(s, r, n) - r.blocks)  # new_blocks
     r.blocks += added
     s.kv_used += added
     return added

@@ -87,24 +87,27 @@ def _release(s: SchedulerState, out: DecisionBuilder) -> None:
 def _arrive(s: SchedulerState, arrivals: list[Request], out: DecisionBuilder) -> None:
     p = s.policy
     adm = p.admission
+    max_len, never_fits, max_inflight = p.max_model_len, adm.reject_never_fits, adm.max_inflight
+    max_queue_len, max_queued_tokens = adm.max_queue_len, adm.max_queued_tokens
+    fair = p.queue.order is QueueOrder.TENANT_FAIR
     for r in arrivals:
         reason = Reason.NONE
-        if r.prompt_len >= p.max_model_len:
+        if r.prompt_len >= max_len:
             reason = Reason.PROMPT_TOO_LONG
-        elif adm.reject_never_fits and kv.blocks_for(kv.max_context(s, r), p.kv.block_size) > p.kv.num_blocks:
+        elif never_fits and kv.blocks_for(kv.max_context(s, r), p.kv.block_size) > p.kv.num_blocks:
             reason = Reason.NEVER_FITS
-        elif adm.max_inflight is not None and len(s.waiting) + len(s.running) >= adm.max_inflight:
+        elif max_inflight is not None and len(s.waiting) + len(s.running) >= max_inflight:
             reason = Reason.OVERLOADED
-        elif adm.max_queue_len is not None and len(s.waiting) >= adm.max_queue_len:
+        elif max_queue_len is not None and len(s.waiting) >= max_queue_len:
             reason = Reason.QUEUE_FULL
-        elif (adm.max_queued_tokens is not None
-              and sum(w.prompt_len for w in s.waiting) + r.prompt_len > adm.max_queued_tokens):
+        elif (max_queued_tokens is not None
+              and sum(w.prompt_len for w in s.waiting) + r.prompt_len > max_queued_tokens):
             reason = Reason.QUEUE_FULL
         if reason is not Reason.NONE:
             r.status, r.reason = Status.REJECTED, reason
             out.rejected.append((r.rid, reason))
             continue
-        if p.queue.order is QueueOrder.TENANT_FAIR:
+        if fair:
             _lift_counter(s, r)
         r.status = Status.WAITING
         enqueue(s, r)
