@@ -147,12 +147,14 @@ def run_verify(policy: str | Path, invariants: list[str] | None = None, requests
                  for inv, params in chosen]
 
 
-def run_recheck(certificate: str | Path) -> str:
-    """Re-check a proof certificate with a fresh solver: 'unsat' confirms it."""
+def run_recheck(certificate: str | Path) -> tuple[str, int]:
+    """Re-check a proof certificate with a fresh solver: ('unsat', queries) confirms it (a certificate of
+    action-wise induction holds one query per scheduler action, whole-step induction one)."""
     from checker.loading import read_text
-    from checker.smt.ops import recheck_smt2
+    from checker.smt.ops import CERTIFICATE_BLOCK, recheck_smt2
 
-    return recheck_smt2(read_text(certificate))
+    text = read_text(certificate)
+    return recheck_smt2(text), max(1, text.count(CERTIFICATE_BLOCK))
 
 
 def run_replay(counterexample: str | Path, policy: str | Path | None = None) -> tuple[str, bool]:

@@ -243,9 +243,10 @@ def _replay(args: argparse.Namespace) -> int:
 def _recheck(args: argparse.Namespace) -> int:
     from checker.api import run_recheck
 
-    result = run_recheck(args.certificate)
+    result, queries = run_recheck(args.certificate)
     if result == "unsat":
-        print(f"{args.certificate}: certificate holds (the step query is unsat with a fresh solver)")
+        what = "the step query is" if queries == 1 else f"each of its {queries} queries (one per scheduler action) is"
+        print(f"{args.certificate}: certificate holds ({what} unsat with a fresh solver)")
         return ExitCode.OK
     print(f"{args.certificate}: certificate does NOT hold (the fresh solver says {result})")
     return ExitCode.VIOLATED if result == "sat" else ExitCode.INCONCLUSIVE

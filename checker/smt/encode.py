@@ -518,6 +518,7 @@ class Pass:
 
     rounds_per_slot = 2
     prefill_only = False
+    loop_kinds: dict[str, str] = {}  # loop variable -> "bool", "bools", "ints" (per slot) or "keys" (queue order)
 
     def __init__(self, enable: Callable[[SymbolicStep], Term] | None = None):
         self.enable = enable  # whether the pass runs, read from the step when the pass starts
@@ -538,6 +539,8 @@ class Pass:
 
 
 class RunningPass(Pass):
+    loop_kinds = {"enabled": "bool", "processed": "bools", "want": "ints"}
+
     def __init__(self, prefill_only: bool = False, **kw):
         super().__init__(**kw)
         self.prefill_only = prefill_only
@@ -551,6 +554,8 @@ class RunningPass(Pass):
 
 
 class WaitingPass(Pass):
+    loop_kinds = {"snapshot": "bools", "keys": "keys", "tried": "bools", "stopped": "bool"}
+
     def start(self, step: SymbolicStep) -> dict:
         o, n = step.o, step.n
         enabled = o.and_(self.enabled(step), o.not_(step.admission_blocked()))
@@ -563,6 +568,8 @@ class WaitingPass(Pass):
 
 class MixedPass(Pass):
     rounds_per_slot = 3
+    loop_kinds = {"keys": "keys", "snapshot": "bools", "processed": "bools", "want": "ints", "admitting": "bool",
+                  "stopped": "bool"}
 
     def start(self, step: SymbolicStep) -> dict:
         n = step.n

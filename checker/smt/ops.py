@@ -225,8 +225,17 @@ class SmtSession:
         return _py(self.solver.model().eval(term, model_completion=True))
 
 
+# Starts each block of a certificate made of several queries (one per scheduler action); all must be unsat.
+CERTIFICATE_BLOCK = "; ---- batchcheck query: "
+
+
 def recheck_smt2(text: str, timeout_ms: int = 60_000) -> str:
-    """Check an SMT-LIB2 certificate with a fresh solver: 'unsat' confirms the proof."""
+    """Check an SMT-LIB2 certificate with a fresh solver: 'unsat' confirms the proof. A certificate of
+    several blocks (CERTIFICATE_BLOCK) is unsat when every block is."""
+    if CERTIFICATE_BLOCK in text:
+        blocks = [block.partition("\n")[2] for block in text.split(CERTIFICATE_BLOCK)[1:]]  # after the block's name
+        results = {recheck_smt2(block, timeout_ms) for block in blocks}
+        return "unsat" if results == {"unsat"} else "sat" if "sat" in results else "unknown"
     solver = z3.Solver()
     solver.set("timeout", timeout_ms)
     solver.from_string(text)

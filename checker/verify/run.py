@@ -48,6 +48,7 @@ class Checked:
     certificate: Path | None = None
     lemmas: int = 0
     induction_depth: int = 1  # k of the k-induction that proved it
+    method: str = ""  # how a PROVED verdict was proved, when not by whole-step induction
     notes: list[str] = field(default_factory=list)
     specs: list[RequestSpec] = field(default_factory=list)  # the counterexample's requests (VIOLATED)
 
@@ -64,6 +65,9 @@ class Checked:
                       + ("minimal: no violation with fewer requests up to depth "
                          f"{e.depth}, none shorter with {self.requests}" if not self.notes else "; ".join(self.notes))
                       + f"; replayed on the engine: {self.counterexample}")
+        elif self.verdict is Verdict.PROVED and self.method:
+            detail = (f"for {e.requests} request slots and any number of iterations ({self.method}); "
+                      + "".join(f"{note}; " for note in self.notes) + f"certificate: {self.certificate}")
         elif self.verdict is Verdict.PROVED:
             method = "induction" if self.induction_depth == 1 else f"{self.induction_depth}-induction"
             detail = (f"for {e.requests} request slots and any number of iterations ({method} with "
@@ -115,7 +119,11 @@ def check_one(policy: Policy, policy_file: str | None, inv: Invariant, params: d
               timeout_s: float, out_dir: Path | None, unbounded: bool = False,
               proof_dir: Path | None = None, progress: Callable[[str], None] | None = None) -> Checked:
     started = time.monotonic()
-    outcome = search(policy, inv, params, env, timeout_s, progress)
+    if unbounded:
+        proved = _try_actionwise(policy, inv, params, env, timeout_s, proof_dir, progress)
+        if proved is not None:
+            return proved
+    outcome = search(policy, inv, params, env, timeout_s - (time.monotonic() - started), progress)
     seconds = time.monotonic() - started
     if outcome.status == "unknown":
         return Checked(inv, params, Verdict.UNKNOWN, env, seconds, depth=outcome.depth_reached)
@@ -153,6 +161,46 @@ def save_counterexample(policy: Policy, policy_file: str | None, inv: Invariant,
     return cex.save(doc, out_dir)
 
 
+# Seconds the action-wise proof may take before the bounded search and whole-step induction get the rest.
+ACTIONWISE_SHARE = 0.5
+
+
+def _try_actionwise(policy: Policy, inv: Invariant, params: dict[str, int], env: Environment, timeout_s: float,
+                    proof_dir: Path | None, progress: Callable[[str], None] | None) -> Checked | None:
+    """PROVED (or VACUOUS) by action-wise induction (checker/verify/actions.py), or None to go on with the
+    bounded search and whole-step induction."""
+    from checker.verify import actions, vacuity
+
+    if not actions.supported(inv):
+        return None
+    started = time.monotonic()
+    if progress is not None:
+        progress(f"{inv.name}: action-wise induction, {env.requests} request slots")
+    result = actions.prove(policy, inv, params, env, timeout_s * ACTIONWISE_SHARE)
+    if result.status != "proved":
+        return None
+    reach = vacuity.reachable(policy, inv, params, env, max(1.0, timeout_s - (time.monotonic() - started)))
+    seconds = time.monotonic() - started
+    if reach.status == "unreachable":
+        return Checked(inv, params, Verdict.VACUOUS, env, seconds, depth=env.depth)
+    checked = Checked(inv, params, Verdict.PROVED, env, seconds, depth=env.depth, lemmas=len(result.lemmas),
+                      method=f"action-wise induction: {result.cti[0]}", notes=[reach.how])
+    checked.certificate = _write_certificate(policy, inv, env, proof_dir, result.certificate,
+                                             "queries below are each unsat iff each scheduler action keeps the lemmas "
+                                             "(action-wise induction)", result.lemmas)
+    return checked
+
+
+def _write_certificate(policy: Policy, inv: Invariant, env: Environment, proof_dir: Path | None, body: str,
+                       meaning: str, lemma_names: list[str]) -> Path | None:
+    if proof_dir is None:
+        return None
+    path = proof_dir / f"{policy.name}__{inv.name}__N{env.requests}.smt2"
+    cex.write_atomic(path, f"; batchcheck certificate: {inv.name} for policy {policy.name}, {env.requests} request "
+                           f"slots, any depth.\n; The {meaning}.\n; Lemmas: {', '.join(lemma_names)}\n" + body)
+    return path
+
+
 def _try_induction(checked: Checked, policy: Policy, timeout_s: float, proof_dir: Path | None) -> None:
     """Upgrade a bounded result to PROVED when the invariant plus the structural lemmas is inductive."""
     from checker.verify.induction import prove
@@ -167,15 +215,10 @@ def _try_induction(checked: Checked, policy: Policy, timeout_s: float, proof_dir
         checked.verdict = Verdict.PROVED
         checked.lemmas = len(result.lemmas)
         checked.induction_depth = result.k
-        if proof_dir is not None:
-            name = f"{policy.name}__{inv.name}__N{checked.env.requests}.smt2"
-            path = proof_dir / name
-            cex.write_atomic(path, f"; batchcheck certificate: {inv.name} for policy {policy.name}, "
-                                   f"{checked.env.requests} request slots, any depth.\n"
-                                   f"; The step query below is unsat iff the invariant with its lemmas is "
-                                   f"{'inductive' if result.k == 1 else f'{result.k}-inductive'}.\n"
-                                   f"; Lemmas: {', '.join(result.lemmas)}\n" + result.certificate)
-            checked.certificate = path
+        checked.certificate = _write_certificate(
+            policy, inv, checked.env, proof_dir, result.certificate,
+            f"step query below is unsat iff the invariant with its lemmas is "
+            f"{'inductive' if result.k == 1 else f'{result.k}-inductive'}", result.lemmas)
     elif result.status == "cti":
         checked.notes.append(f"induction failed (up to k={result.k}), counterexample to induction: "
                              + "; ".join(result.cti[:3]))

@@ -109,7 +109,7 @@ def test_counterexample_is_written_atomically(tmp_path, monkeypatch):
     assert isinstance(Path(target), Path)
 
 
-def test_unbounded_proves_safety_with_a_certificate_that_rechecks(capsys, tmp_path):
+def test_unbounded_proves_state_invariants_action_wise_with_a_certificate_that_rechecks(capsys, tmp_path):
     code, out, err = run(capsys, "verify", str(POLICIES / "vllm_v1.yaml"), "--invariant", "token_budget",
                          "--invariant", "request_conservation", "--requests", "2", "--depth", "2",
                          "--prompt-range", "1:2048", "--unbounded", "--out", str(tmp_path / "cex"),
@@ -117,9 +117,32 @@ def test_unbounded_proves_safety_with_a_certificate_that_rechecks(capsys, tmp_pa
     assert code == 0, err
     proved = [line for line in out.splitlines() if line.startswith("PROVED")]
     assert [line.split()[1] for line in proved] == ["token_budget", "request_conservation"]
-    assert all("for 2 request slots and any number of iterations (induction with 31 structural lemmas; "
-               "no violation up to depth 2); certificate: " in line for line in proved)
+    assert all("for 2 request slots and any number of iterations (action-wise induction: core candidates; 6 "
+               "step-boundary lemmas, 64 mid-step lemmas over 5 actions); its situation occurs at iteration 0 of an "
+               "engine run (2 requests arriving at once, prompts of 2048-2048 tokens); certificate: " in line
+               for line in proved)
     cert = tmp_path / "proofs" / "vllm_v1__request_conservation__N2.smt2"
+    code, out, _ = run(capsys, "recheck", str(cert))
+    assert code == 0
+    assert out == (f"{cert}: certificate holds (each of its 5 queries (one per scheduler action) is unsat with a "
+                   "fresh solver)\n")
+    tampered = tmp_path / "tampered.smt2"
+    text = cert.read_text()
+    last_query = text.rindex("(assert\n broken_")  # the completion's final query literal, asserted
+    tampered.write_text(text[:last_query] + "(check-sat)\n")
+    code, out, _ = run(capsys, "recheck", str(tampered))
+    assert code == 1
+    assert out == f"{tampered}: certificate does NOT hold (the fresh solver says sat)\n"
+
+
+def test_unbounded_proves_a_one_step_invariant_by_whole_step_induction(capsys, tmp_path):
+    code, out, err = run(capsys, "verify", str(POLICIES / "vllm_v1.yaml"), "--invariant", "cancellation_releases:1",
+                         "--requests", "2", "--depth", "2", "--prompt-range", "1:2048", "--unbounded",
+                         "--out", str(tmp_path / "cex"), "--proof-dir", str(tmp_path / "proofs"))
+    assert code == 0, err
+    assert ("PROVED       cancellation_releases(steps=1)           for 2 request slots and any number of iterations "
+            "(induction with 31 structural lemmas; no violation up to depth 2); certificate: ") in out
+    cert = tmp_path / "proofs" / "vllm_v1__cancellation_releases__N2.smt2"
     code, out, _ = run(capsys, "recheck", str(cert))
     assert code == 0
     assert out == f"{cert}: certificate holds (the step query is unsat with a fresh solver)\n"

@@ -97,7 +97,7 @@ def test_proves_decode_progress_for_sarathi_serve_by_2_induction(tmp_path):
                               timeout_s=120, out_dir=tmp_path, unbounded=True, proof_dir=tmp_path)
     assert result.verdict is Verdict.PROVED and result.induction_depth == 2
     assert "(2-induction with " in result.line()
-    assert run_recheck(result.certificate) == "unsat"
+    assert run_recheck(result.certificate) == ("unsat", 1)
 
 
 def test_proves_cancellation_releases_within_one_step_for_any_depth(tmp_path):
@@ -106,7 +106,7 @@ def test_proves_cancellation_releases_within_one_step_for_any_depth(tmp_path):
     _, (result,) = run_verify(POLICIES / "vllm_v1.yaml", ["cancellation_releases:1"], requests=2, depth=3,
                               timeout_s=120, out_dir=tmp_path, unbounded=True, proof_dir=tmp_path)
     assert result.verdict is Verdict.PROVED and result.certificate is not None
-    assert run_recheck(result.certificate) == "unsat"
+    assert run_recheck(result.certificate) == ("unsat", 1)
 
 
 

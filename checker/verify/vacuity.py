@@ -1,0 +1,79 @@
+"""Is an invariant's situation reachable at all? (A proof of a property whose trigger never happens says
+nothing: VACUOUS, not PROVED.)
+
+First a few concrete runs of the engine inside the environment's assumptions (every slot arriving at
+once, the longest and the shortest prompts, the longest outputs): a run that reaches the trigger shows it
+is reachable, at any depth. Only when none does, z3 searches the unrolling up to the bounded depth.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from checker.policy import Allocation, Policy
+from checker.semantics.state import RequestSpec
+from checker.smt.ops import IntOps, SmtSession, Z3Ops
+from checker.verify.env import Environment
+from checker.verify.replay import replay_fixed_clock
+from invariants.catalogue import Invariant
+
+# Iterations an engine probe runs at most (a probe stops once its requests are done).
+PROBE_STEPS = 256
+
+
+@dataclass(frozen=True)
+class Reach:
+    status: str  # "reachable", "unreachable" (within the bounded depth) or "unknown"
+    how: str  # what showed it
+
+
+def _probes(policy: Policy, env: Environment) -> list[list[RequestSpec]]:
+    n, (lo_p, hi_p), (_, hi_o) = env.requests, env.prompt, env.output
+    cap, prio = max(env.max_output_cap, hi_o), min(env.priorities)
+    hi_p = max(lo_p, min(hi_p, policy.max_model_len - 1 - hi_o))  # the longest prompt admission accepts
+
+    def spec(i: int, prompt: int) -> RequestSpec:
+        return RequestSpec(i, 0, prompt, hi_o, cap, prio, i % env.tenants)
+
+    probes = [[spec(i, hi_p) for i in range(n)], [spec(i, lo_p) for i in range(n)],
+              [spec(i, hi_p if i % 2 == 0 else lo_p) for i in range(n)]]
+    # prompts that fill the pool exactly once all are admitted and prefilled (a KV-full situation needs an
+    # exact fit): under full reservation a request holds the blocks of prompt + declared max output - 1
+    bs, blocks = policy.kv.block_size, policy.kv.num_blocks
+    reserved = cap - 1 if policy.kv.allocation is Allocation.FULL_RESERVATION else 0
+    shares = [blocks // n] * (n - 1) + [blocks - blocks // n * (n - 1)]
+    exact = [b * bs - reserved for b in shares]
+    if all(lo_p <= p <= hi_p for p in exact):
+        probes.append([spec(i, p) for i, p in enumerate(exact)])
+    return probes
+
+
+def engine_witness(policy: Policy, inv: Invariant, params: dict[str, int], env: Environment) -> str | None:
+    """A description of an engine run that reaches the trigger, or None."""
+    for specs in _probes(policy, env):
+        replay = replay_fixed_clock(policy, specs, PROBE_STEPS, env.step_us, env.tenants)
+        for t in range(len(replay.frames)):
+            if inv.triggered(IntOps, replay.ctx, t, params):
+                return (f"its situation occurs at iteration {t} of an engine run ({len(specs)} requests arriving "
+                        f"at once, prompts of {specs[0].prompt_len}-{specs[-1].prompt_len} tokens)")
+    return None
+
+
+def reachable(policy: Policy, inv: Invariant, params: dict[str, int], env: Environment, timeout_s: float) -> Reach:
+    how = engine_witness(policy, inv, params, env)
+    if how is not None:
+        return Reach("reachable", how)
+    from checker.verify.bmc import Unrolling
+
+    smt = SmtSession(timeout_ms=max(1, int(timeout_s * 1000)))
+    u = Unrolling(smt, policy, env, env.requests)
+    seen = []
+    for t in range(env.depth):
+        u.extend()
+        seen.append(inv.triggered(Z3Ops, u.ctx, t, params))
+    result = smt.check(Z3Ops.or_(*seen))
+    if result == "sat":
+        return Reach("reachable", f"z3 reaches its situation within {env.depth} iterations")
+    if result == "unsat":
+        return Reach("unreachable", f"its situation never occurs within {env.requests} requests, {env.depth} iterations")
+    return Reach("unknown", "whether its situation can occur was not decided (no engine probe reached it; z3 timed out)")
