@@ -12,6 +12,7 @@ places out of N stands for N!/(N-m)! slot assignments, divided by the orderings 
 from __future__ import annotations
 
 import argparse
+import gc
 import math
 import os
 import platform
@@ -77,6 +78,7 @@ def breakdown(policy, args) -> None:
     (state, choice) of a complete instance (each stage timed over all choices, best of --repeat, in CPU
     seconds of this process: the machine is shared, and wall time swings with the other jobs)."""
     env = LivenessEnv(args.breakdown, PROMPTS, OUTPUTS, arrivals_per_step=args.arrivals_per_step)
+    gc.disable()  # as explore() does: the stages hold every choice's state at once
     whole = None
     for _ in range(args.repeat):
         started = time.process_time()
@@ -151,7 +153,7 @@ def breakdown(policy, args) -> None:
               (f"phases 5-6 (step_schedule), {n_misses:,} memo misses", min(schedule_times)),
               ("encode the successor (misses)", successors[0])]
     accounted = sum(t for _, t in stages)
-    stages.append(("the rest: position mapping, labels, edges, BFS, networkx", max(whole - accounted, 0.0)))
+    stages.append(("the rest: position mapping, labels, edges, BFS, networkx", whole - accounted))
     print(f"instance: {args.breakdown} requests in flight, {n_states:,} states, {sg.edges:,} edges, "
           f"{n_choices:,} choices ({n_choices / n_states:.1f} per state), explored in {whole:.2f} CPU s "
           f"({60 * n_states / whole:,.0f} states/min)")

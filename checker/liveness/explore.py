@@ -175,18 +175,23 @@ class Transition:
         s, d = self._stepped(s, now, choice)
         return s, d, now + self.canon.step_us
 
-    def choices(self, key: tuple) -> tuple[list[tuple[int, ...]], list[tuple[int, ...]]]:
-        """The environment's options in a state: arrival sequences, and sets of live positions to cancel."""
+    def _limits(self, key: tuple) -> tuple[int, list[tuple[int, ...]]]:
+        """The most requests that may arrive in a state, and the sets of live positions clients may cancel."""
         live = key[0]
         holding = key[1 + live * FIELDS_PER_REQUEST + (live if self.canon.timed and live else 0)]
         free = self.env.requests - live - holding
         limit = free if self.env.arrivals_per_step is None else min(free, self.env.arrivals_per_step)
-        arrival_options = [seq for n in range(limit + 1) for seq in itertools.product(self.class_ids, repeat=n)]
         if self.env.cancellations and live:
             cancel_options = [c for n in range(live + 1) for c in itertools.combinations(range(live), n)]
         else:
             cancel_options = [()]
-        return arrival_options, cancel_options
+        return limit, cancel_options
+
+    def choices(self, key: tuple) -> tuple[list[tuple[int, ...]], list[tuple[int, ...]]]:
+        """The environment's options in a state: arrival sequences (shortest first, then in class order),
+        and sets of live positions to cancel."""
+        limit, cancel_options = self._limits(key)
+        return [seq for n in range(limit + 1) for seq in itertools.product(self.class_ids, repeat=n)], cancel_options
 
     def successors(self, key: tuple) -> dict[tuple, dict[tuple, Label]]:
         """Successor key -> {(tokens > 0, finished, cancelled, gone): label}."""
@@ -194,16 +199,18 @@ class Transition:
             return self._successors_whole(key)
         live = key[0]
         everyone = (1 << live) - 1
-        arrival_options, cancel_options = self.choices(key)
+        limit, cancel_options = self._limits(key)
         out: dict[tuple, dict[tuple, Label]] = {}
         encode = self.canon.encode
         base, now = self.canon.decode(key)
         next_now = now + self.canon.step_us
         first_new = len(base.requests)
         memo = self._memo
-        self.choices_run += len(arrival_options) * len(cancel_options)
-        for arriving in arrival_options:
-            specs = [self._spec(first_new + k, now, cid) for k, cid in enumerate(arriving)]
+        # the spec of the k-th arrival of each class: the arrival sequences are products of these rows, in the
+        # order of choices(); spec.cls is the class id
+        table = [[self._spec(first_new + k, now, cid) for cid in self.class_ids] for k in range(limit)]
+        self.choices_run += sum(len(self.class_ids) ** n for n in range(limit + 1)) * len(cancel_options)
+        for specs in itertools.chain.from_iterable(itertools.product(*table[:n]) for n in range(limit + 1)):
             for cancelled in cancel_options:
                 s = base.copy()
                 requests = s.requests
@@ -243,7 +250,7 @@ class Transition:
                 if labels is None:
                     labels = out[succ] = {}
                 if core not in labels:
-                    labels[core] = Label(tokens, finished, core[2], gone, (arriving, cancelled))
+                    labels[core] = Label(tokens, finished, core[2], gone, (tuple([spec.cls for spec in specs]), cancelled))
         return out
 
     def _successors_whole(self, key: tuple) -> dict[tuple, dict[tuple, Label]]:
