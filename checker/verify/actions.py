@@ -209,6 +209,12 @@ class ActionModel:
                                 if self.tier == "full" or name.endswith(CORE_LEMMAS)]
         out += [(target_name(inv, params), lambda v, inv=inv, params=params: inv.holds(o, _ctx(policy, v), 0, params))
                 for inv, params in self.targets]
+        most = o.ceil_div(policy.max_model_len, policy.kv.block_size)  # no sequence is longer than max_model_len
+        out += [(f"slot{i}.blocks_bounded", lambda v, i=i: v.slots[i]["blocks"] <= most) for i in range(n)]
+        # the negation of each target's trigger: when it survives, the situation never occurs (VACUOUS)
+        out += [(NEVER + target_name(inv, params),
+                 lambda v, inv=inv, params=params: o.not_(inv.triggered(o, _ctx(policy, v), 0, params)))
+                for inv, params in self.targets]
         if location == "P":
             return out
         batch = policy.batch
@@ -349,6 +355,9 @@ CORE_LEMMAS = (".ranges", "seq_cap", "kv_within_pool", "swap_within_space", "ste
 TIERS = ("core", "full")
 
 
+NEVER = "never triggered: "
+
+
 def target_name(inv: Invariant, params: dict[str, int]) -> str:
     return f"invariant {inv.name}" + "".join(f" {k}={v}" for k, v in sorted({**inv.defaults, **params}.items()))
 
@@ -374,34 +383,54 @@ def prove(policy: Policy, inv: Invariant, params: dict[str, int], env: Environme
     if not supported(inv):
         return InductionResult("unsupported")
     started = time.monotonic()
-    mine = (inv, params)
-    targets = tuple(sorted([mine] + [(CATALOGUE[name], {}) for name in STATE_INVARIANTS if name != inv.name],
-                           key=lambda t: target_name(*t)))
     name = target_name(inv, params)
+    status, tier, result = _survives(policy, inv, params, env, name, timeout_s)
+    if status == "unknown":
+        return InductionResult("unknown", time.monotonic() - started)
+    if status == "dropped":
+        return _failed(started, result.broken_by.get(name, "initial state"))
+    kept = sorted(n for n in result.alive["P"] if not n.startswith(("invariant ", NEVER)))
+    return InductionResult("proved", time.monotonic() - started, kept, certificate=result.certificate, k=1,
+                           cti=[f"{tier} candidates; {result.summary}"])
+
+
+def never_triggered(policy: Policy, inv: Invariant, params: dict[str, int], env: Environment,
+                    timeout_s: float) -> bool:
+    """Whether the invariant's situation never occurs, at any depth: the negation of its trigger is
+    inductive (it survives Houdini, proved alongside the invariants)."""
+    return _survives(policy, inv, params, env, NEVER + target_name(inv, params), timeout_s)[0] == "survives"
+
+
+def _survives(policy: Policy, inv: Invariant, params: dict[str, int], env: Environment, name: str,
+              timeout_s: float) -> tuple[str, str, Houdini | None]:
+    """Run (or look up) Houdini tier by tier until the candidate ``name`` survives: ("survives", tier,
+    result), ("dropped", last tier, result) or ("unknown", tier, None) on a timeout."""
+    started = time.monotonic()
+    targets = tuple(sorted([(inv, params)] + [(CATALOGUE[n], {}) for n in STATE_INVARIANTS if n != inv.name],
+                           key=lambda t: target_name(*t)))
     result = None
     for tier in TIERS:
         key = (policy.model_dump_json(), env, tuple(target_name(i, p) for i, p in targets), tier)
         if key not in _DONE:
             left = timeout_s - (time.monotonic() - started)
             if left <= 0:
-                return InductionResult("unknown", time.monotonic() - started)
+                return "unknown", tier, None
             result = _houdini(ActionModel(policy, targets, env, tier), time.monotonic() + left)
             if result.status == "unknown":
-                return InductionResult("unknown", time.monotonic() - started)
+                return "unknown", tier, None
             _DONE[key] = result
         result = _DONE[key]
         if name in result.alive["P"]:
-            kept = sorted(n for n in result.alive["P"] if not n.startswith("invariant "))
-            return InductionResult("proved", time.monotonic() - started, kept, certificate=result.certificate, k=1,
-                                   cti=[f"{tier} candidates; {result.summary}"])
-    return _failed(started, result.broken_by.get(name, "initial state"))
+            return "survives", tier, result
+    return "dropped", TIERS[-1], result
 
 
 def _houdini(model: ActionModel, deadline: float) -> Houdini:
     actions = model.actions()
     locations = ["P"] + [f"M{k}" for k in range(len(model.passes))]
     alive = {loc: {name for name, _ in model.candidates(loc)} for loc in locations}
-    targets = {target_name(i, p) for i, p in model.targets}
+    targets = {prefix + target_name(i, p) for i, p in model.targets for prefix in ("", NEVER)}
+    # (the loop runs while one of them may still survive; what survives the end is at the fixpoint)
     initially_false = _false_initially(model, alive["P"])
     broken_by = {name: "initial state" for name in initially_false & targets}
     alive["P"] -= initially_false

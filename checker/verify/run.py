@@ -77,6 +77,8 @@ class Checked:
             detail = f"{e.requests} requests, {e.depth} iterations (bounded check, not a proof)"
             if self.notes:
                 detail += "; " + "; ".join(self.notes)
+        elif self.verdict is Verdict.VACUOUS and self.notes:
+            detail = f"its situation never occurs with {e.requests} requests, at any depth ({self.notes[0]}), so nothing was checked"
         elif self.verdict is Verdict.VACUOUS:
             detail = (f"its situation never occurs within {e.requests} requests, {e.depth} iterations, "
                       "so nothing was checked")
@@ -179,6 +181,10 @@ def _try_actionwise(policy: Policy, inv: Invariant, params: dict[str, int], env:
     result = actions.prove(policy, inv, params, env, timeout_s * ACTIONWISE_SHARE)
     if result.status != "proved":
         return None
+    left = timeout_s - (time.monotonic() - started)
+    if vacuity.engine_witness(policy, inv, params, env) is None and actions.never_triggered(policy, inv, params, env, left):
+        return Checked(inv, params, Verdict.VACUOUS, env, time.monotonic() - started, depth=env.depth,
+                       notes=["action-wise induction proves its negation"])
     reach = vacuity.reachable(policy, inv, params, env, max(1.0, timeout_s - (time.monotonic() - started)))
     seconds = time.monotonic() - started
     if reach.status == "unreachable":
