@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from checker.errors import InputError, Problem
 from checker.fuzz.strategies import Draw, Ranges, ranges
@@ -143,7 +143,7 @@ def shrink(trace: list[Draw], fails: Fails, r: Ranges, deadline: float | None = 
         low, high = floor, getattr(trace[i], name)  # high fails; find the least value in [low, high] that fails
         while low < high:
             mid = (low + high) // 2
-            candidate = trace[:i] + [replace(trace[i], **{name: mid})] + trace[i + 1:]
+            candidate = trace[:i] + [trace[i]._replace(**{name: mid})] + trace[i + 1:]
             if attempt(candidate):
                 trace, high = candidate, mid
             else:
@@ -164,7 +164,7 @@ def shrink(trace: list[Draw], fails: Fails, r: Ranges, deadline: float | None = 
             run //= 2
         for i in range(len(trace)):
             if trace[i].cancel_after_ms is not None:
-                candidate = trace[:i] + [replace(trace[i], cancel_after_ms=None)] + trace[i + 1:]
+                candidate = trace[:i] + [trace[i]._replace(cancel_after_ms=None)] + trace[i + 1:]
                 if attempt(candidate):
                     trace = candidate
             lower(i, "gap_ms", 0)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from hypothesis import strategies as st
 
@@ -25,8 +26,9 @@ from checker.traces import RequestSet
 from checker.workload import Workload
 
 
-@dataclass(frozen=True)
-class Draw:
+class Draw(NamedTuple):
+    """One request of a drawn trace (a NamedTuple: the fuzzer builds one per request of every example)."""
+
     gap_ms: int  # time since the previous request of the trace
     cls: int  # class index in the workload
     prompt: int
@@ -69,8 +71,9 @@ def ranges(w: Workload) -> Ranges:
                   [tenant_index[c.tenant] for c in w.classes], [c.priority for c in w.classes])
 
 
-Stress = Callable[[Ranges, Policy, int, int], st.SearchStrategy[list[Draw]]]  # (ranges, policy, max, min requests)
+Stress = Callable[..., st.SearchStrategy[list[Draw]]]  # (ranges, policy, n, min_size=1, cap=None)
 Decode = Callable[[bytes], Draw]
+Scale = Callable[[int], int]
 
 # How a request is drawn: one fixed-width byte record per request (one Hypothesis choice, not one per
 # field), decoded into the stress's fields. Hypothesis's per-choice bookkeeping, not the random numbers,
@@ -78,157 +81,172 @@ Decode = Callable[[bytes], Draw]
 # choices) instead of 80-100 integer draws. Shrinking keeps working per request and per field: the list
 # deletes whole records; the bytes shrinker lowers each byte toward 0, and every field is a monotone
 # function of its bytes whose 0 is the field's simplest value (the class listed first, gap 0, the shortest
-# lengths, the earliest cancel).
-CLS, GAP, PROMPT, OUTPUT, CANCEL = 0, 1, 3, 5, 7  # byte offsets: class 1 byte, the others 2 bytes each
+# lengths, the earliest cancel). Layout: class 1 byte, then gap, prompt, output, cancel 2 bytes each
+# (big-endian), as far as the stress uses them.
+CLS, GAP, PROMPT, OUTPUT, CANCEL = 0, 1, 3, 5, 7  # byte offsets
 
 
-def _scaled(v: int, bits: int, lo: int, hi: int) -> int:
+def _scale(lo: int, hi: int, bits: int = 16) -> Scale:
     """v (0 .. 2**bits - 1) onto lo .. hi, monotone, 0 -> lo; about 1/32 of the values land on each bound,
     so the extremes (the longest prompt, a gap of 0) come up often, as with Hypothesis's own integers."""
     if hi <= lo:
-        return lo
+        return lambda v: lo
     span = hi - lo + 1
     edge = span // 32 + 1
-    x = ((v * (span + 2 * edge)) >> bits) - edge
-    return lo + (0 if x < 0 else span - 1 if x >= span else x)
+    mult, low, top = span + 2 * edge, lo - edge, hi
+
+    def scaled(v: int) -> int:
+        x = ((v * mult) >> bits) + low
+        return lo if x < lo else top if x > top else x
+    return scaled
 
 
-def _u16(b: bytes, at: int) -> int:
-    return (b[at] << 8) | b[at + 1]
+def _records(width: int, min_size: int, max_size: int, cap: int | None, decode: Decode
+             ) -> st.SearchStrategy[list[Draw]]:
+    """A list of ``width``-byte records, decoded; at most ``cap`` records are drawn (a trace keeps no more)."""
+    if cap is not None:
+        max_size = min(max_size, cap)
+    return st.lists(st.binary(min_size=width, max_size=width), min_size=min_size,
+                    max_size=max(min_size, max_size)).map(lambda recs: list(map(decode, recs)))
 
 
-def _pick(b: bytes, at: int, n: int) -> int:
-    """One of n choices from one byte (0 -> the first)."""
-    return (b[at] * n) >> 8
+def _per_class(bounds: list[tuple[int, int]]) -> list[Scale]:
+    return [_scale(lo, hi) for lo, hi in bounds]
 
 
-def _records(width: int, min_size: int, max_size: int, decode: Decode) -> st.SearchStrategy[list[Draw]]:
-    record = st.binary(min_size=width, max_size=width)
-    return st.lists(record, min_size=min_size, max_size=max(min_size, max_size)).map(
-        lambda recs: [decode(b) for b in recs])
-
-
-def _field(b: bytes, at: int, bounds: tuple[int, int]) -> int:
-    return _scaled(_u16(b, at), 16, bounds[0], bounds[1])
-
-
-def _simple(r: Ranges, n: int, min_size: int, gap_factor: float, prompt: Callable[[bytes, int], int],
-            output: Callable[[bytes, int], int], width: int = CANCEL) -> st.SearchStrategy[list[Draw]]:
-    """Any class; gap up to gap_factor times the class's mean gap; prompt and output by the functions."""
+def _simple(r: Ranges, n: int, min_size: int, cap: int | None, gap_factor: float, prompt: list[Scale] | list[int],
+            output: list[Scale] | list[int]) -> st.SearchStrategy[list[Draw]]:
+    """Any class; gap up to gap_factor times the class's mean gap; prompt and output per class: scaled from
+    the record, or fixed (a list of ints); the record holds only the fields that are drawn."""
     classes = len(r.prompt)
-    gaps = [max(0, int(m * gap_factor)) for m in r.mean_gap_ms]
+    gaps = _per_class([(0, max(0, int(m * gap_factor))) for m in r.mean_gap_ms])
+    if callable(prompt[0]) and callable(output[0]):
+        def decode(b: bytes) -> Draw:
+            c = (b[0] * classes) >> 8
+            return Draw(gaps[c]((b[1] << 8) | b[2]), c, prompt[c]((b[3] << 8) | b[4]), output[c]((b[5] << 8) | b[6]))
+        return _records(CANCEL, min_size, n, cap, decode)
+    if callable(prompt[0]):
+        def decode_prompt(b: bytes) -> Draw:
+            c = (b[0] * classes) >> 8
+            return Draw(gaps[c]((b[1] << 8) | b[2]), c, prompt[c]((b[3] << 8) | b[4]), output[c])
+        return _records(OUTPUT, min_size, n, cap, decode_prompt)
+    assert not callable(output[0])
 
-    def decode(b: bytes) -> Draw:
-        c = _pick(b, CLS, classes)
-        return Draw(_scaled(_u16(b, GAP), 16, 0, gaps[c]), c, prompt(b, c), output(b, c))
-    return _records(width, min_size, n, decode)
+    def decode_fixed(b: bytes) -> Draw:
+        c = (b[0] * classes) >> 8
+        return Draw(gaps[c]((b[1] << 8) | b[2]), c, prompt[c], output[c])
+    return _records(PROMPT, min_size, n, cap, decode_fixed)
 
 
-def _within(bounds: list[tuple[int, int]], at: int) -> Callable[[bytes, int], int]:
-    return lambda b, c: _field(b, at, bounds[c])
-
-
-def _fixed(values: list[int]) -> Callable[[bytes, int], int]:
-    return lambda b, c: values[c]
-
-
-def plain(r: Ranges, policy: Policy, n: int, min_size: int = 1) -> st.SearchStrategy[list[Draw]]:
+def plain(r: Ranges, policy: Policy, n: int, min_size: int = 1, cap: int | None = None) -> st.SearchStrategy[list[Draw]]:
     """Arrivals at about the declared rates, lengths anywhere in the declared ranges."""
-    return _simple(r, n, min_size, 2, _within(r.prompt, PROMPT), _within(r.output, OUTPUT))
+    return _simple(r, n, min_size, cap, 2, _per_class(r.prompt), _per_class(r.output))
 
 
-def long_prefill_bursts(r: Ranges, policy: Policy, n: int, min_size: int = 1) -> st.SearchStrategy[list[Draw]]:
+def long_prefill_bursts(r: Ranges, policy: Policy, n: int, min_size: int = 1, cap: int | None = None
+                        ) -> st.SearchStrategy[list[Draw]]:
     """Bursts of the longest prompts the workload allows, arriving together (gap 0, now and then 1 ms)."""
     classes = len(r.prompt)
-    long = [(max(lo, hi * 3 // 4), hi) for lo, hi in r.prompt]
+    prompt = _per_class([(max(lo, hi * 3 // 4), hi) for lo, hi in r.prompt])
+    output = _per_class(r.output)
 
     def decode(b: bytes) -> Draw:
-        c = _pick(b, CLS, classes)
-        return Draw(int(b[GAP] >= 192), c, _field(b, PROMPT, long[c]), _field(b, OUTPUT, r.output[c]))
-    return _records(CANCEL, min_size, n, decode)
+        c = (b[0] * classes) >> 8
+        return Draw(int(b[1] >= 192), c, prompt[c]((b[3] << 8) | b[4]), output[c]((b[5] << 8) | b[6]))
+    return _records(CANCEL, min_size, n, cap, decode)
 
 
-def max_outputs(r: Ranges, policy: Policy, n: int, min_size: int = 1) -> st.SearchStrategy[list[Draw]]:
+def max_outputs(r: Ranges, policy: Policy, n: int, min_size: int = 1, cap: int | None = None
+                ) -> st.SearchStrategy[list[Draw]]:
     """Outputs lengthened to the limit."""
-    return _simple(r, n, min_size, 1, _within(r.prompt, PROMPT), _fixed([hi for _, hi in r.output]), OUTPUT)
+    return _simple(r, n, min_size, cap, 1, _per_class(r.prompt), [hi for _, hi in r.output])
 
 
-def tenant_skew(r: Ranges, policy: Policy, n: int, min_size: int = 1) -> st.SearchStrategy[list[Draw]]:
+def tenant_skew(r: Ranges, policy: Policy, n: int, min_size: int = 1, cap: int | None = None
+                ) -> st.SearchStrategy[list[Draw]]:
     """Almost all requests from one tenant's classes, fast."""
-    gaps = [max(0, int(m * 0.25)) for m in r.mean_gap_ms]
+    gaps = _per_class([(0, max(0, int(m * 0.25))) for m in r.mean_gap_ms])
+    prompt, output = _per_class(r.prompt), _per_class(r.output)
 
     def segment(tenant: int) -> st.SearchStrategy[list[Draw]]:
         mine = [c for c, t in enumerate(r.tenants) if t == tenant] or [0]
+        count = len(mine)
 
         def decode(b: bytes) -> Draw:
-            c = mine[_pick(b, CLS, len(mine))]
-            return Draw(_scaled(_u16(b, GAP), 16, 0, gaps[c]), c, _field(b, PROMPT, r.prompt[c]),
-                        _field(b, OUTPUT, r.output[c]))
-        return _records(CANCEL, min_size, n, decode)
+            c = mine[(b[0] * count) >> 8]
+            return Draw(gaps[c]((b[1] << 8) | b[2]), c, prompt[c]((b[3] << 8) | b[4]), output[c]((b[5] << 8) | b[6]))
+        return _records(CANCEL, min_size, n, cap, decode)
     return st.one_of(*(segment(t) for t in sorted(set(r.tenants))))
 
 
-def late_cancellations(r: Ranges, policy: Policy, n: int, min_size: int = 1) -> st.SearchStrategy[list[Draw]]:
+def late_cancellations(r: Ranges, policy: Policy, n: int, min_size: int = 1, cap: int | None = None
+                       ) -> st.SearchStrategy[list[Draw]]:
     """Cancels mid-prefill (within 50 ms) or just before completion (about one iteration per output token:
-    10-20 ms per token of the class's output range)."""
+    10-20 ms per token of the class's output range): the cancel field's top bit picks which."""
     classes = len(r.prompt)
-    late = [(lo * 10, hi * 20) for lo, hi in r.output]
+    gaps, prompt, output = _per_class([(0, m) for m in r.mean_gap_ms]), _per_class(r.prompt), _per_class(r.output)
+    early = _scale(0, 50, 15)
+    late = [_scale(lo * 10, hi * 20, 15) for lo, hi in r.output]
 
     def decode(b: bytes) -> Draw:
-        c = _pick(b, CLS, classes)
-        v = _u16(b, CANCEL)
-        cancel = _scaled(v, 15, 0, 50) if v < 0x8000 else _scaled(v - 0x8000, 15, *late[c])
-        return Draw(_scaled(_u16(b, GAP), 16, 0, r.mean_gap_ms[c]), c, _field(b, PROMPT, r.prompt[c]),
-                    _field(b, OUTPUT, r.output[c]), cancel)
-    return _records(CANCEL + 2, min_size, n, decode)
+        c = (b[0] * classes) >> 8
+        v = (b[7] << 8) | b[8]
+        return Draw(gaps[c]((b[1] << 8) | b[2]), c, prompt[c]((b[3] << 8) | b[4]), output[c]((b[5] << 8) | b[6]),
+                    early(v) if v < 0x8000 else late[c](v - 0x8000))
+    return _records(CANCEL + 2, min_size, n, cap, decode)
 
 
-def kv_fragmentation(r: Ranges, policy: Policy, n: int, min_size: int = 1) -> st.SearchStrategy[list[Draw]]:
+def kv_fragmentation(r: Ranges, policy: Policy, n: int, min_size: int = 1, cap: int | None = None
+                     ) -> st.SearchStrategy[list[Draw]]:
     """Mixed lengths that leave partial blocks: prompts one token past a block boundary."""
     size = policy.kv.block_size
-    blocks = [(max(0, (lo - 1) // size), max(0, (hi - 1) // size)) for lo, hi in r.prompt]
 
-    def prompt(b: bytes, c: int) -> int:
-        lo, hi = r.prompt[c]
-        return min(hi, max(lo, _field(b, PROMPT, blocks[c]) * size + 1))
-    return _simple(r, n, min_size, 1, prompt, _within(r.output, OUTPUT))
+    def one_past(lo: int, hi: int) -> Scale:
+        blocks = _scale(max(0, (lo - 1) // size), max(0, (hi - 1) // size))
+        return lambda v: min(hi, max(lo, blocks(v) * size + 1))
+    return _simple(r, n, min_size, cap, 1, [one_past(lo, hi) for lo, hi in r.prompt], _per_class(r.output))
 
 
-def saturate_prefill(r: Ranges, policy: Policy, n: int, min_size: int = 1) -> st.SearchStrategy[list[Draw]]:
+def saturate_prefill(r: Ranges, policy: Policy, n: int, min_size: int = 1, cap: int | None = None
+                     ) -> st.SearchStrategy[list[Draw]]:
     """All prefill: the longest prompts with the shortest outputs."""
-    return _simple(r, n, min_size, 0.5, _fixed([hi for _, hi in r.prompt]), _fixed([lo for lo, _ in r.output]), PROMPT)
+    return _simple(r, n, min_size, cap, 0.5, [hi for _, hi in r.prompt], [lo for lo, _ in r.output])
 
 
-def saturate_decode(r: Ranges, policy: Policy, n: int, min_size: int = 1) -> st.SearchStrategy[list[Draw]]:
+def saturate_decode(r: Ranges, policy: Policy, n: int, min_size: int = 1, cap: int | None = None
+                    ) -> st.SearchStrategy[list[Draw]]:
     """All decode: the shortest prompts with the longest outputs."""
-    return _simple(r, n, min_size, 0.5, _fixed([lo for lo, _ in r.prompt]), _fixed([hi for _, hi in r.output]), PROMPT)
+    return _simple(r, n, min_size, cap, 0.5, [lo for lo, _ in r.prompt], [hi for _, hi in r.output])
 
 
-def exhaust_slots(r: Ranges, policy: Policy, n: int, min_size: int = 1) -> st.SearchStrategy[list[Draw]]:
-    """Many short requests at once, to fill every running slot."""
+def exhaust_slots(r: Ranges, policy: Policy, n: int, min_size: int = 1, cap: int | None = None
+                  ) -> st.SearchStrategy[list[Draw]]:
+    """Many short requests at once, to fill every running slot (up to max_num_seqs + 1 of them)."""
     classes = len(r.prompt)
+    output = _per_class(r.output)
 
     def decode(b: bytes) -> Draw:
-        c = _pick(b, 0, classes)
-        return Draw(0, c, r.prompt[c][0], _field(b, 1, r.output[c]))
-    return _records(3, min_size, max(n, policy.batch.max_num_seqs + 1), decode)
+        c = (b[0] * classes) >> 8
+        return Draw(0, c, r.prompt[c][0], output[c]((b[1] << 8) | b[2]))
+    return _records(3, min_size, max(n, policy.batch.max_num_seqs + 1), cap, decode)
 
 
-def priority_stream(r: Ranges, policy: Policy, n: int, min_size: int = 1) -> st.SearchStrategy[list[Draw]]:
+def priority_stream(r: Ranges, policy: Policy, n: int, min_size: int = 1, cap: int | None = None
+                    ) -> st.SearchStrategy[list[Draw]]:
     """A sustained stream of the most urgent class, heavy (lengths in the upper half of its ranges, so it
     holds the server), with a few requests of the others mixed in (about one in five)."""
     sign = 1 if policy.queue.priority_polarity.value == "lower_first" else -1
     classes = len(r.prompt)
     urgent = min(range(classes), key=lambda c: sign * r.priorities[c])
-    gap = max(1, r.mean_gap_ms[urgent] // 2)
-    prompt = [(max(lo, hi // 2), hi) for lo, hi in r.prompt]
-    output = [(max(lo, hi // 2), hi) for lo, hi in r.output]
+    gap = _scale(0, max(1, r.mean_gap_ms[urgent] // 2))
+    prompt = _per_class([(max(lo, hi // 2), hi) for lo, hi in r.prompt])
+    output = _per_class([(max(lo, hi // 2), hi) for lo, hi in r.output])
 
     def decode(b: bytes) -> Draw:
-        k = b[CLS]
+        k = b[0]
         c = urgent if k < 205 else ((k - 205) * classes) // 51
-        return Draw(_scaled(_u16(b, GAP), 16, 0, gap), c, _field(b, PROMPT, prompt[c]), _field(b, OUTPUT, output[c]))
-    return _records(CANCEL, min_size, n, decode)
+        return Draw(gap((b[1] << 8) | b[2]), c, prompt[c]((b[3] << 8) | b[4]), output[c]((b[5] << 8) | b[6]))
+    return _records(CANCEL, min_size, n, cap, decode)
 
 
 STRESSES: dict[str, Stress] = {f.__name__: f for f in (
@@ -246,12 +264,12 @@ def adversarial(w: Workload, policy: Policy, max_requests: int = 20, stresses: l
     cap = max_segments * max(max_requests, min_requests)
 
     def segment(low: int) -> st.SearchStrategy[list[Draw]]:
-        return st.one_of(*(s(r, policy, max_requests, low) for s in chosen))
+        return st.one_of(*(s(r, policy, max_requests, low, cap) for s in chosen))
     if min_requests <= 1:
         return st.lists(segment(1), min_size=1, max_size=max_segments).map(
             lambda parts: [d for part in parts for d in part][:cap])
     if max_segments <= 1:
-        return segment(min_requests).map(lambda part: part[:cap])
+        return segment(min_requests)
     return st.tuples(segment(min_requests), st.lists(segment(1), max_size=max_segments - 1)).map(
         lambda parts: (parts[0] + [d for part in parts[1] for d in part])[:cap])
 

@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, find, given, settings
 from hypothesis import strategies as st
 
 from checker.api import load_policy
-from checker.fuzz.strategies import STRESSES, Draw, _scaled, adversarial, ranges, request_maker
+from checker.fuzz.strategies import STRESSES, Draw, _scale, adversarial, ranges, request_maker
 from checker.loading import load_model
 from checker.workload import Workload
 from tests.helpers import POLICIES, WORKLOADS
@@ -22,8 +22,9 @@ QUICK = settings(max_examples=25, deadline=None, database=None, derandomize=True
 def test_scaled_is_monotone_within_bounds_and_zero_is_the_floor(a, b, lo, width):
     hi = lo + width
     x, y = sorted((a, b))
-    assert lo <= _scaled(x, 16, lo, hi) <= _scaled(y, 16, lo, hi) <= hi
-    assert _scaled(0, 16, lo, hi) == lo and _scaled(0xFFFF, 16, lo, hi) == hi
+    scale = _scale(lo, hi)
+    assert lo <= scale(x) <= scale(y) <= hi
+    assert scale(0) == lo and scale(0xFFFF) == hi
 
 
 @pytest.mark.parametrize("workload,policy", [("chat_mixed", "vllm_v1"), ("tiered_normal", "tiered_shedding")])
