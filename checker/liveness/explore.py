@@ -345,14 +345,14 @@ def explore(policy: Policy, env: LivenessEnv, max_states: int = DEFAULT_MAX_STAT
                     progress(f"{len(keys):,} states, {len(edge_list):,} edges")
             if not stop:
                 level = discovered
+        graph = nx.DiGraph()
+        graph.add_node(0)
+        graph.add_edges_from(edge_list)
     finally:
         if collecting:
             gc.enable()
         if pool is not None:
             pool.terminate()
-    graph = nx.DiGraph()
-    graph.add_node(0)
-    graph.add_edges_from(edge_list)
     return StateGraph(graph, canon, env, keys, depth, parent, complete=not stop,
                       seconds=time.monotonic() - started, stop_reason=stop, edges=len(edge_list),
                       choices_run=trans.choices_run + counts[0], steps_run=trans.steps_run + counts[1])
