@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING
 
 from checker.semantics.decision import StepDecision
@@ -104,26 +105,70 @@ def _group(result: SimResult, members: list[Request]) -> dict:
     }
 
 
+def _engine(result: SimResult, overall: dict) -> dict:
+    reqs, policy = result.state.requests, result.policy
+    span_us = max(result.end_us - (reqs[0].arrival_us if reqs else 0), 1)
+    return {
+        "steps": result.steps, "request_steps": result.request_steps, "simulated_s": round(span_us / 1e6, 3),
+        "busy_s": round(result.busy_us / 1e6, 3), "wall_s": round(result.wall_s, 3),
+        "kv_peak_blocks": result.kv_peak_blocks, "kv_blocks": policy.kv.num_blocks,
+        "kv_peak_pct": round(100.0 * result.kv_peak_blocks / policy.kv.num_blocks, 1),
+        "running_peak": result.running_peak, "waiting_peak": result.waiting_peak,
+        "idle_slot_steps": result.idle_slot_steps,
+        "output_tokens_per_s": round(overall["output_tokens"] / (span_us / 1e6), 1),
+        "stuck_requests": len(result.stuck), "step_limit_hit": result.step_limit_hit,
+        "livelock_suspected": result.livelock,
+    }
+
+
 def summarize(result: SimResult) -> dict:
     reqs = result.state.requests
     rs = result.requests
-    policy = result.policy
     by_class = {name: _group(result, [r for r in reqs if r.spec.cls == i]) for i, name in enumerate(rs.class_names)}
     by_tenant = {name: _group(result, [r for r in reqs if r.tenant == i]) for i, name in enumerate(rs.tenant_names)}
-    span_us = max(result.end_us - (reqs[0].arrival_us if reqs else 0), 1)
     overall = _group(result, reqs)
     return {
-        "policy": policy.name, "profile": result.profile.name, "source": rs.source,
-        "engine": {
-            "steps": result.steps, "request_steps": result.request_steps, "simulated_s": round(span_us / 1e6, 3),
-            "busy_s": round(result.busy_us / 1e6, 3), "wall_s": round(result.wall_s, 3),
-            "kv_peak_blocks": result.kv_peak_blocks, "kv_blocks": policy.kv.num_blocks,
-            "kv_peak_pct": round(100.0 * result.kv_peak_blocks / policy.kv.num_blocks, 1),
-            "running_peak": result.running_peak, "waiting_peak": result.waiting_peak,
-            "idle_slot_steps": result.idle_slot_steps,
-            "output_tokens_per_s": round(overall["output_tokens"] / (span_us / 1e6), 1),
-            "stuck_requests": len(result.stuck), "step_limit_hit": result.step_limit_hit,
-            "livelock_suspected": result.livelock,
-        },
-        "overall": overall, "by_class": by_class, "by_tenant": by_tenant,
+        "policy": result.policy.name, "profile": result.profile.name, "source": rs.source,
+        "engine": _engine(result, overall), "overall": overall, "by_class": by_class, "by_tenant": by_tenant,
     }
+
+
+class _Lazy(Mapping):
+    """A read-only mapping whose values are computed on first access."""
+
+    def __init__(self, makers: dict[str, Callable[[], object]]):
+        self._makers = makers
+        self._values: dict[str, object] = {}
+
+    def __getitem__(self, key: str) -> object:
+        try:
+            return self._values[key]
+        except KeyError:
+            value = self._values[key] = self._makers[key]()
+            return value
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._makers)
+
+    def __len__(self) -> int:
+        return len(self._makers)
+
+
+def lazy_summary(result: SimResult) -> Mapping:
+    """``summarize(result)`` computed one group at a time, as it is read (a property checker reads one or
+    two of the eight groups); every value equals the eager summary's."""
+    reqs = result.state.requests
+    rs = result.requests
+
+    def group(keep: Callable[[object], bool]) -> Callable[[], dict]:
+        return lambda: _group(result, [r for r in reqs if keep(r)])
+
+    def by(attr: Callable[[object], int], names: list[str]) -> Callable[[], Mapping]:
+        return lambda: _Lazy({name: group(lambda r, i=i: attr(r) == i) for i, name in enumerate(names)})
+
+    summary: _Lazy = _Lazy({
+        "policy": lambda: result.policy.name, "profile": lambda: result.profile.name, "source": lambda: rs.source,
+        "engine": lambda: _engine(result, summary["overall"]), "overall": lambda: _group(result, reqs),
+        "by_class": by(lambda r: r.spec.cls, rs.class_names), "by_tenant": by(lambda r: r.tenant, rs.tenant_names),
+    })
+    return summary

@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, Phase, example, given, seed, settings
 from hypothesis.database import DirectoryBasedExampleDatabase
 
 from checker.engine import simulate
+from checker.metrics import lazy_summary
 from checker.fuzz.seeds import SeedCorpus, shrink
 from checker.fuzz.slo import Outcome, Property, evaluate
 from checker.fuzz.strategies import Draw, adversarial, ranges, request_maker
@@ -135,7 +136,7 @@ def run_property(policy: Policy, workload: Workload, profile: Profile, prop: Pro
     requests = request_maker(workload)
 
     def judge(trace: list[Draw]) -> tuple[bool, Outcome, float]:
-        outcome = evaluate(prop, simulate(policy, requests(trace), profile).summary())
+        outcome = evaluate(prop, lazy_summary(simulate(policy, requests(trace), profile)))
         badness = outcome.observed / outcome.allowed if outcome.observed is not None and outcome.allowed else 0.0
         return not outcome.holds, outcome, badness
 

@@ -6,6 +6,7 @@ counterexample can say "observed 2,310 ms, allowed 2,000 ms".
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Annotated, Literal, Union
 
@@ -105,12 +106,13 @@ class Outcome:
     detail: str
 
 
-def _group(summary: dict, request_class: str | None) -> dict | None:
+def _group(summary: Mapping, request_class: str | None) -> Mapping | None:
     return summary["overall"] if request_class is None else summary["by_class"].get(request_class)
 
 
-def evaluate(prop: Property, summary: dict) -> Outcome:
-    """Evaluate one property on a simulation summary (checker.metrics.summarize)."""
+def evaluate(prop: Property, summary: Mapping) -> Outcome:
+    """Evaluate one property on a simulation summary (checker.metrics.summarize, or lazy_summary, which
+    computes only the groups the property reads)."""
     if isinstance(prop, LatencyBound):
         group = _group(summary, prop.request_class)
         value = None if group is None else group[prop.metric][prop.stat]
