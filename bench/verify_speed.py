@@ -65,7 +65,7 @@ CASES = [
     Case("proved", policy, (inv,), n, 2, unbounded=True)
     for policy in ("vllm_v1", "sarathi_serve") for n in (2, 3, 4) for inv in PROVED_LIST
 ] + [
-    Case("proved", policy, tuple(SAFETY), n, 2, unbounded=True) for policy in ("vllm_v1", "sarathi_serve") for n in (8, 16)
+    Case("proved", policy, tuple(SAFETY), 8, 2, unbounded=True) for policy in ("vllm_v1", "sarathi_serve")
 ] + [
     Case("proved", policy, ("kv_never_overcommitted",), n, 3, unbounded=True, prompt=(1, 1024), num_blocks=64)
     for policy in ("vllm_v1", "sarathi_serve") for n in (2, 3, 4, 8)

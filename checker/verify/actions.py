@@ -38,7 +38,8 @@ from checker.semantics.state import Status
 from checker.smt.encode import Pass, SlotState, StepResult, SymbolicStep
 from checker.smt.ops import CERTIFICATE_BLOCK, SmtSession, Term, Z3Ops, sum_terms
 from checker.verify.env import Environment
-from checker.verify.induction import STATE_INVARIANTS, InductionResult, _symbolic_state, lemmas
+from checker.verify.induction import (STATE_INVARIANTS, InductionResult, _symbolic_state, global_lemmas, lemmas,
+                                      slot_ranges)
 from invariants.catalogue import CATALOGUE, Invariant
 
 Candidate = tuple[str, Callable[["View"], Term]]
@@ -204,9 +205,13 @@ class ActionModel:
                 v.structural = lemmas(o, policy, v.step.params, s.slots, s.step, s.next_seq, step_us)
             return v.structural
 
-        names = self.lemma_names()
-        out: list[Candidate] = [(name, lambda v, j=j: structural(v)[j][1]) for j, name in enumerate(names)
-                                if self.tier == "full" or name.endswith(CORE_LEMMAS)]
+        if self.tier == "full":
+            out: list[Candidate] = [(name, lambda v, j=j: structural(v)[j][1])
+                                    for j, name in enumerate(self.lemma_names())]
+        else:  # the core lemmas alone (building all the structural lemmas costs more than their check)
+            out = [(f"slot{i}.ranges", lambda v, i=i: slot_ranges(o, v.slots[i], v.step.s.next_seq)) for i in range(n)]
+            out += [(name, lambda v, j=j: global_lemmas(o, policy, v.slots, v.step.s.step)[j][1])
+                    for j, (name, _) in enumerate(global_lemmas(o, policy, _blank_slots(n), 0))]
         out += [(target_name(inv, params), lambda v, inv=inv, params=params: inv.holds(o, _ctx(policy, v), 0, params))
                 for inv, params in self.targets]
         most = o.ceil_div(policy.max_model_len, policy.kv.block_size)  # no sequence is longer than max_model_len
@@ -334,6 +339,10 @@ def composed_step(ops, policy: Policy, params: list, state: SlotState, now_us: T
     return StepResult(step.s, step.sched, produced, step.preempted)
 
 
+def _blank_slots(n: int) -> list[dict[str, int]]:
+    return [{"status": 0, "blocks": 0, "swapped_blocks": 0} for _ in range(n)]
+
+
 def _snapshot(step: SymbolicStep) -> SymbolicStep:
     """A copy of the step's variables before an action runs (actions mutate the step in place)."""
     copy = SymbolicStep(step.o, step.p, step.params, step.s, step.now, step.cancels)
@@ -350,8 +359,6 @@ def _ctx(policy: Policy, v: View) -> TraceContext:
 
 
 Target = tuple[Invariant, dict[str, int]]
-# Structural lemmas (checker/verify/induction.py) in the core tier: value ranges and the global budgets.
-CORE_LEMMAS = (".ranges", "seq_cap", "kv_within_pool", "swap_within_space", "step_nonnegative")
 TIERS = ("core", "full")
 
 

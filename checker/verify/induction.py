@@ -66,10 +66,7 @@ def lemmas(o, policy: Policy, params: list[SlotParams], slots: list[dict[str, Te
 
         arrived_step = prm.arrival_us / step_us  # arrival_us is a multiple of step_us
         out += [
-            (f"slot{i}.ranges", o.and_(st >= int(Status.PENDING), st <= int(Status.CANCELLED), s["num_generated"] >= 0,
-                                       s["num_computed"] >= 0, s["blocks"] >= 0, s["swapped_blocks"] >= 0,
-                                       s["num_preemptions"] >= 0, s["admitted_seq"] >= 0, s["requeue_seq"] >= 0,
-                                       s["admitted_seq"] < next_seq, s["requeue_seq"] < next_seq)),
+            (f"slot{i}.ranges", slot_ranges(o, s, next_seq)),
             (f"slot{i}.pending", o.or_(o.not_(is_(Status.PENDING)), o.and_(
                 arrived_step >= step, s["num_computed"] == 0, s["num_generated"] == 0, s["blocks"] == 0,
                 s["swapped_blocks"] == 0, s["admitted_seq"] == 0, s["requeue_seq"] == 0, s["num_preemptions"] == 0,
@@ -114,8 +111,23 @@ def lemmas(o, policy: Policy, params: list[SlotParams], slots: list[dict[str, Te
             both = o.and_(slots[i]["status"] == int(Status.RUNNING), slots[j]["status"] == int(Status.RUNNING))
             out.append((f"slots{i},{j}.distinct_admission", o.or_(o.not_(both),
                                                                    slots[i]["admitted_seq"] != slots[j]["admitted_seq"])))
+    return out + global_lemmas(o, policy, slots, step)
+
+
+def slot_ranges(o, s: dict[str, Term], next_seq: Term) -> Term:
+    """A slot's fields within their ranges, its sequence numbers below the counter."""
+    st = s["status"]
+    return o.and_(st >= int(Status.PENDING), st <= int(Status.CANCELLED), s["num_generated"] >= 0,
+                  s["num_computed"] >= 0, s["blocks"] >= 0, s["swapped_blocks"] >= 0, s["num_preemptions"] >= 0,
+                  s["admitted_seq"] >= 0, s["requeue_seq"] >= 0, s["admitted_seq"] < next_seq,
+                  s["requeue_seq"] < next_seq)
+
+
+def global_lemmas(o, policy: Policy, slots: list[dict[str, Term]], step: Term) -> list[tuple[str, Term]]:
+    """The sequence cap, the pools (where the policy checks them) and the step counter."""
+    kv = policy.kv
     running = sum_terms([o.b2i(s["status"] == int(Status.RUNNING)) for s in slots])
-    out.append(("seq_cap", running <= policy.batch.max_num_seqs))
+    out = [("seq_cap", running <= policy.batch.max_num_seqs)]
     if kv.check_allocation:
         out.append(("kv_within_pool", sum_terms([s["blocks"] for s in slots]) <= kv.num_blocks))
     out.append(("swap_within_space", sum_terms([s["swapped_blocks"] for s in slots]) <= kv.swap_blocks))
