@@ -105,8 +105,9 @@ def _group(result: SimResult, members: list[Request]) -> dict:
     }
 
 
-def _engine(result: SimResult, overall: dict) -> dict:
+def _engine(result: SimResult) -> dict:
     reqs, policy = result.state.requests, result.policy
+    output_tokens = sum(r.num_generated for r in reqs)  # the overall group's output_tokens
     span_us = max(result.end_us - (reqs[0].arrival_us if reqs else 0), 1)
     return {
         "steps": result.steps, "request_steps": result.request_steps, "simulated_s": round(span_us / 1e6, 3),
@@ -115,7 +116,7 @@ def _engine(result: SimResult, overall: dict) -> dict:
         "kv_peak_pct": round(100.0 * result.kv_peak_blocks / policy.kv.num_blocks, 1),
         "running_peak": result.running_peak, "waiting_peak": result.waiting_peak,
         "idle_slot_steps": result.idle_slot_steps,
-        "output_tokens_per_s": round(overall["output_tokens"] / (span_us / 1e6), 1),
+        "output_tokens_per_s": round(output_tokens / (span_us / 1e6), 1),
         "stuck_requests": len(result.stuck), "step_limit_hit": result.step_limit_hit,
         "livelock_suspected": result.livelock,
     }
@@ -129,7 +130,7 @@ def summarize(result: SimResult) -> dict:
     overall = _group(result, reqs)
     return {
         "policy": result.policy.name, "profile": result.profile.name, "source": rs.source,
-        "engine": _engine(result, overall), "overall": overall, "by_class": by_class, "by_tenant": by_tenant,
+        "engine": _engine(result), "overall": overall, "by_class": by_class, "by_tenant": by_tenant,
     }
 
 
@@ -166,9 +167,8 @@ def lazy_summary(result: SimResult) -> Mapping:
     def by(attr: Callable[[object], int], names: list[str]) -> Callable[[], Mapping]:
         return lambda: _Lazy({name: group(lambda r, i=i: attr(r) == i) for i, name in enumerate(names)})
 
-    summary: _Lazy = _Lazy({
+    return _Lazy({
         "policy": lambda: result.policy.name, "profile": lambda: result.profile.name, "source": lambda: rs.source,
-        "engine": lambda: _engine(result, summary["overall"]), "overall": lambda: _group(result, reqs),
+        "engine": lambda: _engine(result), "overall": lambda: _group(result, reqs),
         "by_class": by(lambda r: r.spec.cls, rs.class_names), "by_tenant": by(lambda r: r.tenant, rs.tenant_names),
     })
-    return summary
