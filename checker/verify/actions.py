@@ -38,6 +38,7 @@ from checker.semantics.state import Status
 from checker.smt.encode import Pass, SlotState, StepResult, SymbolicStep
 from checker.smt.ops import CERTIFICATE_BLOCK, SmtSession, Term, Z3Ops, sum_terms
 from checker.verify.env import Environment
+from checker.verify.vacuity import engine_witnesses
 from checker.verify.induction import (STATE_INVARIANTS, InductionResult, _symbolic_state, global_lemmas, lemmas,
                                       slot_ranges)
 from invariants.catalogue import CATALOGUE, Invariant
@@ -438,6 +439,11 @@ def _houdini(model: ActionModel, deadline: float) -> Houdini:
     alive = {loc: {name for name, _ in model.candidates(loc)} for loc in locations}
     targets = {prefix + target_name(i, p) for i, p in model.targets for prefix in ("", NEVER)}
     # (the loop runs while one of them may still survive; what survives the end is at the fixpoint)
+    # a situation an engine probe reaches is no candidate for "never occurs" (dropped everywhere up front)
+    reached = {NEVER + target_name(i, p) for (i, p), how in zip(model.targets, engine_witnesses(
+        model.policy, list(model.targets), model.env)) if how is not None}
+    for loc in locations:
+        alive[loc] -= reached
     initially_false = _false_initially(model, alive["P"])
     broken_by = {name: "initial state" for name in initially_false & targets}
     alive["P"] -= initially_false

@@ -165,9 +165,9 @@ def save_counterexample(policy: Policy, policy_file: str | None, inv: Invariant,
 
 # Seconds the action-wise proof may take before the bounded search and whole-step induction get the rest.
 ACTIONWISE_SHARE = 0.5
-# Share of the timeout each vacuity check of a proved invariant may take when no engine probe reached its
-# situation: proving its negation (action-wise), then z3's search within the depth (the proof stands either
-# way; the verdict then says that vacuity was not decided).
+# How long each vacuity check of a proved invariant may take when no engine probe reached its situation:
+# proving its negation (action-wise), then z3's search within the depth (the proof stands either way; the
+# verdict then says that vacuity was not decided): this share of the timeout each.
 VACUITY_SHARE = 0.05
 
 

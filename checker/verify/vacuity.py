@@ -50,13 +50,24 @@ def _probes(policy: Policy, env: Environment) -> list[list[RequestSpec]]:
 
 def engine_witness(policy: Policy, inv: Invariant, params: dict[str, int], env: Environment) -> str | None:
     """A description of an engine run that reaches the trigger, or None."""
+    return engine_witnesses(policy, [(inv, params)], env)[0]
+
+
+def engine_witnesses(policy: Policy, targets: list[tuple[Invariant, dict[str, int]]],
+                     env: Environment) -> list[str | None]:
+    """For each (invariant, parameters): a description of an engine probe that reaches its trigger, or None
+    (each probe is replayed once for all of them)."""
+    found: list[str | None] = [None] * len(targets)
     for specs in _probes(policy, env):
         replay = replay_fixed_clock(policy, specs, PROBE_STEPS, env.step_us, env.tenants)
         for t in range(len(replay.frames)):
-            if inv.triggered(IntOps, replay.ctx, t, params):
-                return (f"its situation occurs at iteration {t} of an engine run ({len(specs)} requests arriving "
-                        f"at once, prompts of {specs[0].prompt_len}-{specs[-1].prompt_len} tokens)")
-    return None
+            for k, (inv, params) in enumerate(targets):
+                if found[k] is None and inv.triggered(IntOps, replay.ctx, t, params):
+                    found[k] = (f"its situation occurs at iteration {t} of an engine run ({len(specs)} requests "
+                                f"arriving at once, prompts of {specs[0].prompt_len}-{specs[-1].prompt_len} tokens)")
+            if all(found):
+                return found
+    return found
 
 
 def reachable(policy: Policy, inv: Invariant, params: dict[str, int], env: Environment, timeout_s: float) -> Reach:
