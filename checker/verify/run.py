@@ -92,7 +92,7 @@ class Checked:
                 "depth": self.depth, "violation_iteration": self.violation_step,
                 "counterexample": str(self.counterexample) if self.counterexample else None,
                 "certificate": str(self.certificate) if self.certificate else None,
-                "seconds": round(self.seconds, 3), "notes": self.notes}
+                "seconds": round(self.seconds, 3), "notes": self.notes, "method": self.method or None}
 
 
 def parse_invariant(text: str) -> tuple[Invariant, dict[str, int]]:
