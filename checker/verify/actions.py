@@ -376,6 +376,7 @@ class Houdini:
 
     status: str  # "done" or "unknown"
     alive: dict[str, set[str]]
+    seconds: float = 0.0
     certificate: str = ""
     summary: str = ""
     broken_by: dict[str, str] = field(default_factory=dict)  # target -> the action that dropped it
@@ -402,17 +403,24 @@ def prove(policy: Policy, inv: Invariant, params: dict[str, int], env: Environme
                            cti=[f"{tier} candidates; {result.summary}"])
 
 
+# A tier not yet run is run for a "never occurs" candidate only if this many times the seconds of the tier
+# before it fit the time given (the full tier costs about 2x the core one; beyond that it would only time out).
+TIER_COST_FACTOR = 3.0
+
+
 def never_triggered(policy: Policy, inv: Invariant, params: dict[str, int], env: Environment,
                     timeout_s: float) -> bool:
     """Whether the invariant's situation never occurs, at any depth: the negation of its trigger is
     inductive (it survives Houdini, proved alongside the invariants)."""
-    return _survives(policy, inv, params, env, NEVER + target_name(inv, params), timeout_s)[0] == "survives"
+    return _survives(policy, inv, params, env, NEVER + target_name(inv, params), timeout_s,
+                     cost_factor=TIER_COST_FACTOR)[0] == "survives"
 
 
 def _survives(policy: Policy, inv: Invariant, params: dict[str, int], env: Environment, name: str,
-              timeout_s: float) -> tuple[str, str, Houdini | None]:
+              timeout_s: float, cost_factor: float | None = None) -> tuple[str, str, Houdini | None]:
     """Run (or look up) Houdini tier by tier until the candidate ``name`` survives: ("survives", tier,
-    result), ("dropped", last tier, result) or ("unknown", tier, None) on a timeout."""
+    result), ("dropped", last tier, result) or ("unknown", tier, None) on a timeout (or, with
+    ``cost_factor``, when the next tier is not expected to fit the time left)."""
     started = time.monotonic()
     targets = tuple(sorted([(inv, params)] + [(CATALOGUE[n], {}) for n in STATE_INVARIANTS if n != inv.name],
                            key=lambda t: target_name(*t)))
@@ -421,11 +429,13 @@ def _survives(policy: Policy, inv: Invariant, params: dict[str, int], env: Envir
         key = (policy.model_dump_json(), env, tuple(target_name(i, p) for i, p in targets), tier)
         if key not in _DONE:
             left = timeout_s - (time.monotonic() - started)
-            if left <= 0:
+            if left <= 0 or (cost_factor is not None and result is not None and cost_factor * result.seconds > left):
                 return "unknown", tier, None
-            result = _houdini(ActionModel(policy, targets, env, tier), time.monotonic() + left)
+            began = time.monotonic()
+            result = _houdini(ActionModel(policy, targets, env, tier), began + left)
             if result.status == "unknown":
                 return "unknown", tier, None
+            result.seconds = time.monotonic() - began
             _DONE[key] = result
         result = _DONE[key]
         if name in result.alive["P"]:
