@@ -376,10 +376,10 @@ class Houdini:
 
     status: str  # "done" or "unknown"
     alive: dict[str, set[str]]
-    seconds: float = 0.0
     certificate: str = ""
     summary: str = ""
     broken_by: dict[str, str] = field(default_factory=dict)  # target -> the action that dropped it
+    seconds: float = 0.0  # how long the run took
 
 
 _DONE: dict[tuple, Houdini] = {}  # (policy, environment, targets, tier) -> result, within one process
