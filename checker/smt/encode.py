@@ -13,9 +13,19 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import ClassVar
 
-from checker.policy import (Allocation, HeadOfLine, PhaseMode, Policy, Polarity, PreemptMode, QueueOrder,
-                            Requeue, Victim)
+from checker.policy import (
+    Allocation,
+    HeadOfLine,
+    PhaseMode,
+    Polarity,
+    Policy,
+    PreemptMode,
+    QueueOrder,
+    Requeue,
+    Victim,
+)
 from checker.semantics.state import Reason, Status
 from checker.smt.ops import Term, sum_terms
 
@@ -518,7 +528,7 @@ class Pass:
 
     rounds_per_slot = 2
     prefill_only = False
-    loop_kinds: dict[str, str] = {}  # loop variable -> "bool", "bools", "ints" (per slot) or "keys" (queue order)
+    loop_kinds: ClassVar[dict[str, str]] = {}  # loop variable -> "bool", "bools", "ints" (per slot) or "keys"
 
     def __init__(self, enable: Callable[[SymbolicStep], Term] | None = None):
         self.enable = enable  # whether the pass runs, read from the step when the pass starts
@@ -539,7 +549,7 @@ class Pass:
 
 
 class RunningPass(Pass):
-    loop_kinds = {"enabled": "bool", "processed": "bools", "want": "ints"}
+    loop_kinds: ClassVar[dict[str, str]] = {"enabled": "bool", "processed": "bools", "want": "ints"}
 
     def __init__(self, prefill_only: bool = False, **kw):
         super().__init__(**kw)
@@ -554,7 +564,7 @@ class RunningPass(Pass):
 
 
 class WaitingPass(Pass):
-    loop_kinds = {"snapshot": "bools", "keys": "keys", "tried": "bools", "stopped": "bool"}
+    loop_kinds: ClassVar[dict[str, str]] = {"snapshot": "bools", "keys": "keys", "tried": "bools", "stopped": "bool"}
 
     def start(self, step: SymbolicStep) -> dict:
         o, n = step.o, step.n
@@ -568,8 +578,8 @@ class WaitingPass(Pass):
 
 class MixedPass(Pass):
     rounds_per_slot = 3
-    loop_kinds = {"keys": "keys", "snapshot": "bools", "processed": "bools", "want": "ints", "admitting": "bool",
-                  "stopped": "bool"}
+    loop_kinds: ClassVar[dict[str, str]] = {"keys": "keys", "snapshot": "bools", "processed": "bools", "want": "ints",
+                                            "admitting": "bool", "stopped": "bool"}
 
     def start(self, step: SymbolicStep) -> dict:
         n = step.n

@@ -35,12 +35,18 @@ from dataclasses import dataclass, field
 from checker.frames import Frame, TraceContext
 from checker.policy import Allocation, Policy
 from checker.semantics.state import Status
-from checker.smt.encode import Pass, SlotState, StepResult, SymbolicStep
+from checker.smt.encode import Pass, SlotParams, SlotState, StepResult, SymbolicStep
 from checker.smt.ops import CERTIFICATE_BLOCK, SmtSession, Term, Z3Ops, sum_terms
 from checker.verify.env import Environment
+from checker.verify.induction import (
+    STATE_INVARIANTS,
+    InductionResult,
+    _symbolic_state,
+    global_lemmas,
+    lemmas,
+    slot_ranges,
+)
 from checker.verify.vacuity import engine_witnesses
-from checker.verify.induction import (STATE_INVARIANTS, InductionResult, _symbolic_state, global_lemmas, lemmas,
-                                      slot_ranges)
 from invariants.catalogue import CATALOGUE, Invariant
 
 Candidate = tuple[str, Callable[["View"], Term]]
@@ -73,15 +79,6 @@ class Action:
     pre: str  # "P" or "M<k>"
     post: str
     run: Callable[[SmtSession, str], tuple[View, View]]  # builds the action from fresh variables
-
-
-@dataclass
-class Outcome:
-    proved: bool
-    kept: dict[str, list[str]] = field(default_factory=dict)
-    broken_by: str = ""  # the action (or "initial state") that dropped the invariant
-    certificate: str = ""
-    unknown: bool = False
 
 
 def supported(inv: Invariant) -> bool:
@@ -226,7 +223,7 @@ class ActionModel:
         batch = policy.batch
 
         def held(v: View, i: int, tokens: Term) -> Term:
-            s, prm = v.slots[i], v.step.params[i]
+            prm = v.step.params[i]
             need = o.ceil_div(tokens, policy.kv.block_size)
             if policy.kv.allocation is Allocation.FULL_RESERVATION:
                 cap = o.min(prm.prompt_len + prm.max_output, policy.max_model_len) - 1
@@ -485,8 +482,8 @@ def _houdini(model: ActionModel, deadline: float) -> Houdini:
 
 def _failed(started: float, by: str) -> InductionResult:
     return InductionResult("cti", time.monotonic() - started,
-                           cti=[f"action-wise induction: the invariant is not preserved by the {by} from the "
-                                "states the surviving lemmas allow (not a counterexample: the lemmas may be too weak)"])
+                           cti=[(f"action-wise induction: the invariant is not preserved by the {by} from the "
+                                 "states the surviving lemmas allow (not a counterexample: the lemmas may be too weak)")])
 
 
 def _false_initially(model: ActionModel, names: set[str]) -> set[str]:
