@@ -77,11 +77,11 @@ def _state(slots: list[dict], next_seq, step, counters) -> SlotState:
     return SlotState(slots=slots, next_seq=next_seq, step=step, counters=list(counters))
 
 
-def int_outputs(policy: Policy, c: Captured, step_function=symbolic_step) -> dict[str, int]:
-    """The symbolic step (or another composition of its parts) evaluated on ints."""
+def int_outputs(policy: Policy, c: Captured) -> dict[str, int]:
+    """The symbolic step evaluated on ints."""
     params = [SlotParams(*p) for p in c.params]
     slots = [dict(zip(FIELDS, values)) for values in c.slots]
-    result = step_function(IntOps, policy, params, _state(slots, c.next_seq, c.step, c.counters),
+    result = symbolic_step(IntOps, policy, params, _state(slots, c.next_seq, c.step, c.counters),
                            c.now_us, list(c.cancels))
     return {k: int(v) for k, v in _flatten(result).items()}
 

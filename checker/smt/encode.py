@@ -198,13 +198,26 @@ class SymbolicStep:
 
     # ------------------------------------------------------------------ the step
     def run(self) -> StepResult:
+        """The step as the actions action-wise induction checks one by one (checker/verify/actions.py): the
+        prefix, each pass's rounds with a hand-over (the next pass's start) between passes, the completion."""
+        passes = self.passes()
+        loop = self.prefix(passes)
+        for k, pass_ in enumerate(passes):
+            for _ in range(pass_.rounds_per_slot * self.n):
+                pass_.round(self, loop)
+            if k + 1 < len(passes):
+                loop = passes[k + 1].start(self)
+        produced = self.complete()
+        return StepResult(self.s, self.sched, produced, self.preempted)
+
+    def prefix(self, passes: list[Pass]) -> dict:
+        """The phases before the schedule, the schedule's start and the first pass's start (its loop)."""
         self.release()
         self.arrive()
         self.cancel()
         self.expire()
-        self.schedule()
-        produced = self.complete()
-        return StepResult(self.s, self.sched, produced, self.preempted)
+        self.begin_schedule()
+        return passes[0].start(self)
 
     def release(self) -> None:
         o, s = self.o, self.s
@@ -288,11 +301,6 @@ class SymbolicStep:
             self.set(i, "status", e, int(Status.REJECTED))
 
     # ------------------------------------------------------------------ schedule
-    def schedule(self) -> None:
-        self.begin_schedule()
-        for pass_ in self.passes():
-            pass_.run(self)
-
     def begin_schedule(self) -> None:
         """What the schedule phase starts from: the step's budgets and the running count."""
         b = self.p.batch
@@ -523,11 +531,10 @@ class SymbolicStep:
 
 class Pass:
     """A phase of the schedule: its loop variables at the start, and one round (a slot's worth of work).
-    ``run`` is the loop the step takes; verification also runs single rounds from symbolic loop variables
-    (checker/verify/actions.py)."""
+    The step runs ``rounds_per_slot`` rounds per slot; verification also runs single rounds from symbolic
+    loop variables (checker/verify/actions.py)."""
 
     rounds_per_slot = 2
-    prefill_only = False
     loop_kinds: ClassVar[dict[str, str]] = {}  # loop variable -> "bool", "bools", "ints" (per slot) or "keys"
 
     def __init__(self, enable: Callable[[SymbolicStep], Term] | None = None):
@@ -541,11 +548,6 @@ class Pass:
 
     def round(self, step: SymbolicStep, loop: dict) -> None:
         raise NotImplementedError
-
-    def run(self, step: SymbolicStep) -> None:
-        loop = self.start(step)
-        for _ in range(self.rounds_per_slot * step.n):
-            self.round(step, loop)
 
 
 class RunningPass(Pass):

@@ -12,8 +12,8 @@ values of the step's variables that satisfy a predicate at that point:
 
 If the initial state satisfies P, the prefix takes P to M_0, every round of pass k keeps M_k, the hand-over
 takes M_k to M_k+1 and the completion takes M_last to P, then P holds after every step of every run: the
-actions compose to exactly the step, and each action is checked from every state its predicate allows (a
-superset of the states it meets). So when the invariant is part of P, it is PROVED for N slots and any
+step is defined as exactly these actions (``SymbolicStep.run``, pinned to the engine by tests/conformance),
+and each action is checked from every state its predicate allows (a superset of the states it meets). So when the invariant is part of P, it is PROVED for N slots and any
 number of iterations.
 
 P and M_k are found by Houdini: start from candidate lemmas (the structural lemmas of the monolithic
@@ -31,11 +31,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from checker.frames import Frame, TraceContext
 from checker.policy import Allocation, Policy
 from checker.semantics.state import Status
-from checker.smt.encode import Pass, SlotParams, SlotState, StepResult, SymbolicStep
+from checker.smt.encode import Pass, SlotParams, SlotState, SymbolicStep
 from checker.smt.ops import CERTIFICATE_BLOCK, SmtSession, Term, Z3Ops, sum_terms
 from checker.verify.env import Environment
 from checker.verify.induction import (
@@ -158,7 +159,7 @@ class ActionModel:
         step = self._new_step(smt, tag, cancels=True)
         before = SymbolicStep(Z3Ops, self.policy, step.params, step.s, step.now, step.cancels)
         before.env_step_us = self.env.step_us
-        loop = run_prefix(step, self.passes)
+        loop = step.prefix(self.passes)
         return self._boundary_view(before), View(step, loop, step.sched, [False] * self.n)
 
     def _round(self, smt: SmtSession, tag: str, k: int) -> tuple[View, View]:
@@ -185,13 +186,12 @@ class ActionModel:
         return pre, self._boundary_view(step, scheduled, produced)
 
     # ------------------------------------------------------------------ candidates
+    @cached_property
     def lemma_names(self) -> list[str]:
-        if not hasattr(self, "_lemma_names"):
-            step = self._new_step(SmtSession(), "names_", cancels=False)
-            s = step.s
-            self._lemma_names = [name for name, _ in lemmas(Z3Ops, self.policy, step.params, s.slots, s.step,
-                                                            s.next_seq, self.env.step_us)]
-        return self._lemma_names
+        step = self._new_step(SmtSession(), "names_", cancels=False)
+        s = step.s
+        return [name for name, _ in lemmas(Z3Ops, self.policy, step.params, s.slots, s.step, s.next_seq,
+                                           self.env.step_us)]
 
     def candidates(self, location: str) -> list[Candidate]:
         o, policy, n = Z3Ops, self.policy, self.n
@@ -205,7 +205,7 @@ class ActionModel:
 
         if self.tier == "full":
             out: list[Candidate] = [(name, lambda v, j=j: structural(v)[j][1])
-                                    for j, name in enumerate(self.lemma_names())]
+                                    for j, name in enumerate(self.lemma_names)]
         else:  # the core lemmas alone (building all the structural lemmas costs more than their check)
             out = [(f"slot{i}.ranges", lambda v, i=i: slot_ranges(o, v.slots[i], v.step.s.next_seq)) for i in range(n)]
             out += [(name, lambda v, j=j: global_lemmas(o, policy, v.slots, v.step.s.step)[j][1])
@@ -310,31 +310,6 @@ class ActionModel:
                 o.not_(v.loop["snapshot"][i]), v.loop["processed"][i],
                 is_(v, Status.RUNNING, Status.WAITING, Status.SWAPPED))))
         return out
-
-
-def run_prefix(step: SymbolicStep, passes: list[Pass]) -> dict:
-    """The prefix action: the step's phases before the schedule, the schedule's start, the first pass's start."""
-    step.release()
-    step.arrive()
-    step.cancel()
-    step.expire()
-    step.begin_schedule()
-    return passes[0].start(step)
-
-
-def composed_step(ops, policy: Policy, params: list, state: SlotState, now_us: Term, cancels: list[Term]) -> StepResult:
-    """The step as the proof decomposes it: prefix, each pass's rounds and hand-overs, completion.
-    tests/conformance pins it to the engine's step (the proof is only as good as this equality)."""
-    step = SymbolicStep(ops, policy, params, state, now_us, cancels)
-    passes = step.passes()
-    loop = run_prefix(step, passes)
-    for k, pass_ in enumerate(passes):
-        for _ in range(pass_.rounds_per_slot * step.n):
-            pass_.round(step, loop)
-        if k + 1 < len(passes):
-            loop = passes[k + 1].start(step)
-    produced = step.complete()
-    return StepResult(step.s, step.sched, produced, step.preempted)
 
 
 def _blank_slots(n: int) -> list[dict[str, int]]:

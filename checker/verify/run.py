@@ -185,18 +185,20 @@ def _try_actionwise(policy: Policy, inv: Invariant, params: dict[str, int], env:
     result = actions.prove(policy, inv, params, env, timeout_s * ACTIONWISE_SHARE)
     if result.status != "proved":
         return None
-    left = timeout_s - (time.monotonic() - started)
-    if vacuity.engine_witness(policy, inv, params, env) is None and actions.never_triggered(
-            policy, inv, params, env, min(VACUITY_SHARE * timeout_s, left)):
-        return Checked(inv, params, Verdict.VACUOUS, env, time.monotonic() - started, depth=env.depth,
-                       notes=["action-wise induction proves its negation"])
-    left = timeout_s - (time.monotonic() - started)
-    reach = vacuity.reachable(policy, inv, params, env, max(1.0, min(VACUITY_SHARE * timeout_s, left)))
-    seconds = time.monotonic() - started
-    if reach.status == "unreachable":
-        return Checked(inv, params, Verdict.VACUOUS, env, seconds, depth=env.depth)
-    checked = Checked(inv, params, Verdict.PROVED, env, seconds, depth=env.depth, lemmas=len(result.lemmas),
-                      method=f"action-wise induction: {result.cti[0]}", notes=[reach.how])
+    how = vacuity.engine_witness(policy, inv, params, env)
+    if how is None:  # no probe reaches its situation: prove it never occurs, else search within the depth
+        def side_check_s() -> float:
+            return max(1.0, min(VACUITY_SHARE * timeout_s, timeout_s - (time.monotonic() - started)))
+
+        if actions.never_triggered(policy, inv, params, env, side_check_s()):
+            return Checked(inv, params, Verdict.VACUOUS, env, time.monotonic() - started, depth=env.depth,
+                           notes=["action-wise induction proves its negation"])
+        reach = vacuity.search_within_depth(policy, inv, params, env, side_check_s())
+        if reach.status == "unreachable":
+            return Checked(inv, params, Verdict.VACUOUS, env, time.monotonic() - started, depth=env.depth)
+        how = reach.how
+    checked = Checked(inv, params, Verdict.PROVED, env, time.monotonic() - started, depth=env.depth,
+                      lemmas=len(result.lemmas), method=f"action-wise induction: {result.cti[0]}", notes=[how])
     checked.certificate = _write_certificate(policy, inv, env, proof_dir, result.certificate,
                                              "queries below are each unsat iff each scheduler action keeps the lemmas "
                                              "(action-wise induction)", result.lemmas)

@@ -3,7 +3,8 @@ nothing: VACUOUS, not PROVED.)
 
 First a few concrete runs of the engine inside the environment's assumptions (every slot arriving at
 once, the longest and the shortest prompts, the longest outputs): a run that reaches the trigger shows it
-is reachable, at any depth. Only when none does, z3 searches the unrolling up to the bounded depth.
+is reachable, at any depth. Only when none does, z3 searches the unrolling up to the bounded depth (after
+action-wise induction has tried to prove that it never occurs: checker/verify/run.py).
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ from checker.verify.env import Environment
 from checker.verify.replay import replay_fixed_clock
 from invariants.catalogue import Invariant
 
-# Iterations an engine probe runs at most (a probe stops once its requests are done).
+# Iterations an engine probe runs.
 PROBE_STEPS = 256
+_REPLAYS: dict[tuple, list] = {}  # (policy, environment) -> the probes' replays, within one process
 
 
 @dataclass(frozen=True)
@@ -58,8 +60,11 @@ def engine_witnesses(policy: Policy, targets: list[tuple[Invariant, dict[str, in
     """For each (invariant, parameters): a description of an engine probe that reaches its trigger, or None
     (each probe is replayed once for all of them)."""
     found: list[str | None] = [None] * len(targets)
-    for specs in _probes(policy, env):
-        replay = replay_fixed_clock(policy, specs, PROBE_STEPS, env.step_us, env.tenants)
+    key = (policy.model_dump_json(), env)
+    if key not in _REPLAYS:  # the four state invariants, and the Houdini run before them, share the probes
+        _REPLAYS[key] = [(specs, replay_fixed_clock(policy, specs, PROBE_STEPS, env.step_us, env.tenants))
+                         for specs in _probes(policy, env)]
+    for specs, replay in _REPLAYS[key]:
         for t in range(len(replay.frames)):
             for k, (inv, params) in enumerate(targets):
                 if found[k] is None and inv.triggered(IntOps, replay.ctx, t, params):
@@ -70,10 +75,9 @@ def engine_witnesses(policy: Policy, targets: list[tuple[Invariant, dict[str, in
     return found
 
 
-def reachable(policy: Policy, inv: Invariant, params: dict[str, int], env: Environment, timeout_s: float) -> Reach:
-    how = engine_witness(policy, inv, params, env)
-    if how is not None:
-        return Reach("reachable", how)
+def search_within_depth(policy: Policy, inv: Invariant, params: dict[str, int], env: Environment,
+                        timeout_s: float) -> Reach:
+    """z3's search for the trigger in the unrolling up to the environment's depth."""
     from checker.verify.bmc import Unrolling
 
     smt = SmtSession(timeout_ms=max(1, int(timeout_s * 1000)))
