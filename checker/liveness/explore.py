@@ -29,7 +29,7 @@ from checker.liveness.canon import FIELDS_PER_REQUEST, LIVE, Canon, RequestClass
 from checker.policy import Policy
 from checker.semantics.decision import DecisionBuilder, StepDecision
 from checker.semantics.state import Request, RequestSpec, SchedulerState, Status
-from checker.semantics.step import step, step_events, step_schedule
+from checker.semantics.step import arrive_phase, leave_phase, release_phase, step, step_schedule
 
 DEFAULT_STEP_US = 10_000
 DEFAULT_MAX_STATES = 200_000
@@ -151,6 +151,7 @@ class Transition:
         self.steps_run = 0  # schedules run (phases 5-6; the others came from the memo)
         self._specs: dict[tuple[int, int, int], RequestSpec] = {}  # (number, arrival, class) -> spec
         self._memo: dict[tuple, tuple] | None = {} if memo else None
+        self._expires = canon.policy.timeouts.queue_timeout_ms is not None  # phase 4 may reject a waiting request
 
     def _spec(self, rid: int, now: int, cid: int) -> RequestSpec:
         spec = self._specs.get((rid, now, cid))
@@ -194,7 +195,12 @@ class Transition:
         return [seq for n in range(limit + 1) for seq in itertools.product(self.class_ids, repeat=n)], cancel_options
 
     def successors(self, key: tuple) -> dict[tuple, dict[tuple, Label]]:
-        """Successor key -> {(tokens > 0, finished, cancelled, gone): label}."""
+        """Successor key -> {(tokens > 0, finished, cancelled, gone): label}.
+
+        The choices are stepped as a tree, in the order of choices(): phase 1 (release) once on the decoded
+        state; the states after n arrivals are the states after n - 1 arrivals, copied, plus one arrival
+        (phase 2 takes arrivals one at a time); phases 3-4 (cancel, expire) on a copy per cancel option,
+        skipped when they cannot change anything (no cancels, no queue timeout); phases 5-6 from the memo."""
         if self._memo is None:
             return self._successors_whole(key)
         live = key[0]
@@ -206,51 +212,67 @@ class Transition:
         next_now = now + self.canon.step_us
         first_new = len(base.requests)
         memo = self._memo
-        # the spec of the k-th arrival of each class: the arrival sequences are products of these rows, in the
-        # order of choices(); spec.cls is the class id
-        table = [[self._spec(first_new + k, now, cid) for cid in self.class_ids] for k in range(limit)]
-        self.choices_run += sum(len(self.class_ids) ** n for n in range(limit + 1)) * len(cancel_options)
-        for specs in itertools.chain.from_iterable(itertools.product(*table[:n]) for n in range(limit + 1)):
-            for cancelled in cancel_options:
-                s = base.copy()
-                requests = s.requests
-                arrivals = [Request(spec) for spec in specs]
-                requests += arrivals
-                events = DecisionBuilder()
-                step_events(s, arrivals, [requests[i] for i in cancelled], now, events)
-                mid = encode(s, now)
-                left = events.cancelled or events.rejected  # did a live request of the source leave in phases 1-4?
-                if left:
-                    gone_before = [requests[i].status in TERMINAL_STATUSES for i in range(live)]
-                hit = memo.get(mid)
-                if hit is None:
-                    mid_live = [r for r in requests if r.status in LIVE_STATUSES]
-                    d = step_schedule(s, now, events)
-                    self.steps_run += 1
-                    gone_mid = 0
-                    for j, r in enumerate(mid_live):
-                        if r.status in TERMINAL_STATUSES:
-                            gone_mid |= 1 << j
-                    hit = memo[mid] = (encode(s, next_now), d.num_scheduled_tokens, bool(d.finished), gone_mid)
-                succ, tokens, finished, gone_mid = hit
-                if left:  # source positions -> positions after phases 1-4 (the requests that stayed, in order)
-                    gone = 0
-                    j = 0
-                    for i in range(live):
-                        if gone_before[i]:
-                            gone |= 1 << i
-                        else:
-                            if gone_mid >> j & 1:
+        class_ids = self.class_ids
+        release_phase(base, DecisionBuilder())
+        plain = cancel_options == [()] and not self._expires  # phases 3-4 leave every state as it is
+        # the spec of the n-th arrival of each class (spec.cls is the class id)
+        table = [[self._spec(first_new + n, now, cid) for cid in class_ids] for n in range(limit)]
+        self.choices_run += sum(len(class_ids) ** n for n in range(limit + 1)) * len(cancel_options)
+        level: list[tuple[tuple[int, ...], SchedulerState]] = [((), base)]
+        for n in range(limit + 1):
+            last = n == limit
+            following: list[tuple[tuple[int, ...], SchedulerState]] = []
+            for arrived, s in level:
+                for cancelled in cancel_options:
+                    if plain:
+                        t = s
+                        left = False
+                    else:
+                        t = s.copy()
+                        requests = t.requests
+                        leave_phase(t, [requests[i] for i in cancelled], now, DecisionBuilder())
+                        gone_before = [requests[i].status in TERMINAL_STATUSES for i in range(live)]
+                        left = True in gone_before  # a live request of the source left in phases 3-4
+                    mid = encode(t, now)
+                    hit = memo.get(mid)
+                    if hit is None:
+                        if t is s and not last:
+                            t = s.copy()  # s has arrivals to come
+                        mid_live = [r for r in t.requests if r.status in LIVE_STATUSES]
+                        d = step_schedule(t, now, DecisionBuilder())
+                        self.steps_run += 1
+                        gone_mid = 0
+                        for j, r in enumerate(mid_live):
+                            if r.status in TERMINAL_STATUSES:
+                                gone_mid |= 1 << j
+                        hit = memo[mid] = (encode(t, next_now), d.num_scheduled_tokens, bool(d.finished), gone_mid)
+                    succ, tokens, finished, gone_mid = hit
+                    if left:  # source positions -> positions after phases 1-4 (the requests that stayed, in order)
+                        gone = 0
+                        j = 0
+                        for i in range(live):
+                            if gone_before[i]:
                                 gone |= 1 << i
-                            j += 1
-                else:  # the source's live requests are the first ones after phases 1-4
-                    gone = gone_mid & everyone
-                core = (tokens > 0, finished, bool(cancelled), gone)
-                labels = out.get(succ)
-                if labels is None:
-                    labels = out[succ] = {}
-                if core not in labels:
-                    labels[core] = Label(tokens, finished, core[2], gone, (tuple([spec.cls for spec in specs]), cancelled))
+                            else:
+                                if gone_mid >> j & 1:
+                                    gone |= 1 << i
+                                j += 1
+                    else:  # the source's live requests are the first ones after phases 1-4
+                        gone = gone_mid & everyone
+                    core = (tokens > 0, finished, bool(cancelled), gone)
+                    labels = out.get(succ)
+                    if labels is None:
+                        labels = out[succ] = {}
+                    if core not in labels:
+                        labels[core] = Label(tokens, finished, core[2], gone, (arrived, cancelled))
+                if not last:
+                    for cid, spec in zip(class_ids, table[n]):
+                        c = s.copy()
+                        r = Request(spec)
+                        c.requests.append(r)
+                        arrive_phase(c, [r], DecisionBuilder())
+                        following.append((arrived + (cid,), c))
+            level = following
         return out
 
     def _successors_whole(self, key: tuple) -> dict[tuple, dict[tuple, Label]]:

@@ -51,8 +51,26 @@ def step(s: SchedulerState, arrivals: list[Request], cancels: list[Request], now
 def step_events(s: SchedulerState, arrivals: list[Request], cancels: list[Request], now_us: int,
                 out: DecisionBuilder) -> None:
     """Phases 1-4 of a step (release, arrive, cancel, expire)."""
+    release_phase(s, out)
+    arrive_phase(s, arrivals, out)
+    leave_phase(s, cancels, now_us, out)
+
+
+# step_events in three parts, for the liveness explorer, which steps one state under many environment
+# choices: phase 1 reads nothing the environment chooses, and phase 2 takes arrivals one at a time
+# (arrive_phase(s, a + b) is arrive_phase(s, a) then arrive_phase(s, b)).
+def release_phase(s: SchedulerState, out: DecisionBuilder) -> None:
+    """Phase 1 (release)."""
     _release(s, out)
+
+
+def arrive_phase(s: SchedulerState, arrivals: list[Request], out: DecisionBuilder) -> None:
+    """Phase 2 (arrive), in arrival order."""
     _arrive(s, arrivals, out)
+
+
+def leave_phase(s: SchedulerState, cancels: list[Request], now_us: int, out: DecisionBuilder) -> None:
+    """Phases 3-4 (cancel, expire)."""
     _cancel(s, cancels, out)
     _expire(s, now_us, out)
 

@@ -28,7 +28,8 @@ def test_finds_the_starvation_lasso_and_replay_runs_two_turns(capsys, tmp_path):
     assert lines[0] == f"policy {STRICT} with batch.max_num_seqs=1; assumptions:"
     assert lines[2] == ("  - prompt tokens in {16}, output tokens in {1, 2} (declared max output = output), "
                         "priorities in {0, 1}, 1 tenant(s)")
-    assert lines[4].startswith("graph: 17 states, 58 edges, ") and lines[4].endswith(" s (complete)")
+    assert lines[4].startswith("graph: 17 states, 58 edges, ")
+    assert lines[4].endswith(" s (complete); 65 successor states generated")
     (path,) = tmp_path.glob("strict_priority__eventually_served_lasso__*.json")
     assert lines[5] == ("VIOLATED           eventually_served  lasso: 1 iteration(s) to a cycle of 1 that repeats "
                         "forever (a request stays live on it); replayed on the engine (prefix + two turns): "
@@ -101,7 +102,7 @@ def test_verify_liveness_is_the_liveness_verb(capsys, tmp_path):
     assert _masked(out_v.replace(str(tmp_path / "verify"), str(tmp_path / "verb"))) == _masked(out)
     lines = _masked(out_v)
     assert lines[1].startswith("  - at most 2 request(s) in the system at once")  # the liveness default, not verify's 3
-    assert lines[4] == "graph: 17 states, 58 edges, T s (complete)"
+    assert lines[4] == "graph: 17 states, 58 edges, T s (complete); 65 successor states generated"
     assert lines[5].startswith("VIOLATED           eventually_served  lasso: 1 iteration(s) to a cycle of 1")
     assert lines[6].startswith("PROVED             no_deadlock")
     (verb_file,) = (tmp_path / "verb").glob("strict_priority__eventually_served_lasso__*.json")
