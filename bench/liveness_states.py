@@ -28,7 +28,7 @@ from checker.liveness.canon import FIELDS_PER_HOLDING, FIELDS_PER_REQUEST
 from checker.liveness.explore import LivenessEnv, Transition, explore
 from checker.semantics.decision import DecisionBuilder
 from checker.semantics.state import Request
-from checker.semantics.step import step_events, step_schedule
+from checker.semantics.step import arrive_phase, release_phase, step_schedule
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMPTS, OUTPUTS = (16, 48, 96), (1, 2, 4)
@@ -78,9 +78,12 @@ def rates(policy, args) -> None:
 
 
 def breakdown(policy, args) -> None:
-    """Where the time goes: the explorer's work per environment choice, one stage at a time over every
-    (state, choice) of a complete instance (each stage timed over all choices, best of --repeat, in CPU
-    seconds of this process: the machine is shared, and wall time swings with the other jobs)."""
+    """Where the time goes: the explorer's work, one stage at a time over every state and environment choice of
+    a complete instance, in the explorer's order (decode and phase 1 once per state; the choices as a tree, one
+    copy and one arrival per node; an encoding per choice; phases 5-6 and a second encoding per memo miss).
+    Each stage is timed over all its items, best of --repeat, in CPU seconds of this process (the machine is
+    shared, and wall time swings with the other jobs). The instance has no cancellations and no queue
+    timeout, so phases 3-4 never run."""
     env = LivenessEnv(args.breakdown, PROMPTS, OUTPUTS, arrivals_per_step=args.arrivals_per_step)
     gc.disable()  # as explore() does: the stages hold every choice's state at once
     whole = None
@@ -99,43 +102,40 @@ def breakdown(policy, args) -> None:
             times.append(time.process_time() - t)
         return min(times), out
 
-    decoded = best(lambda keys: [canon.decode(k) for k in keys], sg.keys)
-    jobs = []
-    for key, (base, now) in zip(sg.keys, decoded[1]):
-        arrivals, cancels = trans.choices(key)
-        first = len(base.requests)
-        jobs += [(base, now, [trans._spec(first + i, now, c) for i, c in enumerate(a)], cancel)
-                 for a in arrivals for cancel in cancels]
-
-    def copy(items):
+    def decode_release(keys):
         out = []
-        for base, now, specs, cancel in items:
-            s = base.copy()
-            arrivals = [Request(spec) for spec in specs]
-            s.requests += arrivals
-            out.append((s, now, arrivals, [s.requests[i] for i in cancel]))
+        for key in keys:
+            base, now = canon.decode(key)
+            release_phase(base, DecisionBuilder())
+            out.append((key, base, now))
         return out
 
-    def events(items):
-        out = []
-        for s, now, arrivals, cancels in items:
-            d = DecisionBuilder()
-            step_events(s, arrivals, cancels, now, d)
-            out.append((s, now, d))
-        return out
+    decoded = best(decode_release, sg.keys)
 
-    def mid_keys(items):
-        return [canon.encode(s, now) for s, now, _ in items]
+    def tree(items):
+        """Every choice's state after phases 1-4: per state, the states after n arrivals from those after n - 1."""
+        nodes = []
+        for key, base, now in items:
+            limit, _ = trans._limits(key)
+            first = len(base.requests)
+            level = [base]
+            nodes.append((base, now))
+            for n in range(limit):
+                following = []
+                for s in level:
+                    for cid in trans.class_ids:
+                        c = s.copy()
+                        r = Request(trans._spec(first + n, now, cid))
+                        c.requests.append(r)
+                        arrive_phase(c, [r], DecisionBuilder())
+                        following.append(c)
+                nodes += [(c, now) for c in following]
+                level = following
+        return nodes
 
-    copied = best(copy, jobs)
-    # phases 1-4 mutate their states: time them on fresh copies, once per repeat
-    event_times = []
-    for _ in range(args.repeat):
-        fresh = copy(jobs)
-        t = time.process_time()
-        stepped = events(fresh)
-        event_times.append(time.process_time() - t)
-    encoded = best(mid_keys, stepped)
+    built = best(tree, decoded[1])
+    nodes = built[1]
+    encoded = best(lambda items: [canon.encode(s, now) for s, now in items], nodes)
     seen: set[tuple] = set()
     first_of_key = []  # the choices whose state after phases 1-4 is new: the memo misses
     for i, key in enumerate(encoded[1]):
@@ -145,14 +145,16 @@ def breakdown(policy, args) -> None:
     lookups = best(lambda keys: [k in seen for k in keys], encoded[1])
     schedule_times = []
     for _ in range(args.repeat):
-        fresh = events(copy([jobs[i] for i in first_of_key]))
+        fresh = [(nodes[i][0].copy(), nodes[i][1]) for i in first_of_key]  # phases 5-6 mutate their states
         t = time.process_time()
-        done = [(step_schedule(s, now, d), s, now) for s, now, d in fresh]
+        done = [(step_schedule(s, now, DecisionBuilder()), s, now) for s, now in fresh]
         schedule_times.append(time.process_time() - t)
     successors = best(lambda items: [canon.encode(s, now + canon.step_us) for _, s, now in items], done)
-    n_choices, n_states, n_misses = len(jobs), sg.states, len(done)
-    stages = [("decode each state once", decoded[0]), ("copy the state, add the arrivals", copied[0]),
-              ("phases 1-4 (step_events)", min(event_times)), ("encode the state after phases 1-4", encoded[0]),
+    n_choices, n_states, n_misses = len(nodes), sg.states, len(done)
+    assert n_choices == sg.choices_run and n_misses == sg.steps_run, (n_choices, sg.choices_run, n_misses, sg.steps_run)
+    stages = [("decode each state, phase 1 (release)", decoded[0]),
+              ("copy a state, add one arrival (phase 2), per tree node", built[0]),
+              ("encode the state after phases 1-4 (the memo key)", encoded[0]),
               ("memo lookup", lookups[0]),
               (f"phases 5-6 (step_schedule), {n_misses:,} memo misses", min(schedule_times)),
               ("encode the successor (misses)", successors[0])]
@@ -160,7 +162,7 @@ def breakdown(policy, args) -> None:
     stages.append(("the rest: position mapping, labels, edges, BFS, networkx", whole - accounted))
     print(f"instance: {args.breakdown} requests in flight, {n_states:,} states, {sg.edges:,} edges, "
           f"{n_choices:,} choices ({n_choices / n_states:.1f} per state), explored in {whole:.2f} CPU s "
-          f"({60 * n_states / whole:,.0f} states/min)")
+          f"({60 * n_states / whole:,.0f} distinct states/min, {60 * n_choices / whole:,.0f} generated/min)")
     print("| stage | CPU seconds | us per choice | us per state | share |")
     print("|---|---|---|---|---|")
     for name, t in stages:

@@ -31,6 +31,7 @@ WAITING, SWAPPED, RUNNING, CANCELLED = int(Status.WAITING), int(Status.SWAPPED),
 LIVE = frozenset({WAITING, SWAPPED, RUNNING})
 STATUS_OF = {int(s): s for s in Status}
 STATUS_INT = {s: int(s) for s in Status}
+RUNNING_STATUS = Status.RUNNING
 
 # A request class: what the environment chooses when a request arrives.
 RequestClass = tuple[int, int, int, int, int]  # prompt, output, max_output, priority, tenant
@@ -98,10 +99,16 @@ class Canon:
                 holding.append((r.blocks, max(r.release_step - next_step, 0)))
         out = [len(live)]
         if live:
-            running = sorted([r.admitted_seq for r in live if r.status is Status.RUNNING])
+            running = [r.admitted_seq for r in live if r.status is Status.RUNNING]
+            if len(running) > 1:
+                running.sort()
             admitted_rank = {seq: i for i, seq in enumerate(running, 1)}
-            requeued = sorted([r.requeue_seq for r in live if r.requeue_seq]) if self.front else None
-            requeue_rank = {seq: i for i, seq in enumerate(requeued, 1)} if requeued else None
+            requeue_rank = None
+            if self.front:
+                requeued = [r.requeue_seq for r in live if r.requeue_seq]
+                if requeued:
+                    requeued.sort()
+                    requeue_rank = {seq: i for i, seq in enumerate(requeued, 1)}
             class_ids = self.class_ids
             for r in live:
                 cls = (r.prompt_len, r.output_len, r.max_output, r.priority, r.tenant)
@@ -110,8 +117,8 @@ class Canon:
                     cid = self.class_id(cls)
                 status = r.status
                 out += (cid, STATUS_INT[status], r.num_computed, r.num_generated, r.blocks, r.swapped_blocks,
-                        admitted_rank[r.admitted_seq] if status is Status.RUNNING else (1 if r.admitted_seq else 0),
-                        requeue_rank[r.requeue_seq] if requeue_rank and r.requeue_seq else 0)
+                        admitted_rank[r.admitted_seq] if status is RUNNING_STATUS else (1 if r.admitted_seq else 0),
+                        requeue_rank[r.requeue_seq] if requeue_rank is not None and r.requeue_seq else 0)
             if self.timed:
                 step_us = self.step_us
                 ages = [(next_now_us - r.arrival_us) // step_us for r in live]

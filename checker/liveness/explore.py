@@ -306,7 +306,7 @@ def initial_key(canon: Canon, env: LivenessEnv) -> tuple:
 def explore(policy: Policy, env: LivenessEnv, max_states: int = DEFAULT_MAX_STATES, timeout_s: float = 60.0,
             progress=None, memo: bool = True, workers: int = 1) -> StateGraph:
     """Breadth-first enumeration of the reachable canonical states (so BFS paths are shortest prefixes). The
-    edges are collected in a list and put into the networkx graph once, at the end.
+    edges are collected in adjacency dicts that become the networkx graph at the end.
 
     ``workers`` > 1: the successors of each BFS level are computed by that many forked processes (each with its
     own memo), a chunk of the level at a time, and merged here in the level's order: the same graph, node
@@ -318,21 +318,27 @@ def explore(policy: Policy, env: LivenessEnv, max_states: int = DEFAULT_MAX_STAT
     first = initial_key(canon, env)
     ids = {first: 0}
     keys, depth, parent = [first], [0], [None]
-    edge_list: list[tuple[int, int, dict]] = []
+    succ: list[dict[int, dict]] = [{}]  # per node: successor -> edge data, in the order found
+    pred: list[dict[int, dict]] = [{}]  # per node: predecessor -> the same edge data
+    edges = [0]
     stop = ""
     deadline = started + timeout_s
     counts = [0, 0]  # choices and schedules run in worker processes
 
     def merge(u: int, successors: dict[tuple, dict[tuple, Label]], discovered: list[int]) -> None:
-        for succ, labels in successors.items():
-            v = ids.get(succ)
+        out = succ[u]
+        for key, labels in successors.items():
+            v = ids.get(key)
             if v is None:
-                v = ids[succ] = len(keys)
-                keys.append(succ)
+                v = ids[key] = len(keys)
+                keys.append(key)
                 depth.append(depth[u] + 1)
                 parent.append((u, next(iter(labels.values())).choice))
+                succ.append({})
+                pred.append({})
                 discovered.append(v)
-            edge_list.append((u, v, {"labels": tuple(labels.values())}))
+            out[v] = pred[v][u] = {"labels": tuple(labels.values())}
+        edges[0] += len(successors)
 
     def expansions(level: list[int]):
         """(node, its successors) for the nodes of a BFS level, in order."""
@@ -364,20 +370,30 @@ def explore(policy: Policy, env: LivenessEnv, max_states: int = DEFAULT_MAX_STAT
                     break
                 merge(u, successors, discovered)
                 if progress is not None and u % 5000 == 0:
-                    progress(f"{len(keys):,} states, {len(edge_list):,} edges")
+                    progress(f"{len(keys):,} states, {edges[0]:,} edges")
             if not stop:
                 level = discovered
-        graph = nx.DiGraph()
-        graph.add_node(0)
-        graph.add_edges_from(edge_list)
+        graph = _digraph(succ, pred)
     finally:
         if collecting:
             gc.enable()
         if pool is not None:
             pool.terminate()
     return StateGraph(graph, canon, env, keys, depth, parent, complete=not stop,
-                      seconds=time.monotonic() - started, stop_reason=stop, edges=len(edge_list),
+                      seconds=time.monotonic() - started, stop_reason=stop, edges=edges[0],
                       choices_run=trans.choices_run + counts[0], steps_run=trans.steps_run + counts[1])
+
+
+def _digraph(succ: list[dict[int, dict]], pred: list[dict[int, dict]]) -> nx.DiGraph:
+    """The networkx DiGraph of nodes 0..n-1 with these adjacency dicts, handed over as its own (the graph
+    add_edges_from would build from the edges in the order found, with the same node, successor and
+    predecessor orders; tests/unit/test_liveness.py checks it). add_edges_from would take three times as
+    long: about 5 s of a one-minute exploration with a million edges."""
+    graph = nx.DiGraph()
+    graph._node = {u: {} for u in range(len(succ))}
+    graph._succ = graph._adj = dict(enumerate(succ))
+    graph._pred = dict(enumerate(pred))
+    return graph
 
 
 _WORKER: Transition | None = None  # the Transition of a worker process

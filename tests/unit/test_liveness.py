@@ -141,3 +141,23 @@ def test_worker_processes_give_the_graph_of_one_process(max_states):
     one, two = explore(policy, env, max_states=max_states), explore(policy, env, max_states=max_states, workers=2)
     assert dump(two) == dump(one)
     assert one.complete == (max_states > one.states)
+
+
+def test_the_graph_is_the_one_add_edges_from_builds():
+    """explore() hands its adjacency dicts to networkx directly: the same nodes, edges, data and orders as
+    add_edges_from over the edges in the order they were found, and networkx's algorithms agree."""
+    import networkx as nx
+
+    sg = explore(_policy("vllm_v1", SMALL_POOL), LivenessEnv(3, (16, 48), (1, 3)))
+    found = [(u, v, data) for u in range(sg.states) for v, data in sg.graph.succ[u].items()]
+    built = nx.DiGraph()
+    built.add_node(0)
+    built.add_edges_from(found)
+    assert list(sg.graph.nodes) == list(built.nodes) == list(range(sg.states))
+    assert list(sg.graph.edges(data=True)) == list(built.edges(data=True))
+    assert all(list(sg.graph.pred[v].items()) == list(built.pred[v].items()) for v in built.nodes)
+    assert sg.graph.number_of_edges() == sg.edges == len(found)
+    assert sorted(map(sorted, nx.strongly_connected_components(sg.graph))) == \
+        sorted(map(sorted, nx.strongly_connected_components(built)))
+    sg.graph.add_edge(0, 1, labels=())  # still a working networkx graph
+    assert sg.graph.has_edge(0, 1)
