@@ -424,7 +424,7 @@ def run_liveness(policy: str | Path, properties: list[str] | None = None, reques
     Defaults: prompts of one KV block, priorities 0 and 1 when the policy reads priorities (else 0).
     ``jobs`` > 1 explores with that many worker processes (the same graph)."""
     from checker.liveness.check import check_liveness
-    from checker.liveness.explore import DEFAULT_MAX_STATES, LivenessEnv
+    from checker.liveness.explore import DEFAULT_MAX_STATES
     from checker.liveness.lasso import PROPERTIES
 
     for name in properties or []:
@@ -433,12 +433,26 @@ def run_liveness(policy: str | Path, properties: list[str] | None = None, reques
     if jobs < 1:
         raise InputError(Problem("--jobs", jobs, ">= 1"))
     pol = apply_overrides(load_policy(policy), overrides)
+    env = liveness_env(pol, requests, prompts, outputs, priorities, tenants, cancellations, arrivals_per_step, step_ms)
+    return check_liveness(pol, str(policy), env, properties, max_states or DEFAULT_MAX_STATES, timeout_s,
+                          Path(out_dir) if out_dir is not None else None, overrides, progress, jobs)
+
+
+def liveness_env(pol: Policy, requests: int = 2, prompts: tuple[int, ...] | None = None,
+                 outputs: tuple[int, ...] = (1, 2), priorities: tuple[int, ...] | None = None, tenants: int = 1,
+                 cancellations: bool = False, arrivals_per_step: int | None = None, step_ms: float = 10.0):
+    """The LivenessEnv of an instance of ``pol``, with run_liveness's defaults; InputError (naming the
+    liveness option) for an instance that cannot be explored, e.g. a step that does not divide the aging
+    interval."""
+    from checker.liveness.canon import Canon
+    from checker.liveness.explore import LivenessEnv
+
     reads_priority = pol.queue.uses_priority or pol.preemption.victim.value == "lowest_priority"
     env = LivenessEnv(requests, tuple(prompts or (pol.kv.block_size,)), tuple(outputs),
                       tuple(priorities or ((0, 1) if reads_priority else (0,))), tenants, cancellations,
                       arrivals_per_step, round(step_ms * 1000))
-    return check_liveness(pol, str(policy), env, properties, max_states or DEFAULT_MAX_STATES, timeout_s,
-                          Path(out_dir) if out_dir is not None else None, overrides, progress, jobs)
+    Canon(pol, env.step_us, env.priorities, env.tenants)  # checks the clock against the policy's aging
+    return env
 
 
 # ----------------------------------------------------------------------------------------- bug reports
