@@ -13,7 +13,7 @@ from pathlib import Path
 from checker.bugreport import markdown
 from checker.bugreport.plot import render_png
 from checker.bugreport.replayed import ReplayedCounterexample, replay_for_report, time_edges
-from checker.bugreport.rules import implicated_rules, policy_excerpt
+from checker.bugreport.rules import implicated_rules, policy_excerpt, policy_overrides
 from checker.bugreport.timeline import Timeline, build_timeline
 from checker.engine import SimResult
 from checker.errors import InputError, Problem
@@ -33,9 +33,12 @@ class ReportFiles:
 def counterexample_timeline(r: ReplayedCounterexample) -> Timeline:
     pol = r.doc.policy.spec
     name = r.doc.policy.name or pol.name
-    return build_timeline(pol, r.specs, r.decisions, r.edges, title=f"{name}, replayed on the engine: {r.verdict_line}",
-                          x_label=r.x_label, iteration_axis=r.iteration_axis, class_names=r.class_names,
-                          violation=r.violation, violation_label=r.property_label)
+    t = build_timeline(pol, r.specs, r.decisions, r.edges, title=f"{name}, replayed on the engine: {r.verdict_line}",
+                       x_label=r.x_label, iteration_axis=r.iteration_axis, class_names=r.class_names,
+                       violation=None if r.lasso else r.violation, violation_label=r.property_label)
+    if r.lasso is not None:  # the two turns of the cycle are shaded instead of one failing iteration
+        t.cycle = (r.lasso.prefix, r.lasso.cycle)
+    return t
 
 
 def run_timeline(result: SimResult, max_rows: int = MAX_ROWS) -> Timeline:
@@ -94,9 +97,10 @@ def write_report(counterexample: str | Path, out_dir: str | Path = "reports") ->
     timeline = counterexample_timeline(r)
     png = render_png(timeline)
     p = r.doc.property
-    rules = implicated_rules(p.kind, p.name, p.spec.model_dump(mode="json") if p.spec is not None else None)
+    overrides = policy_overrides(r.doc.environment)
+    rules = implicated_rules(p.kind, p.name, p.spec.model_dump(mode="json") if p.spec is not None else None, overrides)
     excerpt = policy_excerpt(r.doc.policy.file, r.doc.policy.sha256, r.doc.policy.spec.model_dump(mode="json"),
-                             rules, Path(counterexample))
+                             rules, Path(counterexample), overrides)
     stem = Path(counterexample).stem
     text = markdown.render(r, timeline, excerpt, rules, f"{stem}.png", str(counterexample))
     out = _output_dir(out_dir)

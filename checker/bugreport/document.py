@@ -46,7 +46,7 @@ class CexPolicy(_Open):
 
 
 class CexProperty(_Open):
-    kind: Literal["invariant", "slo"]
+    kind: Literal["invariant", "slo", "liveness"]
     name: Annotated[str, Field(min_length=1)]
     params: dict[str, int] = {}
     statement: str | None = None
@@ -89,11 +89,15 @@ class CounterexampleDoc(_Open):
             if row.max_output_tokens < row.output_tokens:
                 raise _inconsistent(f"requests[{index}].max_output_tokens", row.max_output_tokens,
                                     f">= output_tokens={row.output_tokens}")
-        if self.property.kind == "invariant":
+        if self.property.kind in ("invariant", "liveness"):
+            what = "a lasso file" if self.is_lasso else "an invariant counterexample"
             if self.clock is None:
-                raise _inconsistent("clock", "<missing>", "the fixed clock of an invariant counterexample")
+                raise _inconsistent("clock", "<missing>", f"the fixed clock of {what}")
             if self.violation.iteration is None:
-                raise _inconsistent("violation.iteration", "<missing>", "the iteration at which the invariant fails")
+                raise _inconsistent("violation.iteration", "<missing>", "the last iteration of the lasso's second turn"
+                                    if self.is_lasso else "the iteration at which the invariant fails")
+            if self.is_lasso:
+                self._lasso_consistent()
         else:
             if self.property.spec is None:
                 raise _inconsistent("property.spec", "<missing>", "the SLO property's spec")
@@ -101,9 +105,39 @@ class CounterexampleDoc(_Open):
                 raise _inconsistent("profile", "<missing>", "the service-curve profile of an SLO counterexample")
         return self
 
+    def _lasso_consistent(self) -> None:
+        params = self.property.params
+        for key, least in (("prefix", 0), ("cycle", 1)):
+            if not isinstance(params.get(key), int) or params[key] < least:
+                raise _inconsistent(f"property.params.{key}", params.get(key, "<missing>"),
+                                    f"an integer >= {least} (the lasso's {key} iterations)")
+        last = params["prefix"] + 2 * params["cycle"] - 1
+        if self.violation.iteration != last:
+            raise _inconsistent("violation.iteration", self.violation.iteration,
+                                f"{last}: the last iteration of the second turn (prefix + 2 x cycle - 1)")
+
     @property
     def is_slo(self) -> bool:
         return self.property.kind == "slo"
+
+    @property
+    def is_lasso(self) -> bool:
+        """A liveness counterexample (``batchcheck liveness``): a prefix and two turns of a cycle."""
+        return self.property.kind == "liveness"
+
+    @property
+    def prefix(self) -> int:
+        return self.property.params["prefix"] if self.is_lasso else 0
+
+    @property
+    def cycle(self) -> int:
+        return self.property.params["cycle"] if self.is_lasso else 0
+
+    @property
+    def graph(self) -> dict[str, Any]:
+        """The state graph a lasso was found in, as stored (``graph``: states, edges, generated, seconds, complete)."""
+        graph = (self.model_extra or {}).get("graph")
+        return graph if isinstance(graph, dict) else {}
 
 
 def _inconsistent(field: str, value: object, expected: str) -> PydanticCustomError:

@@ -43,7 +43,8 @@ def iteration_rows(r: ReplayedCounterexample, kv_blocks: int) -> list[list[str]]
     while k < len(d):
         end = k
         while (end + 1 < len(d) and _quiet_repeat(d[k], d[end + 1])
-               and (holds is None or holds[end + 1] == holds[k]) and end + 1 != r.violation and k != r.violation):
+               and (holds is None or holds[end + 1] == holds[k]) and end + 1 != r.violation and k != r.violation
+               and (r.lasso is None or r.lasso.part(end + 1) == r.lasso.part(k))):
             end += 1
         first, last = d[k], d[end]
         span = str(k) if end == k else f"{k}-{end}"
@@ -53,6 +54,8 @@ def iteration_rows(r: ReplayedCounterexample, kv_blocks: int) -> list[list[str]]
         row = [span, t_ms, _cell(first.arrived), _cell(first.admitted),
                " ".join(f"{rid}:{n}" for rid, n in first.scheduled) or "-", _cell(first.preempted),
                _cell(first.finished), _cell(first.cancelled), kv, str(first.num_running), str(first.num_waiting)]
+        if r.lasso is not None:
+            row.append(r.lasso.part(k))
         if holds is not None:
             row.append("holds" if holds[k] else "**VIOLATED**")
         rows.append(row)
@@ -69,6 +72,8 @@ def _environment_lines(r: ReplayedCounterexample) -> list[str]:
                  f"service-curve profile `{r.doc.profile.name if r.doc.profile else '-'}` (stored in the file): "
                  "time is the engine's, each iteration as long as the profile says"]
         return [f"- {line}" for line in lines]
+    if r.lasso is not None:
+        return _lasso_environment_lines(r)
     from checker.verify.env import Environment
 
     try:
@@ -79,6 +84,29 @@ def _environment_lines(r: ReplayedCounterexample) -> list[str]:
         described = [f"{key}: {value}" for key, value in env.items()]
     return [f"- {line}" for line in described] + [
         f"- clock: iteration k starts at k x {r.doc.clock.step_us / 1000:g} ms (the verifier's fixed clock)"]
+
+
+def _lasso_environment_lines(r: ReplayedCounterexample) -> list[str]:
+    from checker.liveness.explore import LivenessEnv
+
+    env = r.doc.environment
+    try:
+        described = LivenessEnv(env["requests_in_flight"], tuple(env["prompt_tokens"]), tuple(env["output_tokens"]),
+                                tuple(env.get("priorities", (0,))), env.get("tenants", 1), env.get("cancellations", False),
+                                env.get("arrivals_per_step"), env.get("step_us", r.doc.clock.step_us)).describe()
+    except (KeyError, TypeError, ValueError):  # an environment written by another version: show it as stored
+        described = [f"{key}: {value}" for key, value in env.items() if key != "policy_overrides"]
+    overrides = env.get("policy_overrides") or []
+    lines = described + ["policy overrides it was found with: " + (", ".join(f"`{o}`" for o in overrides) or "none")]
+    g = r.doc.graph
+    if g:
+        generated = f", {g['generated']:,} successor states generated" if "generated" in g else ""
+        complete = ("complete: every state reachable in this environment was explored" if g.get("complete") else
+                    "not complete: the exploration stopped early")
+        lines.append(f"state graph: {g.get('states', '?'):,} states, {g.get('edges', '?'):,} edges{generated}, "
+                     f"{g.get('seconds', '?')} s; {complete}")
+    return [f"- {line}" for line in lines] + [
+        f"- clock: iteration k starts at k x {r.doc.clock.step_us / 1000:g} ms (the fixed clock of the state graph)"]
 
 
 def _request_rows(r: ReplayedCounterexample) -> list[list[str]]:
@@ -101,6 +129,9 @@ def _excerpt_lines(ex: Excerpt, rules: Sequence[str]) -> list[str]:
 
 def _property_lines(r: ReplayedCounterexample) -> list[str]:
     p = r.doc.property
+    if r.lasso is not None:
+        return [f"**`{r.property_label}`** (liveness, violated by a lasso: a prefix, then a cycle the system can "
+                f"repeat forever): {r.statement}"]
     if not r.doc.is_slo:
         return [f"**`{r.property_label}`** (invariant): {r.statement}"]
     spec: dict[str, Any] = p.spec.model_dump(mode="json", by_alias=True) if p.spec is not None else {}
@@ -110,8 +141,60 @@ def _property_lines(r: ReplayedCounterexample) -> list[str]:
             f"- recorded when found: observed {p.observed} > allowed {p.allowed} ({p.detail})"]
 
 
+def _span(iterations: range) -> str:
+    return f"iteration {iterations[0]}" if len(iterations) == 1 else f"iterations {iterations[0]}-{iterations[-1]}"
+
+
+def _reqs(rids: Sequence[int]) -> str:
+    return ", ".join(f"req {rid}" for rid in rids) or "none"
+
+
+def _lasso_lines(r: ReplayedCounterexample, timeline: Timeline) -> list[str]:
+    """What the lasso is, and what the engine's replay did on its cycle, per property."""
+    from checker.liveness.lasso import EVENTUALLY_SERVED, NO_LIVELOCK
+
+    lasso, name = r.lasso, r.doc.property.name
+    one, two = lasso.turn(1), lasso.turn(2)
+    prefix = (f"{_span(range(lasso.prefix))} ({lasso.prefix} iteration{'s' if lasso.prefix != 1 else ''}), from the "
+              "empty system" if lasso.prefix else "none: the cycle starts at the empty system")
+    first = f"after iteration {lasso.prefix - 1}" if lasso.prefix else "before iteration 0 (the empty system)"
+    states = f"the canonical state (docs/liveness.md) {first}, after iteration {one[-1]} and after iteration {two[-1]}"
+    closes = (f"on the replay, {states} is the same, so the cycle can repeat forever" if lasso.closes else
+              f"**on the replay the cycle does not repeat**: {states} is not the same")
+    lines = [f"- prefix: {prefix}",
+             f"- cycle: {lasso.cycle} iteration{'s' if lasso.cycle != 1 else ''}, replayed twice: turn 1 is "
+             f"{_span(one)}, turn 2 is {_span(two)}",
+             f"- {closes}"]
+    if name == EVENTUALLY_SERVED:
+        if lasso.live_through:
+            rid = lasso.live_through[0]
+            row = next((row for row in timeline.rows if row.rid == rid), None)
+            doing = "; ".join(f"{k}: {row.at(k) or '-'}" for k in one) if row is not None else "-"
+            lines.append(f"- req {rid} is live when the cycle starts and stays live through both turns, never served "
+                         f"(turn 1, per iteration: {doing})")
+        else:
+            lines.append(f"- live when the cycle starts: {_reqs(lasso.live_at_start)}; none of them stays live "
+                         "through both turns")
+        lines.append(f"- meanwhile finished: {_reqs(lasso.finished[0])} in turn 1, {_reqs(lasso.finished[1])} in turn 2"
+                     " (each arrival in a turn is a new request)")
+    elif name == NO_LIVELOCK:
+        preempted = [[rid for k in turn for rid in r.decisions[k].preempted] for turn in (one, two)]
+        lines.append(f"- tokens scheduled: {lasso.tokens[0]} in turn 1, {lasso.tokens[1]} in turn 2; finished: "
+                     f"{_reqs(lasso.finished[0] + lasso.finished[1])}; cancelled: "
+                     f"{_reqs(lasso.cancelled[0] + lasso.cancelled[1])}; preempted: {_reqs(preempted[0])} in turn 1, "
+                     f"{_reqs(preempted[1])} in turn 2: work is done and thrown away, no completion")
+    else:
+        cancelled = lasso.cancelled[0] + lasso.cancelled[1]
+        lines.append(f"- live when the cycle starts: {_reqs(lasso.live_at_start)}; tokens scheduled: {lasso.tokens[0]} "
+                     f"in turn 1, {lasso.tokens[1]} in turn 2; cancelled: {_reqs(cancelled)}")
+        if lasso.idle_live and not cancelled:
+            lines.append("- nothing can progress: every iteration of both turns starts with live requests, schedules "
+                         "no token, and no client cancels")
+    return lines
+
+
 def _what_happened(r: ReplayedCounterexample, timeline: Timeline) -> list[str]:
-    if r.violation is None:
+    if r.violation is None or r.lasso is not None:
         return []
     k = r.violation
     lines = [f"At iteration {k}, where `{r.property_label}` fails:", ""]
@@ -128,8 +211,11 @@ def render(r: ReplayedCounterexample, timeline: Timeline, excerpt: Excerpt, rule
     verdict = doc.verdict
     found = str((doc.model_extra or {}).get("#meta", {}).get("source", "batchcheck"))
     minimal = verdict.get("minimality") if verdict.get("minimal") is True else verdict.get("minimal")
-    recorded = (f"VIOLATED at iteration {doc.violation.iteration}" if not doc.is_slo else "VIOLATED") + \
-        f" (found by {found}" + (f"; minimal: {minimal}" if minimal else "") + ")"
+    if doc.is_lasso:
+        recorded = f"VIOLATED by a lasso: {doc.prefix} iteration(s) to a cycle of {doc.cycle} that repeats forever"
+    else:
+        recorded = f"VIOLATED at iteration {doc.violation.iteration}" if not doc.is_slo else "VIOLATED"
+    recorded += f" (found by {found}" + (f"; minimal: {minimal}" if minimal else "") + ")"
     kv_blocks = pol.spec.kv.num_blocks
     lines = [f"# {name} violates {r.property_label}", ""]
     lines += _table(["", ""], [
@@ -141,14 +227,19 @@ def render(r: ReplayedCounterexample, timeline: Timeline, excerpt: Excerpt, rule
     if not r.still_violated:
         lines += ["", "**The engine no longer fails this property on the trace**: the semantics changed since the "
                       "counterexample was found, or it was edited. The tables below show what the engine does now."]
-    lines += ["", "## Property", "", *_property_lines(r), "", "## Policy excerpt", "", *_excerpt_lines(excerpt, rules)]
+    lines += ["", "## Property", "", *_property_lines(r)]
+    if r.lasso is not None:
+        lines += ["", "## Lasso (replayed on the engine: the prefix, then two turns of the cycle)", "",
+                  *_lasso_lines(r, timeline)]
+    lines += ["", "## Policy excerpt", "", *_excerpt_lines(excerpt, rules)]
     lines += ["", "## Environment assumptions", "", *_environment_lines(r)]
     lines += ["", "## Requests", "", *_table(["req", "arrival (ms)", "prompt", "output", "max output", "priority",
                                             "tenant", "class", "cancel after (ms)"], _request_rows(r))]
     if r.request_table is not None:
         lines += ["", "Latencies on the engine's replay (ms):", "", "```", r.request_table, "```"]
     header = ["iteration", "t (ms)", "arrived", "admitted", "scheduled (req:tokens)", "preempted", "finished",
-              "cancelled", "KV blocks", "running", "waiting"] + ([r.property_label] if r.holds is not None else [])
+              "cancelled", "KV blocks", "running", "waiting"] + (["lasso"] if r.lasso is not None else []) + \
+        ([r.property_label] if r.holds is not None else [])
     rows = iteration_rows(r, kv_blocks)
     lines += ["", "## Iterations (replayed on the engine)", "",
               "What each iteration decided, after it ran. Repeated quiet iterations (the same requests and tokens, "
@@ -161,7 +252,10 @@ def render(r: ReplayedCounterexample, timeline: Timeline, excerpt: Excerpt, rule
               "", "One row per request: waiting, prefill chunks (labelled with their tokens), decode, admitted "
                   "without tokens, holding KV after a cancel; markers where it is preempted, cancelled, finished or "
                   "rejected. Below: tokens per iteration against the token budget, KV blocks in use against the pool."
-              + (" The shaded iteration is where the property fails." if r.violation is not None else "")]
+              + (" The shaded iteration is where the property fails." if r.violation is not None and r.lasso is None
+                 else "")
+              + (" The two shaded spans are the two turns of the cycle, each starting at a dashed line."
+                 if r.lasso is not None else "")]
     lines += ["", "## How to replay", "", "```bash", f"batchcheck replay {shown_path}", "```", "",
               "It exits 1 while the policy still fails on this trace. To check a fix, replay under the changed policy "
               "(exit 0 once it no longer fails):", "", "```bash",

@@ -50,6 +50,7 @@ EVENT_STYLE: dict[Event, dict] = {
 }
 BUDGET_COLOR = "#c0392b"
 VIOLATION_COLOR = "#e74c3c"
+CYCLE_COLORS = ("#f39c12", "#8e44ad")  # a lasso's cycle: first and second turn
 PREFILL_COLOR = PHASE_STYLE[Phase.PREFILL]["facecolor"]
 DECODE_COLOR = PHASE_STYLE[Phase.DECODE]["facecolor"]
 KV_COLOR = "#7a5195"
@@ -204,6 +205,24 @@ def _legend(ax, phases: set[Phase], events: set[Event]) -> None:
         ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=8, frameon=False)
 
 
+def _shade_cycle(axes, ax_req, t: Timeline) -> None:
+    """A lasso: each turn of its cycle shaded in its own tint, a dashed line where each turn starts."""
+    start, length = t.cycle
+    parts = []
+    for turn, color in enumerate(CYCLE_COLORS):
+        first = start + turn * length
+        last = min(first + length, t.steps)
+        if first >= last:
+            break
+        parts.append(f"turn {turn + 1}: iteration{'s' if last - first > 1 else ''} "
+                     + (f"{first}-{last - 1}" if last - first > 1 else str(first)))
+        for ax in axes:
+            ax.axvspan(t.edges[first], t.edges[last], color=color, alpha=0.12, zorder=0)
+            ax.axvline(t.edges[first], color=color, linestyle="--", linewidth=1.0, zorder=1)
+    ax_req.set_title(f"shaded: the cycle of the {t.violation_label} lasso ({'; '.join(parts)})", fontsize=9,
+                     color="#6c3483", loc="left")
+
+
 def draw(t: Timeline) -> Figure:
     """The figure: requests, tokens against the budget, KV blocks against the pool."""
     rows_in = max(1.0, ROW_IN * len(t.rows) + 0.5)
@@ -228,6 +247,8 @@ def draw(t: Timeline) -> Figure:
             ax.axvspan(t.edges[t.violation], t.edges[t.violation + 1], color=VIOLATION_COLOR, alpha=0.13, zorder=0)
         ax_req.set_title(f"shaded: iteration {t.violation}, where {t.violation_label} is VIOLATED", fontsize=9,
                          color="#a93226", loc="left")
+    if t.cycle is not None:
+        _shade_cycle(axes, ax_req, t)
     pad = (t.edges[-1] - t.edges[0]) * X_PAD_SHARE
     ax_req.set_xlim(t.edges[0] - pad, t.edges[-1] + pad)
     if t.iteration_axis and t.steps <= LABEL_MAX_SEGMENTS:

@@ -2,7 +2,10 @@
 
 An invariant counterexample is replayed on the verifier's fixed clock (checker/verify/replay.py), up to
 the iteration at which it fails; an SLO counterexample is simulated with its stored profile
-(checker/fuzz/counterexample.py). Both under the policy stored in the file.
+(checker/fuzz/counterexample.py); a lasso file (``batchcheck liveness``) is replayed like an invariant one,
+its prefix and two turns of its cycle on the fixed clock, the liveness property failing at the last
+iteration exactly when the cycle repeats (checker/liveness/properties.py). All under the policy stored in
+the file.
 """
 
 from __future__ import annotations
@@ -36,6 +39,48 @@ class ReplayedCounterexample:
     violation: int | None  # the iteration at which it fails (invariants)
     holds: list[bool] | None  # per iteration (invariants)
     request_table: str | None = None  # SLO: per-request latencies of the replay
+    lasso: LassoSpan | None = None  # a liveness counterexample: where its prefix and cycle lie
+
+
+@dataclass(frozen=True)
+class LassoSpan:
+    """A lasso replayed as ``prefix`` iterations then two turns of a ``cycle``-iteration cycle, and what the
+    engine's replay did on it (read from the replayed frames, checker/liveness/properties.py)."""
+
+    prefix: int
+    cycle: int
+    closes: bool  # the canonical state after the prefix, after one turn and after two turns is the same
+    live_at_start: list[int]  # live requests (arrival order) when the cycle starts
+    live_through: list[int]  # those of them live after every iteration of both turns
+    tokens: tuple[int, int]  # tokens scheduled in turn 1, turn 2
+    finished: tuple[list[int], list[int]]  # requests that finished in turn 1, turn 2
+    cancelled: tuple[list[int], list[int]]  # requests a client cancelled in turn 1, turn 2
+    idle_live: bool  # every iteration of both turns starts with live requests and schedules no token
+
+    def turn(self, j: int) -> range:
+        """The iterations of turn j (1 or 2) of the cycle."""
+        start = self.prefix + (j - 1) * self.cycle
+        return range(start, start + self.cycle)
+
+    def part(self, k: int) -> str:
+        """Which part of the lasso iteration k is in."""
+        return "prefix" if k < self.prefix else f"cycle, turn {1 + (k - self.prefix) // self.cycle}"
+
+
+def _lasso_span(ctx, decisions: list[StepDecision], prefix: int, cycle: int) -> LassoSpan:
+    from checker.liveness.properties import _live, _tokens, lasso_closes
+
+    turns = [range(prefix + j * cycle, prefix + (j + 1) * cycle) for j in range(2)]
+    both = range(prefix, prefix + 2 * cycle)
+    start = _live(ctx, prefix - 1)
+    through = [i for i in start if all(i in _live(ctx, t) for t in both)]
+    return LassoSpan(
+        prefix, cycle, lasso_closes(ctx, prefix, cycle), start, through,
+        (sum(_tokens(ctx, t) for t in turns[0]), sum(_tokens(ctx, t) for t in turns[1])),
+        ([rid for t in turns[0] for rid in decisions[t].finished], [rid for t in turns[1] for rid in decisions[t].finished]),
+        ([rid for t in turns[0] for rid in decisions[t].cancelled],
+         [rid for t in turns[1] for rid in decisions[t].cancelled]),
+        all(_live(ctx, t - 1) and not _tokens(ctx, t) for t in both))
 
 
 def _label(name: str, params: dict[str, int]) -> str:
@@ -56,8 +101,15 @@ def _replay_invariant(path: Path, doc: CounterexampleDoc) -> ReplayedCounterexam
     report = replay_counterexample(path)
     r, inv, params = report.replay, report.invariant, report.params
     holds = [bool(inv.holds(IntOps, r.ctx, k, params)) for k in range(len(r.frames))]
-    label = _label(inv.name, params)
-    if report.violation is None:
+    lasso = _lasso_span(r.ctx, r.decisions, doc.prefix, doc.cycle) if doc.is_lasso else None
+    label = inv.name if lasso else _label(inv.name, params)
+    if lasso is not None and report.violation is None:
+        verdict = (f"{label} holds on the replay: the lasso does not reproduce, the engine no longer fails it "
+                   f"(recorded: the cycle closes at iteration {report.recorded_violation})")
+    elif lasso is not None:
+        verdict = (f"{label} VIOLATED: the cycle repeats, closing at iteration {report.violation} (recorded: "
+                   f"iteration {report.recorded_violation})")
+    elif report.violation is None:
         verdict = f"{label} holds on the replay: the engine no longer fails it (recorded: iteration " \
                   f"{report.recorded_violation})"
     else:
@@ -66,7 +118,7 @@ def _replay_invariant(path: Path, doc: CounterexampleDoc) -> ReplayedCounterexam
     return ReplayedCounterexample(
         path, doc, [q.spec for q in r.state.requests], [], r.decisions,
         [float(k) for k in range(len(r.decisions) + 1)], f"iteration (each {step_ms:g} ms)", True, label,
-        inv.statement, report.violation is not None, verdict, report.violation, holds)
+        inv.statement, report.violation is not None, verdict, report.violation, holds, lasso=lasso)
 
 
 def _replay_slo(path: Path, raw: dict, doc: CounterexampleDoc) -> ReplayedCounterexample:

@@ -22,18 +22,41 @@ from checker.verify.counterexample import policy_hash
 
 FALLBACK_RULES = ("batch", "queue", "kv", "preemption")  # a property no table names (a user invariant)
 
+# The liveness properties (lasso files of ``batchcheck liveness``, docs/liveness.md), most specific first:
+# - eventually_served: who is picked from the queue and whether waiting raises a request's rank (order,
+#   aging, head-of-line) and whether a newcomer can push a running request out (preemption triggers);
+# - no_livelock: a request that can never fit is admitted (reject_never_fits), grows into a pool too small
+#   for it and is preempted and recomputed from scratch (mode) again and again;
+# - no_deadlock: as the bounded invariant no_deadlock: a request that can never fit, not rejected.
+LIVENESS_RULES: dict[str, tuple[str, ...]] = {
+    "eventually_served": ("queue.order", "queue.aging_interval_ms", "queue.head_of_line", "preemption.triggers"),
+    "no_livelock": ("admission.reject_never_fits", "kv.num_blocks", "preemption.mode"),
+    "no_deadlock": ("admission.reject_never_fits", "kv.num_blocks"),
+}
 
-def implicated_rules(kind: str, name: str, slo_spec: dict[str, Any] | None = None) -> tuple[str, ...]:
+
+def policy_overrides(environment: dict[str, Any]) -> tuple[str, ...]:
+    """The ``FIELD.PATH=VALUE`` settings a lasso was found with (``liveness --set``; none for other kinds)."""
+    stored = environment.get("policy_overrides") or ()
+    return tuple(str(o) for o in stored) if isinstance(stored, list) else ()
+
+
+def implicated_rules(kind: str, name: str, slo_spec: dict[str, Any] | None = None,
+                     overrides: tuple[str, ...] = ()) -> tuple[str, ...]:
     """The policy fields a property judges: the same table ``batchcheck ci`` locates its findings with
-    (checker/ci/locations.py), by invariant name, or by SLO kind and metric."""
+    (checker/ci/locations.py), by invariant name, or by SLO kind and metric; for a liveness property
+    LIVENESS_RULES. Fields the counterexample was found with overridden (``--set``) come last."""
     from checker.ci.locations import fields_for
 
     if kind == "invariant":
         fields = fields_for("verify", name)
+    elif kind == "liveness":
+        fields = LIVENESS_RULES.get(name, ())
     else:
         spec = slo_spec or {}
         fields = fields_for("fuzz", str(spec.get("kind")), spec.get("metric"))
-    return fields or FALLBACK_RULES
+    fields = fields or FALLBACK_RULES
+    return fields + tuple(path for path in (o.partition("=")[0] for o in overrides) if path and path not in fields)
 
 
 @dataclass(frozen=True)
@@ -100,9 +123,10 @@ def _policy_file(recorded: str | None, counterexample: Path) -> Path | None:
 
 
 def policy_excerpt(recorded_file: str | None, recorded_sha256: str, spec: dict[str, Any], rules: tuple[str, ...],
-                   counterexample: Path) -> Excerpt:
-    """The implicated rules' lines: from the policy file when it still holds the policy found (numbered),
-    else from the embedded spec, saying why."""
+                   counterexample: Path, overrides: tuple[str, ...] = ()) -> Excerpt:
+    """The implicated rules' lines: from the policy file when it still holds the policy found (numbered;
+    with ``overrides``, once they are applied, and the overridden lines marked), else from the embedded
+    spec, saying why."""
     path = _policy_file(recorded_file, counterexample)
     embedded = "the spec embedded in the counterexample"
     if path is None:
@@ -114,9 +138,34 @@ def policy_excerpt(recorded_file: str | None, recorded_sha256: str, spec: dict[s
         current = validate(Policy, data, str(path), lambda: lines)
     except InputError as exc:
         return Excerpt(_spec_excerpt(spec, rules), embedded, f"{recorded_file} does not load ({exc})", False)
+    if overrides:
+        from checker.api import apply_overrides
+
+        try:
+            current = apply_overrides(current, list(overrides))
+        except InputError as exc:
+            return Excerpt(_spec_excerpt(spec, rules), embedded,
+                           f"the overrides it was found with do not apply to {recorded_file} ({exc})", False)
     if policy_hash(current) != recorded_sha256:
         return Excerpt(_spec_excerpt(spec, rules), embedded,
                        f"{recorded_file} has changed since the counterexample was found (its policy hash differs)",
                        False)
-    return Excerpt(_file_excerpt(text, lines, rules, spec), recorded_file or str(path),
-                   "it holds the policy the counterexample was found with: same hash", True)
+    if not overrides:
+        return Excerpt(_file_excerpt(text, lines, rules, spec), recorded_file or str(path),
+                       "it holds the policy the counterexample was found with: same hash", True)
+    shown = ", ".join(overrides)
+    return Excerpt(_mark_overrides(_file_excerpt(text, lines, rules, spec), lines, overrides),
+                   recorded_file or str(path),
+                   f"it holds the policy the counterexample was found with once `{shown}` is applied: same hash", True)
+
+
+def _mark_overrides(excerpt: list[tuple[int | None, str]], lines: dict[tuple[Any, ...], int],
+                    overrides: tuple[str, ...]) -> list[tuple[int | None, str]]:
+    """The excerpt with each overridden rule's line marked ``# overridden: PATH=VALUE``; an overridden
+    rule the file leaves to its default is listed as overridden instead of with its default."""
+    paths = {o: o.partition("=")[0] for o in overrides}
+    at = {lines[key]: o for o, key in ((o, tuple(p.split("."))) for o, p in paths.items()) if key in lines}
+    defaulted = [o for o in overrides if o not in at.values()]
+    out = [(n, f"{text}  # overridden: {at[n]}" if n in at else text) for n, text in excerpt
+           if n is not None or not any(text.startswith(f"# {paths[o]}: ") for o in defaulted)]
+    return out + [(None, f"# {o}  (overridden; the file leaves it to its default)") for o in defaulted]

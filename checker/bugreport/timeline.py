@@ -98,6 +98,7 @@ class Timeline:
     waiting: list[int]  # requests waiting after each iteration
     violation: int | None = None  # the iteration at which the property fails
     violation_label: str = ""
+    cycle: tuple[int, int] | None = None  # a lasso: (first iteration of its cycle's first turn, cycle length)
 
     @property
     def steps(self) -> int:
