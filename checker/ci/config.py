@@ -1,7 +1,7 @@
 """The project config of ``batchcheck ci`` (``batchcheck.toml``), validated by pydantic.
 
 It names the policies (globs allowed), the invariants to verify with their parameters and bounds, the
-fuzz budgets and SLO files, and whether each finding gates the change (``error``) or only warns
+fuzz budgets and SLO files, the liveness instances, and whether each finding gates the change (``error``) or only warns
 (``warning``). Every bad value is reported as ``batchcheck.toml:LINE: path=value (expected ...)``.
 The format is documented in docs/ci.md.
 """
@@ -27,6 +27,8 @@ MAX_DEPTH = 64
 MAX_TIMEOUT_S = 3600.0
 MAX_EXAMPLES = 100_000
 MAX_JOBS = 1024
+MAX_STATES = 10_000_000  # liveness: explored states (the graph lives in memory)
+LivenessProperty = Literal["eventually_served", "no_livelock", "no_deadlock"]  # checker.liveness.lasso.PROPERTIES
 
 
 class _Strict(BaseModel):
@@ -118,6 +120,36 @@ class DiffEntry(_Strict):
     level: Level | None = None
 
 
+Tokens = Annotated[list[Annotated[int, Field(ge=1)]], Field(min_length=1)]
+
+
+class LivenessEntry(_Strict):
+    """A small instance's state graph searched for lassos (batchcheck liveness); one check per property.
+    The defaults are the liveness command's; only ``level`` comes from [defaults]."""
+
+    policies: Names | None = None
+    properties: Annotated[list[LivenessProperty], Field(min_length=1)] | None = None
+    """Default: all three (eventually_served, no_livelock, no_deadlock)."""
+    requests: Requests = 2
+    """Requests in the system at once (liveness --requests)."""
+    prompts: Tokens | None = None
+    """Prompt lengths (default: one KV block of the policy)."""
+    outputs: Tokens = Field(default_factory=lambda: [1, 2])
+    priorities: Annotated[list[int], Field(min_length=1)] | None = None
+    """Default: 0 and 1 when the policy reads priorities, else 0."""
+    tenants: Annotated[int, Field(ge=1, le=64)] = 1
+    cancellations: bool = False
+    arrivals_per_step: Annotated[int, Field(ge=0, le=MAX_REQUESTS)] | None = None
+    """At most this many arrivals per iteration (default: as many as there are free places)."""
+    step_ms: Annotated[float, Field(gt=0, le=3_600_000)] = 10.0
+    max_states: Annotated[int, Field(ge=1, le=MAX_STATES)] = 200_000
+    timeout_s: Timeout = 60.0
+    """Seconds for the exploration."""
+    set: list[Annotated[str, Field(min_length=1)]] = Field(default_factory=list)
+    """Policy overrides FIELD.PATH=VALUE for the instance (liveness --set)."""
+    level: Level | None = None
+
+
 class CiConfig(_Strict):
     policies: list[Annotated[str, Field(min_length=1)]] = Field(default_factory=list)
     """Policy files or globs that entries without their own ``policies`` check."""
@@ -131,8 +163,10 @@ class CiConfig(_Strict):
     verify: list[VerifyEntry] = Field(default_factory=list)
     fuzz: list[FuzzEntry] = Field(default_factory=list)
     diff: list[DiffEntry] = Field(default_factory=list)
+    liveness: list[LivenessEntry] = Field(default_factory=list)
 
 
+ENTRIES = "at least one [[verify]], [[fuzz]], [[diff]] or [[liveness]] entry"
 _TOML_POSITION = re.compile(r"\s*\(at line (\d+), column \d+\)$|\s*\(at end of document\)$")
 
 
@@ -154,9 +188,8 @@ def load_config(path: str | Path) -> tuple[CiConfig, LineMap]:
     source = str(path)
     data, lines = parse_toml(read_text(path), source)
     if not data:
-        raise InputError(Problem("", "<empty>", "at least one [[verify]], [[fuzz]] or [[diff]] entry"), source)
+        raise InputError(Problem("", "<empty>", ENTRIES), source)
     config = validate(CiConfig, data, source, lambda: lines)
-    if not (config.verify or config.fuzz or config.diff):
-        raise InputError(Problem("verify", "<missing>", "at least one [[verify]], [[fuzz]] or [[diff]] entry"),
-                         source)
+    if not (config.verify or config.fuzz or config.diff or config.liveness):
+        raise InputError(Problem("verify", "<missing>", ENTRIES), source)
     return config, lines

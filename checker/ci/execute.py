@@ -2,8 +2,10 @@
 (``--scheduler tcp://HOST:PORT``, or a ``distributed.Client``).
 
 A worker gets a Check (with the text of the files it needs), writes them to a private temporary folder,
-runs the library API (checker.api.run_verify / run_fuzz) there, and returns a Result holding the
-verdict and the text of any counterexample or certificate it produced. Nothing is written to the
+runs the library API (checker.api.run_verify / run_fuzz / run_liveness) there, and returns a Result
+holding the verdict and the text of any counterexample or certificate it produced. The liveness checks
+of one instance (one per property) are one unit of work: the state graph is explored once for all of
+them. Nothing is written to the
 project by workers: the caller writes every file once all checks have finished.
 """
 
@@ -15,12 +17,12 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
-from checker.ci.plan import DIFF, FUZZ, Check, InputFile
+from checker.ci.plan import DIFF, FUZZ, LIVENESS, Check, InputFile
 from checker.errors import BatchcheckError
 from checker.exitcodes import ExitCode
 
@@ -29,6 +31,9 @@ INCONCLUSIVE = "inconclusive"
 PASSED = "passed"
 OUTCOME = {"VIOLATED": FAILED, "UNKNOWN": INCONCLUSIVE, "VACUOUS": INCONCLUSIVE,
            "PROVED": PASSED, "HOLDS_UP_TO": PASSED, "NO_COUNTEREXAMPLE": PASSED}
+# A liveness NO_COUNTEREXAMPLE is a cut graph (--max-states/--timeout): the check could not decide. (A fuzz
+# NO_COUNTEREXAMPLE is a finished search of its budget.)
+LIVENESS_OUTCOME = {**OUTCOME, "NO_COUNTEREXAMPLE": INCONCLUSIVE}
 COUNTEREXAMPLE = "counterexample"
 SCHEDULER_CONNECT_S = 20  # how long --scheduler waits for a Dask scheduler to answer
 CERTIFICATE = "certificate"
@@ -48,10 +53,11 @@ class Result:
     detail: dict[str, Any]
     seconds: float
     artifacts: list[Artifact] = field(default_factory=list)
+    kind: str = ""  # the check's kind (LIVENESS maps NO_COUNTEREXAMPLE to inconclusive)
 
     @property
     def outcome(self) -> str:
-        return OUTCOME[self.verdict]
+        return (LIVENESS_OUTCOME if self.kind == LIVENESS else OUTCOME)[self.verdict]
 
 
 def _materialise(folder: Path, files: dict[str, InputFile | None]) -> dict[str, str | None]:
@@ -93,10 +99,20 @@ class CheckError(BatchcheckError):
 
 def run_check(check: Check) -> Result:
     """Run one check in a private temporary folder; return its verdict and artifacts (picklable)."""
+    return run_unit([check])[0]
+
+
+def run_unit(checks: Sequence[Check]) -> list[Result]:
+    """Run one unit of work (one check, or the liveness checks of one instance); picklable results."""
     try:
-        return _run_check(check)
+        if checks[0].kind == LIVENESS:
+            from checker.ci.livenesshook import run_liveness_checks
+
+            return run_liveness_checks(checks)
+        return [_run_check(checks[0])]
     except BatchcheckError as exc:
-        raise CheckError(f"{check.where}, policy {check.policy.shown}, {check.name}: {exc}", int(exc.exit_code)) \
+        names = ", ".join(c.name for c in checks)
+        raise CheckError(f"{checks[0].where}, policy {checks[0].policy.shown}, {names}: {exc}", int(exc.exit_code)) \
             from None
 
 
@@ -174,33 +190,42 @@ def _cost(check: Check) -> float:
     return check.timeout_s * (2 if check.unbounded or check.kind == DIFF else 1)
 
 
-def _order(checks: Sequence[Check]) -> list[int]:
-    return sorted(range(len(checks)), key=lambda i: -_cost(checks[i]))
+def units(checks: Sequence[Check]) -> list[list[int]]:
+    """The checks grouped into units of work, longest first (better packing on few workers): one check
+    each, but the liveness checks of one instance (same policy and instance, any property) together."""
+    groups: dict[Any, list[int]] = {}
+    for i, check in enumerate(checks):
+        key = replace(check.key, name="", rule="") if check.kind == LIVENESS else i
+        groups.setdefault(key, []).append(i)
+    return sorted(groups.values(), key=lambda unit: -_cost(checks[unit[0]]))
 
 
 def run_serial(checks: Sequence[Check], done: Callable[[int, Result], None] | None = None) -> list[Result]:
-    results = []
-    for i, check in enumerate(checks):
-        results.append(run_check(check))
-        if done is not None:
-            done(i, results[-1])
-    return results
+    return run_processes(checks, 1, done)
 
 
 def run_processes(checks: Sequence[Check], jobs: int, done: Callable[[int, Result], None] | None = None) -> list[Result]:
-    """Each check in a fresh worker process of a local pool (spawned: no z3 or Hypothesis state shared)."""
-    if jobs <= 1 or len(checks) <= 1:
-        return run_serial(checks, done)
+    """Each unit in a fresh worker process of a local pool (spawned: no z3 or Hypothesis state shared);
+    ``jobs`` 1: serially, in this process, in the order of the checks."""
     results: dict[int, Result] = {}
-    with ProcessPoolExecutor(max_workers=min(jobs, len(checks)), mp_context=get_context("spawn")) as pool:
-        futures = {pool.submit(run_check, checks[i]): i for i in _order(checks)}
+
+    def finished(unit: list[int], unit_results: list[Result]) -> None:
+        for i, result in zip(unit, unit_results):
+            results[i] = result
+            if done is not None:
+                done(i, result)
+
+    plan = units(checks)
+    if jobs <= 1 or len(plan) <= 1:
+        for unit in sorted(plan):
+            finished(unit, run_unit([checks[i] for i in unit]))
+        return [results[i] for i in range(len(checks))]
+    with ProcessPoolExecutor(max_workers=min(jobs, len(plan)), mp_context=get_context("spawn")) as pool:
+        futures = {pool.submit(run_unit, [checks[i] for i in unit]): unit for unit in plan}
         from concurrent.futures import as_completed
 
         for future in as_completed(futures):
-            i = futures[future]
-            results[i] = future.result()
-            if done is not None:
-                done(i, results[i])
+            finished(futures[future], future.result())
     return [results[i] for i in range(len(checks))]
 
 
@@ -220,15 +245,15 @@ def run_dask(checks: Sequence[Check], scheduler: Any, done: Callable[[int, Resul
         raise UsageError(f"--scheduler {scheduler}: no Dask scheduler answers there within {SCHEDULER_CONNECT_S} s "
                          f"({type(exc).__name__}: {exc})") from None
     try:
-        order = _order(checks)
-        futures = client.map(run_check, [checks[i] for i in order], pure=False)
-        index = {future.key: i for future, i in zip(futures, order)}
+        plan = units(checks)
+        futures = client.map(run_unit, [[checks[i] for i in unit] for unit in plan], pure=False)
+        index = {future.key: unit for future, unit in zip(futures, plan)}
         results: dict[int, Result] = {}
         for future in as_completed(futures):
-            i = index[future.key]
-            results[i] = future.result()
-            if done is not None:
-                done(i, results[i])
+            for i, result in zip(index[future.key], future.result()):
+                results[i] = result
+                if done is not None:
+                    done(i, result)
         return [results[i] for i in range(len(checks))]
     finally:
         if own:

@@ -8,11 +8,11 @@ from dataclasses import dataclass
 
 from checker.ci.execute import FAILED, INCONCLUSIVE, Result
 from checker.ci.locations import fields_for, locate
-from checker.ci.plan import DIFF, FUZZ, VERIFY, Check, PolicyInfo
+from checker.ci.plan import DIFF, FUZZ, LIVENESS, VERIFY, Check, PolicyInfo
 
 ERROR, WARNING, NOTE = "error", "warning", "note"  # SARIF levels
 _LEVEL_RANK = {ERROR: 0, WARNING: 1, NOTE: 2}
-_VERDICT_RANK = {"VIOLATED": 0, "UNKNOWN": 1, "VACUOUS": 2}
+_VERDICT_RANK = {"VIOLATED": 0, "UNKNOWN": 1, "VACUOUS": 2, "NO_COUNTEREXAMPLE": 2}
 FINGERPRINT_KEY = "batchcheckFinding/v1"
 
 
@@ -41,7 +41,7 @@ class Finding:
 
     @property
     def rule_id(self) -> str:
-        prefix = {VERIFY: "invariant", FUZZ: "slo", DIFF: "diff"}[self.check.kind]
+        prefix = {VERIFY: "invariant", FUZZ: "slo", DIFF: "diff", LIVENESS: "liveness"}[self.check.kind]
         return f"{prefix}/{self.check.rule}"
 
     @property

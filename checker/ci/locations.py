@@ -1,6 +1,6 @@
 """Which policy field each finding is about, and on which line of the policy YAML it stands.
 
-One table per kind of check: an invariant (or an SLO property kind) names the policy fields whose rule it
+One table per kind of check: an invariant (an SLO property kind, a liveness property) names the policy fields whose rule it
 judges, most specific first. A finding is located at the first of them the policy file spells out; where
 the file leaves them all to their defaults, at the section that would hold the first one, else at the
 policy's ``name:`` line, else line 1. Code scanning drops results without a location, so every result
@@ -39,12 +39,20 @@ SLO_FIELDS: dict[str, tuple[str, ...]] = {
     "kv_within_pool": ("kv.check_allocation", "kv.num_blocks"),
 }
 
+LIVENESS_FIELDS: dict[str, tuple[str, ...]] = {
+    "eventually_served": ("queue.order", "queue.aging_interval_ms", "queue.head_of_line"),
+    "no_livelock": ("preemption.mode", "preemption.triggers", "kv.num_blocks"),
+    "no_deadlock": ("admission.reject_never_fits", "kv.num_blocks"),
+}
+
 DOCUMENT = ""  # the field path of a finding that no table names (a user invariant): the whole policy
 
 
 def fields_for(kind: str, rule: str, metric: str | None = None) -> tuple[str, ...]:
     if kind == "fuzz":
         return SLO_FIELDS.get(f"{rule}:{metric}", SLO_FIELDS.get(rule, ()))
+    if kind == "liveness":
+        return LIVENESS_FIELDS.get(rule, ())
     return INVARIANT_FIELDS.get(rule, ())
 
 

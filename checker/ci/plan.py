@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from checker.ci.config import CiConfig, DiffEntry, Level
+from checker.ci.config import CiConfig, DiffEntry, Level, LivenessEntry
 from checker.ci.tomllines import LineMap
 from checker.errors import InputError, Problem
 from checker.loading import _line_for, load_model, parse_yaml, read_text
@@ -21,6 +21,7 @@ from checker.loading import _line_for, load_model, parse_yaml, read_text
 VERIFY = "verify"
 FUZZ = "fuzz"
 DIFF = "diff"  # OLD vs NEW (checker/ci/diffhook.py); policy is NEW
+LIVENESS = "liveness"  # a lasso search on a small instance (checker.api.run_liveness); one check per property
 
 
 @dataclass(frozen=True)
@@ -38,15 +39,31 @@ class PolicyInfo:
 
 
 @dataclass(frozen=True)
+class LivenessInstance:
+    """A liveness check's instance beyond Check.requests and Check.timeout_s (liveness CLI options)."""
+
+    prompts: tuple[int, ...] | None
+    outputs: tuple[int, ...]
+    priorities: tuple[int, ...] | None
+    tenants: int
+    cancellations: bool
+    arrivals_per_step: int | None
+    step_ms: float
+    max_states: int
+    overrides: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class Check:
     """One unit of work: one invariant or one SLO property on one policy."""
 
     kind: str  # VERIFY or FUZZ
     policy: InputFile
     policy_name: str
-    name: str  # the invariant as written (NAME[:PARAMS]) or the SLO property name
-    rule: str  # invariant name, or SLO property kind (for the SARIF rule and the policy field mapping)
-    params: tuple[tuple[str, int], ...]  # every parameter with its value (defaults included)
+    name: str  # the invariant as written (NAME[:PARAMS]), the SLO property name or the liveness property
+    rule: str  # invariant name, SLO property kind or liveness property (SARIF rule, policy field mapping)
+    params: tuple[tuple[str, int | str], ...]  # every parameter with its value (defaults included); liveness:
+    # the instance (requests and what differs from the liveness defaults, then the overrides)
     level: Level
     where: str  # the config path that asked for it, e.g. "verify[0].invariants[1]"
     requests: int = 0
@@ -63,6 +80,7 @@ class Check:
     max_requests: int = 0
     modules: tuple[InputFile | str, ...] = ()  # user invariant modules: .py files carried, module names as is
     old: InputFile | None = None  # DIFF: the policy before the change
+    instance: LivenessInstance | None = None  # LIVENESS
 
     @property
     def label(self) -> str:
@@ -197,6 +215,8 @@ def build_plan(config: CiConfig, lines: LineMap, source: str, only: list[str] | 
         _fuzz_checks(res, plan, i, entry)
     for i, entry in enumerate(config.diff):
         plan.checks += _diff_checks(res, i, entry, tuple(modules))
+    for i, entry in enumerate(config.liveness):
+        plan.checks += _liveness_checks(res, i, entry)
     plan.policies = res.policies
     unique: dict[Check, Check] = {}
     for check in plan.checks:  # the same work asked for twice runs once, gating if either asks it to
@@ -271,6 +291,59 @@ def _diff_checks(res: _Resolver, i: int, entry: DiffEntry, modules: tuple) -> li
                             entry.level or d.level, f"diff[{i}]", requests=entry.requests or d.requests,
                             depth=entry.depth or d.depth, timeout_s=entry.timeout_s or d.timeout_s,
                             modules=modules, old=old_ref))
+    return checks
+
+
+_LIVENESS_OPTIONS = {"--requests": "requests", "--prompts": "prompts", "--outputs": "outputs",
+                     "--priorities": "priorities", "--arrivals-per-step": "arrivals_per_step", "--step-ms": "step_ms"}
+_INSTANCE_KEYS = ("prompts", "outputs", "priorities", "tenants", "cancellations", "arrivals_per_step", "step_ms")
+
+
+def _liveness_checks(res: _Resolver, i: int, entry: LivenessEntry) -> list[Check]:
+    """One check per (policy, property); each policy's overrides and instance are checked here, located at
+    the key of the entry (an override that breaks the policy: at that override)."""
+    from checker.api import apply_overrides, liveness_env, load_policy
+    from checker.liveness.lasso import PROPERTIES
+
+    d = res.config.defaults
+    defaults = LivenessEntry()
+    instance = LivenessInstance(
+        tuple(entry.prompts) if entry.prompts else None, tuple(entry.outputs),
+        tuple(entry.priorities) if entry.priorities else None, entry.tenants, entry.cancellations,
+        entry.arrivals_per_step, entry.step_ms, entry.max_states, tuple(entry.set))
+    shown = [("requests", entry.requests)]
+    for key in _INSTANCE_KEYS:
+        value = getattr(entry, key)
+        if value != getattr(defaults, key):
+            shown.append((key, ",".join(map(str, value)) if isinstance(value, list) else
+                          f"{value:g}" if isinstance(value, float) else value))
+    shown += [tuple(text.split("=", 1)) for text in entry.set]
+    checks = []
+    for ref in res.entry_policies("liveness", i, entry.policies):
+        pol = load_policy(res.root / ref.shown)
+        for j in range(len(entry.set)):
+            try:
+                apply_overrides(pol, entry.set[: j + 1])
+            except InputError as exc:
+                p = exc.problems[0]
+                expected = p.expected if p.path in ("", "--set") else f"{p.path}: {p.expected}"
+                raise res.fail(("liveness", i, "set", j), entry.set[j], f"{expected} in {ref.shown}") from None
+        try:
+            liveness_env(apply_overrides(pol, entry.set), entry.requests, instance.prompts, instance.outputs,
+                         instance.priorities, entry.tenants, entry.cancellations, entry.arrivals_per_step,
+                         entry.step_ms)
+        except InputError as exc:
+            p = exc.problems[0]
+            key = _LIVENESS_OPTIONS.get(p.path, "")
+            value = getattr(entry, key) if key else p.value
+            if isinstance(value, float) and value.is_integer():
+                value = int(value)  # as written: step_ms = 300
+            raise res.fail(("liveness", i, key) if key else ("liveness", i), value,
+                           f"{p.expected} for {ref.shown}") from None
+        for prop in entry.properties or PROPERTIES:
+            checks.append(Check(LIVENESS, ref, res.policies[ref.shown].name, prop, prop, tuple(shown),
+                                entry.level or d.level, f"liveness[{i}]", requests=entry.requests,
+                                timeout_s=entry.timeout_s, instance=instance))
     return checks
 
 

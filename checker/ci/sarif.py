@@ -12,7 +12,7 @@ from pathlib import Path
 
 from checker import __version__
 from checker.ci.findings import FINGERPRINT_KEY, Finding
-from checker.ci.plan import DIFF, FUZZ
+from checker.ci.plan import DIFF, FUZZ, LIVENESS
 
 SCHEMA_URI = "https://json.schemastore.org/sarif-2.1.0.json"
 SARIF_VERSION = "2.1.0"
@@ -31,6 +31,10 @@ def annotated(findings: Sequence[Finding]) -> tuple[list[Finding], list[Finding]
 
 
 def _statement(f: Finding) -> str:
+    if f.check.kind == LIVENESS:
+        from checker.liveness.lasso import STATEMENTS
+
+        return STATEMENTS[f.check.rule] + " Checked on the state graph of a small instance (docs/liveness.md)."
     if f.check.kind != FUZZ:
         from invariants.catalogue import CATALOGUE
 

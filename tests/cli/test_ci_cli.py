@@ -52,7 +52,8 @@ BAD = [
     ('policies = ["spec/policies/vllm_v1.yaml"]\n[[verify]]\ninvariants = ["seq_cap"]\nlevel = "fatal"\n',
      "batchcheck.toml:4: verify[0].level='fatal' (expected one of: error or warning)"),
     ('policies = ["spec/policies/vllm_v1.yaml"]\n',
-     "batchcheck.toml: verify=<missing> (expected at least one [[verify]], [[fuzz]] or [[diff]] entry)"),
+     "batchcheck.toml: verify=<missing> (expected at least one [[verify]], [[fuzz]], [[diff]] or [[liveness]] "
+     "entry)"),
 ]
 
 

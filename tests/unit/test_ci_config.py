@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from checker.ci.config import load_config
-from checker.ci.plan import FUZZ, VERIFY, build_plan
+from checker.ci.plan import FUZZ, LIVENESS, VERIFY, build_plan
 from checker.ci.tomllines import toml_lines
 from checker.errors import InputError
 from tests.helpers import ROOT
@@ -139,3 +139,37 @@ INVARIANTS = [invariant(ci_at_most_one_running, two_arrived)]
     assert (finding.check.label, finding.result.verdict, finding.field) == ("ci_at_most_one_running", "VIOLATED", "")
     assert finding.line == 1 + next(i for i, text in enumerate(
         (tmp_path / "spec" / "policies" / "unchecked_growth.yaml").read_text().splitlines()) if text.startswith("name:"))
+
+
+def test_liveness_entries_default_as_the_liveness_command_and_share_one_exploration_per_instance(tmp_path):
+    import typing
+
+    from checker.ci.config import LivenessEntry, LivenessProperty
+    from checker.ci.execute import INCONCLUSIVE, PASSED, Result, units
+    from checker.liveness.explore import DEFAULT_MAX_STATES
+    from checker.liveness.lasso import PROPERTIES
+
+    assert typing.get_args(LivenessProperty) == PROPERTIES
+    entry = LivenessEntry()
+    assert (entry.requests, entry.outputs, entry.tenants, entry.step_ms, entry.max_states, entry.timeout_s) == \
+        (2, [1, 2], 1, 10.0, DEFAULT_MAX_STATES, 60.0)
+    config = make_project(tmp_path, 'policies = ["spec/policies/vllm_v1.yaml", "spec/policies/tgi_router.yaml"]\n'
+                                    '[defaults]\nlevel = "warning"\n'
+                                    '[[liveness]]\n'
+                                    '[[liveness]]\npolicies = ["spec/policies/vllm_v1.yaml"]\nrequests = 1\n'
+                                    'properties = ["no_deadlock"]\nlevel = "error"\n'
+                                    '[[liveness]]\npolicies = ["spec/policies/vllm_v1.yaml"]\n'
+                                    'properties = ["no_deadlock", "no_livelock"]\n')
+    cfg, lines = load_config(config)
+    plan = build_plan(cfg, lines, str(config))
+    assert all(c.kind == LIVENESS for c in plan.checks)
+    assert [(c.policy_name, c.label, c.level) for c in plan.checks] == [
+        ("vllm_v1", "eventually_served(requests=2)", "warning"), ("vllm_v1", "no_livelock(requests=2)", "warning"),
+        ("vllm_v1", "no_deadlock(requests=2)", "warning"),
+        ("tgi_router", "eventually_served(requests=2)", "warning"), ("tgi_router", "no_livelock(requests=2)", "warning"),
+        ("tgi_router", "no_deadlock(requests=2)", "warning"),
+        ("vllm_v1", "no_deadlock(requests=1)", "error")]  # the third entry repeats the first's checks: run once
+    assert sorted(units(plan.checks)) == [[0, 1, 2], [3, 4, 5], [6]]
+    liveness = Result("NO_COUNTEREXAMPLE", "", {}, 0.0, kind=LIVENESS)
+    fuzz = Result("NO_COUNTEREXAMPLE", "", {}, 0.0, kind=FUZZ)
+    assert (liveness.outcome, fuzz.outcome) == (INCONCLUSIVE, PASSED)  # a cut graph; a finished search budget

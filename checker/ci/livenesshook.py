@@ -1,0 +1,69 @@
+"""``[[liveness]]`` entries of batchcheck.toml: ``batchcheck liveness``'s library function
+(checker.api.run_liveness) on a small instance of a policy, one check per property.
+
+The checks of one instance are run together (checker.ci.execute.units): the state graph is explored
+once and searched for each property's lasso. Verdicts keep their strength: VIOLATED (a lasso, replayed
+on the engine, saved as a counterexample), PROVED (the graph is complete and has no lasso: for this
+instance, any number of iterations), NO_COUNTEREXAMPLE (no lasso among the states explored, but
+max_states or timeout_s cut the graph: inconclusive, gated by ``[gate] inconclusive``).
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from checker.ci.plan import LIVENESS, Check
+
+
+def run_liveness_checks(checks: Sequence[Check]) -> list:
+    """Explore the instance the checks share once; one Result per check, in their order."""
+    from checker import api
+    from checker.ci.execute import COUNTEREXAMPLE, Artifact, Result, _materialise, _shown_paths
+
+    started = time.monotonic()
+    first = checks[0]
+    inst = first.instance
+    with tempfile.TemporaryDirectory(prefix="batchcheck-ci-") as tmp:
+        folder = Path(tmp)
+        paths = _materialise(folder, {"policy": first.policy})
+        cex_dir = folder / "counterexamples"
+        report = api.run_liveness(paths["policy"], [c.rule for c in checks], first.requests, inst.prompts,
+                                  inst.outputs, inst.priorities, inst.tenants, inst.cancellations,
+                                  inst.arrivals_per_step, inst.step_ms, list(inst.overrides), inst.max_states,
+                                  first.timeout_s, cex_dir)
+        seconds = (time.monotonic() - started) / len(checks)  # one exploration, shared
+        graph = _graph(report)
+        results = []
+        for check, r in zip(checks, report.results):
+            detail = {**r.as_dict(), "graph": report.as_dict()["graph"], "environment": report.env.as_dict()}
+            line = f"{r.line(report.graph)}; {graph}"
+            if r.prop == "eventually_served" and report.bound is not None:
+                detail["starvation_bound"] = report.bound.as_dict()
+                line += f"; {report.bound.line()}"
+            artifacts = []
+            if r.counterexample is not None:
+                doc = _shown_paths(json.loads(r.counterexample.read_text(encoding="utf-8")), paths, check)
+                artifacts.append(Artifact(COUNTEREXAMPLE, r.counterexample.name, json.dumps(doc, indent=1) + "\n"))
+                detail["counterexample"] = r.counterexample.name  # the caller replaces it with where it wrote it
+                detail["requests"] = len(doc["requests"])
+                detail["violation_iteration"] = doc["violation"]["iteration"]
+                line = line.replace(str(r.counterexample), r.counterexample.name)
+            results.append(Result(r.verdict, line, detail, seconds, artifacts, LIVENESS))
+    return results
+
+
+
+def _graph(report) -> str:
+    """The graph and its instance, without run times (they stay out of CI messages)."""
+    g, e = report.graph, report.env
+    state = "complete" if g.complete else "cut"
+    values = lambda xs: "{" + ", ".join(map(str, xs)) + "}"  # noqa: E731
+    per_step = "" if e.arrivals_per_step is None else f", at most {e.arrivals_per_step} arrival(s) per iteration"
+    return (f"graph: {g.states:,} states, {g.edges:,} edges ({state}); instance: {e.requests} request(s) in flight, "
+            f"prompts {values(e.prompts)}, outputs {values(e.outputs)}, priorities {values(e.priorities)}, "
+            f"{e.tenants} tenant(s), {'' if e.cancellations else 'no '}cancellations{per_step}, "
+            f"{e.step_us / 1000:g} ms per iteration" + "".join(f", {o}" for o in report.overrides))
