@@ -39,9 +39,9 @@ SLO_FIELDS: dict[str, tuple[str, ...]] = {
     "kv_within_pool": ("kv.check_allocation", "kv.num_blocks"),
 }
 
-LIVENESS_FIELDS: dict[str, tuple[str, ...]] = {
-    "eventually_served": ("queue.order", "queue.aging_interval_ms", "queue.head_of_line"),
-    "no_livelock": ("preemption.mode", "preemption.triggers", "kv.num_blocks"),
+LIVENESS_FIELDS: dict[str, tuple[str, ...]] = {  # as checker/bugreport/rules.py LIVENESS_RULES
+    "eventually_served": ("queue.order", "queue.aging_interval_ms", "queue.head_of_line", "preemption.triggers"),
+    "no_livelock": ("admission.reject_never_fits", "kv.num_blocks", "preemption.mode"),
     "no_deadlock": ("admission.reject_never_fits", "kv.num_blocks"),
 }
 
