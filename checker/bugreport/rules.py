@@ -22,18 +22,6 @@ from checker.verify.counterexample import policy_hash
 
 FALLBACK_RULES = ("batch", "queue", "kv", "preemption")  # a property no table names (a user invariant)
 
-# The liveness properties (lasso files of ``batchcheck liveness``, docs/liveness.md), most specific first:
-# - eventually_served: who is picked from the queue and whether waiting raises a request's rank (order,
-#   aging, head-of-line) and whether a newcomer can push a running request out (preemption triggers);
-# - no_livelock: a request that can never fit is admitted (reject_never_fits), grows into a pool too small
-#   for it and is preempted and recomputed from scratch (mode) again and again;
-# - no_deadlock: as the bounded invariant no_deadlock: a request that can never fit, not rejected.
-LIVENESS_RULES: dict[str, tuple[str, ...]] = {
-    "eventually_served": ("queue.order", "queue.aging_interval_ms", "queue.head_of_line", "preemption.triggers"),
-    "no_livelock": ("admission.reject_never_fits", "kv.num_blocks", "preemption.mode"),
-    "no_deadlock": ("admission.reject_never_fits", "kv.num_blocks"),
-}
-
 
 def policy_overrides(environment: dict[str, Any]) -> tuple[str, ...]:
     """The ``FIELD.PATH=VALUE`` settings a lasso was found with (``liveness --set``; none for other kinds)."""
@@ -44,14 +32,12 @@ def policy_overrides(environment: dict[str, Any]) -> tuple[str, ...]:
 def implicated_rules(kind: str, name: str, slo_spec: dict[str, Any] | None = None,
                      overrides: tuple[str, ...] = ()) -> tuple[str, ...]:
     """The policy fields a property judges: the same table ``batchcheck ci`` locates its findings with
-    (checker/ci/locations.py), by invariant name, or by SLO kind and metric; for a liveness property
-    LIVENESS_RULES. Fields the counterexample was found with overridden (``--set``) come last."""
+    (checker/ci/locations.py), by invariant name, by SLO kind and metric, or by liveness property. Fields
+    the counterexample was found with overridden (``--set``) come last."""
     from checker.ci.locations import fields_for
 
-    if kind == "invariant":
-        fields = fields_for("verify", name)
-    elif kind == "liveness":
-        fields = LIVENESS_RULES.get(name, ())
+    if kind in ("invariant", "liveness"):
+        fields = fields_for("verify" if kind == "invariant" else "liveness", name)
     else:
         spec = slo_spec or {}
         fields = fields_for("fuzz", str(spec.get("kind")), spec.get("metric"))

@@ -39,7 +39,13 @@ SLO_FIELDS: dict[str, tuple[str, ...]] = {
     "kv_within_pool": ("kv.check_allocation", "kv.num_blocks"),
 }
 
-LIVENESS_FIELDS: dict[str, tuple[str, ...]] = {  # as checker/bugreport/rules.py LIVENESS_RULES
+# The liveness properties (docs/liveness.md), also the rules a lasso's bug report quotes (docs/report.md):
+# - eventually_served: who is picked from the queue and whether waiting raises a request's rank (order,
+#   aging, head-of-line) and whether a newcomer can push a running request out (preemption triggers);
+# - no_livelock: a request that can never fit is admitted (reject_never_fits), grows into a pool too small
+#   for it and is preempted and recomputed from scratch (mode) again and again;
+# - no_deadlock: as the bounded invariant no_deadlock: a request that can never fit, not rejected.
+LIVENESS_FIELDS: dict[str, tuple[str, ...]] = {
     "eventually_served": ("queue.order", "queue.aging_interval_ms", "queue.head_of_line", "preemption.triggers"),
     "no_livelock": ("admission.reject_never_fits", "kv.num_blocks", "preemption.mode"),
     "no_deadlock": ("admission.reject_never_fits", "kv.num_blocks"),
