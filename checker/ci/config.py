@@ -42,7 +42,7 @@ Names = Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)
 
 
 class Defaults(_Strict):
-    """What every [[verify]] and [[fuzz]] entry inherits unless it says otherwise."""
+    """What every [[verify]] and [[fuzz]] entry inherits unless it says otherwise ([[liveness]]: only level)."""
 
     requests: Requests = 3
     """Request slots of the bounded search (verify --requests)."""
@@ -58,8 +58,8 @@ class Defaults(_Strict):
 
 class Gate(_Strict):
     inconclusive: Level = "error"
-    """What an UNKNOWN or VACUOUS verdict of an error-level check does: error makes the run inconclusive
-    (exit 3); warning only reports it."""
+    """What an inconclusive verdict (UNKNOWN, VACUOUS, a liveness NO_COUNTEREXAMPLE) of an error-level check
+    does: error makes the run inconclusive (exit 3); warning only reports it."""
 
 
 class Output(_Strict):

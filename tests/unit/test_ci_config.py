@@ -81,7 +81,7 @@ def test_a_fuzz_property_not_in_the_slo_file_is_located(tmp_path):
 def test_every_invariant_and_slo_kind_points_at_policy_fields_and_docs_list_them():
     from typing import get_args
 
-    from checker.ci.locations import INVARIANT_FIELDS, SLO_FIELDS
+    from checker.ci.locations import INVARIANT_FIELDS, LIVENESS_FIELDS, SLO_FIELDS
     from checker.fuzz.slo import SLOFile
     from checker.policy import Policy
     from invariants.catalogue import CATALOGUE
@@ -92,7 +92,7 @@ def test_every_invariant_and_slo_kind_points_at_policy_fields_and_docs_list_them
              for m in get_args(get_args(SLOFile.model_fields["properties"].annotation)[0])[0].__args__}
     assert kinds <= {key.split(":")[0] for key in SLO_FIELDS}
     docs = (ROOT / "docs" / "ci.md").read_text()
-    for name, fields in {**INVARIANT_FIELDS, **SLO_FIELDS}.items():
+    for name, fields in [*INVARIANT_FIELDS.items(), *SLO_FIELDS.items(), *LIVENESS_FIELDS.items()]:
         assert f"| `{name}` | " + ", ".join(f"`{f}`" for f in fields) + " |" in docs
         for path in fields:  # every field exists in the policy model
             section, _, key = path.partition(".")
