@@ -22,7 +22,13 @@ from checker.ci.plan import LIVENESS, Check
 def run_liveness_checks(checks: Sequence[Check]) -> list:
     """Explore the instance the checks share once; one Result per check, in their order."""
     from checker import api
-    from checker.ci.execute import COUNTEREXAMPLE, Artifact, Result, _materialise, _shown_paths
+    from checker.ci.execute import (
+        COUNTEREXAMPLE,
+        Artifact,
+        Result,
+        _materialise,
+        _shown_paths,
+    )
 
     started = time.monotonic()
     first = checks[0]
@@ -61,9 +67,12 @@ def _graph(report) -> str:
     """The graph and its instance, without run times (they stay out of CI messages)."""
     g, e = report.graph, report.env
     state = "complete" if g.complete else "cut"
-    values = lambda xs: "{" + ", ".join(map(str, xs)) + "}"  # noqa: E731
     per_step = "" if e.arrivals_per_step is None else f", at most {e.arrivals_per_step} arrival(s) per iteration"
     return (f"graph: {g.states:,} states, {g.edges:,} edges ({state}); instance: {e.requests} request(s) in flight, "
-            f"prompts {values(e.prompts)}, outputs {values(e.outputs)}, priorities {values(e.priorities)}, "
+            f"prompts {_set(e.prompts)}, outputs {_set(e.outputs)}, priorities {_set(e.priorities)}, "
             f"{e.tenants} tenant(s), {'' if e.cancellations else 'no '}cancellations{per_step}, "
             f"{e.step_us / 1000:g} ms per iteration" + "".join(f", {o}" for o in report.overrides))
+
+
+def _set(values) -> str:
+    return "{" + ", ".join(map(str, values)) + "}"

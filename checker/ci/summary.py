@@ -35,8 +35,8 @@ def summary_markdown(findings: Sequence[Finding], code: ExitCode, seconds: float
            f"{len(findings)} checks on {len(policies)} policies in {seconds:.1f} s ({where}): "
            f"{len(failed)} violated ({len(gating)} gating), {len(unsure)} inconclusive, "
            f"{len(findings) - len(failed) - len(unsure)} hold within their bounds. Bounded verdicts "
-           "(HOLDS_UP_TO, NO_COUNTEREXAMPLE) are not proofs; PROVED is for the stated request slots "
-           "(liveness: for the stated instance).", ""]
+           "(HOLDS_UP_TO, NO_COUNTEREXAMPLE) are not proofs; PROVED is for the stated request slots (liveness: "
+           "for the stated instance).", ""]
     shown, overflow = annotated(findings)
     if shown:
         out += ["### Findings", "", _HEAD, *(_row(f) for f in shown), ""]

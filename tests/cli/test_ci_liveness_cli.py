@@ -104,24 +104,24 @@ def test_a_cut_graph_is_inconclusive_and_gated_by_the_gate_setting(capsys, proje
 
 BAD = [
     ('[[liveness]]\npolicies = ["spec/policies/vllm_v1.yaml"]\nproperties = ["eventually_served", "starvation"]\n',
-     "batchcheck.toml:3: liveness[0].properties[1]='starvation' (expected one of: eventually_served, no_livelock or "
-     "no_deadlock)"),
-    ('[[liveness]]\npolicies = ["spec/policies/vllm_v1.yaml"]\nset = [\n  "batch.max_num_seqs=1",\n'
-     '  "batch.max_num_seqs=0",\n]\n',
-     "batchcheck.toml:5: liveness[0].set[1]='batch.max_num_seqs=0' (expected batch.max_num_seqs: a number >= 1 in "
-     "spec/policies/vllm_v1.yaml)"),
+     ("batchcheck.toml:3: liveness[0].properties[1]='starvation' (expected one of: eventually_served, no_livelock "
+      "or no_deadlock)")),
+    (('[[liveness]]\npolicies = ["spec/policies/vllm_v1.yaml"]\nset = [\n  "batch.max_num_seqs=1",\n'
+      '  "batch.max_num_seqs=0",\n]\n'),
+     ("batchcheck.toml:5: liveness[0].set[1]='batch.max_num_seqs=0' (expected batch.max_num_seqs: a number >= 1 in "
+      "spec/policies/vllm_v1.yaml)")),
     ('[[liveness]]\npolicies = ["spec/policies/vllm_v1.yaml"]\nset = ["max_num_seqs"]\n',
-     "batchcheck.toml:3: liveness[0].set[0]='max_num_seqs' (expected FIELD.PATH=VALUE, e.g. batch.max_num_seqs=1 in "
-     "spec/policies/vllm_v1.yaml)"),
+     ("batchcheck.toml:3: liveness[0].set[0]='max_num_seqs' (expected FIELD.PATH=VALUE, e.g. batch.max_num_seqs=1 "
+      "in spec/policies/vllm_v1.yaml)")),
     ('[[liveness]]\npolicies = ["spec/policies/priority_aging.yaml"]\nstep_ms = 300\n',
-     "batchcheck.toml:3: liveness[0].step_ms=300 (expected a divisor of the aging interval (1000 ms), so that ages "
-     "are whole iterations for spec/policies/priority_aging.yaml)"),
+     ("batchcheck.toml:3: liveness[0].step_ms=300 (expected a divisor of the aging interval (1000 ms), so that ages "
+      "are whole iterations for spec/policies/priority_aging.yaml)")),
     ('[[liveness]]\npolicies = ["spec/policies/vllm_v1.yaml"]\nmax_states = 0\noutputs = [0]\nrequest = 2\n',
-     "batchcheck.toml:4: liveness[0].outputs[0]=0 (expected a number >= 1)\n"
-     "batchcheck.toml:3: liveness[0].max_states=0 (expected a number >= 1)\n"
-     "batchcheck.toml:5: liveness[0].request=2 (expected a known key; allowed here: arrivals_per_step, "
-     "cancellations, level, max_states, outputs, policies, priorities, prompts, properties, requests, set, step_ms, "
-     "tenants, timeout_s)"),
+     ("batchcheck.toml:4: liveness[0].outputs[0]=0 (expected a number >= 1)\n"
+      "batchcheck.toml:3: liveness[0].max_states=0 (expected a number >= 1)\n"
+      "batchcheck.toml:5: liveness[0].request=2 (expected a known key; allowed here: arrivals_per_step, "
+      "cancellations, level, max_states, outputs, policies, priorities, prompts, properties, requests, set, "
+      "step_ms, tenants, timeout_s)")),
 ]
 
 

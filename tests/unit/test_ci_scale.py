@@ -1,4 +1,4 @@
-"""Scale-out: the same campaign on a Dask LocalCluster (two worker processes) gives the serial verdicts."""
+"""Scale-out: the same campaign (verify, fuzz, liveness) on a Dask LocalCluster (two worker processes) gives the serial verdicts."""
 
 from __future__ import annotations
 
@@ -27,6 +27,9 @@ workload = "spec/workloads/chat_mixed.yaml"
 slo = "spec/slo/kv_safety.slo.yaml"
 max_examples = 5
 time_budget_s = 5
+[[liveness]]
+policies = ["spec/policies/vllm_v1.yaml"]
+requests = 1
 """
 
 
@@ -43,7 +46,9 @@ def test_a_dask_local_cluster_gives_the_serial_verdicts(tmp_path):
         tasks_per_worker = client.run(lambda dask_worker: len(dask_worker.data) + dask_worker.state.executed_count)
     assert len(tasks_per_worker) == 2 and all(n > 0 for n in tasks_per_worker.values())  # both workers ran checks
     assert _verdicts(distributed) == _verdicts(serial)
-    assert {v for _, _, v in _verdicts(serial)} == {"VIOLATED", "HOLDS_UP_TO", "NO_COUNTEREXAMPLE"}
+    assert {v for _, _, v in _verdicts(serial)} == {"VIOLATED", "HOLDS_UP_TO", "NO_COUNTEREXAMPLE", "PROVED"}
+    assert [label for _, label, _ in _verdicts(serial)][-3:] == [  # one liveness task, three findings
+        "eventually_served(requests=1)", "no_livelock(requests=1)", "no_deadlock(requests=1)"]
     assert distributed.exit_code == serial.exit_code == 1
     assert distributed.where == f"Dask cluster at {cluster.scheduler_address}"
     fingerprints = [f.fingerprint for f in serial.findings]
