@@ -31,7 +31,7 @@ WAITING, SWAPPED, RUNNING, CANCELLED = int(Status.WAITING), int(Status.SWAPPED),
 LIVE = frozenset({WAITING, SWAPPED, RUNNING})
 STATUS_OF = {int(s): s for s in Status}
 STATUS_INT = {s: int(s) for s in Status}
-RUNNING_STATUS = Status.RUNNING
+RUNNING_STATUS, CANCELLED_STATUS = Status.RUNNING, Status.CANCELLED  # bound once: ~0.2 us per Enum lookup
 
 # A request class: what the environment chooses when a request arrives.
 RequestClass = tuple[int, int, int, int, int]  # prompt, output, max_output, priority, tenant
@@ -93,13 +93,13 @@ class Canon:
             status = r.status
             if status in LIVE:
                 live.append(r)
-            elif status is Status.CANCELLED and r.blocks:
+            elif status is CANCELLED_STATUS and r.blocks:
                 if holding is None:
                     holding = []
                 holding.append((r.blocks, max(r.release_step - next_step, 0)))
         out = [len(live)]
         if live:
-            running = [r.admitted_seq for r in live if r.status is Status.RUNNING]
+            running = [r.admitted_seq for r in live if r.status is RUNNING_STATUS]
             if len(running) > 1:
                 running.sort()
             admitted_rank = {seq: i for i, seq in enumerate(running, 1)}

@@ -10,6 +10,8 @@ from __future__ import annotations
 from checker.policy import Allocation
 from checker.semantics.state import Request, SchedulerState
 
+FULL_RESERVATION = Allocation.FULL_RESERVATION  # bound once: an Enum class attribute costs ~0.2 us per use
+
 
 def blocks_for(tokens: int, block_size: int) -> int:
     return -(-tokens // block_size)
@@ -25,7 +27,7 @@ def target_blocks(s: SchedulerState, r: Request, n: int) -> int:
     kv = s.policy.kv
     size = kv.block_size
     need = -(-(r.num_computed + n) // size)  # blocks_for
-    if kv.allocation is Allocation.FULL_RESERVATION:
+    if kv.allocation is FULL_RESERVATION:
         need = max(need, blocks_for(max_context(s, r), size))
     return need
 

@@ -33,6 +33,9 @@ class Reason(IntEnum):
     ABORTED = 8  # cancelled by the client
 
 
+_PENDING, _NO_REASON = Status.PENDING, Reason.NONE  # bound once: an Enum class attribute costs ~0.2 us per use
+
+
 @dataclass(frozen=True, slots=True)
 class RequestSpec:
     """A request as the environment supplies it (from a workload, a trace or a solver model)."""
@@ -64,8 +67,8 @@ class Request:
         self.max_output = spec.max_output
         self.priority = spec.priority
         self.tenant = spec.tenant
-        self.status = Status.PENDING
-        self.reason = Reason.NONE
+        self.status = _PENDING
+        self.reason = _NO_REASON
         self.num_computed = 0  # tokens whose KV is computed
         self.num_generated = 0  # output tokens produced
         self.blocks = 0  # KV blocks held in the pool
