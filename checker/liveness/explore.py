@@ -213,7 +213,9 @@ class Transition:
         first_new = len(base.requests)
         memo = self._memo
         class_ids = self.class_ids
-        release_phase(base, DecisionBuilder())
+        events = DecisionBuilder()  # phases 1-2 write their events here; nothing reads them (the labels come from
+        # the state and phases 5-6, which get a builder of their own)
+        release_phase(base, events)
         plain = cancel_options == [()] and not self._expires  # phases 3-4 leave every state as it is
         # the spec of the n-th arrival of each class (spec.cls is the class id)
         table = [[self._spec(first_new + n, now, cid) for cid in class_ids] for n in range(limit)]
@@ -270,7 +272,7 @@ class Transition:
                         c = s.copy()
                         r = Request(spec)
                         c.requests.append(r)
-                        arrive_phase(c, [r], DecisionBuilder())
+                        arrive_phase(c, [r], events)
                         following.append((arrived + (cid,), c))
             level = following
         return out
