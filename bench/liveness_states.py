@@ -53,9 +53,9 @@ def load() -> str:
 
 def rates(policy, args) -> None:
     print("| requests in flight | distinct states | edges | complete | seconds (best of "
-          f"{args.repeat}) | CPU s | distinct states/min | states generated | generated/min | schedules run "
+          f"{args.repeat}) | CPU s | distinct states/min | states generated | generated/s | generated/min | schedules run "
           "| us per generated state | unreduced states |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for n in range(1, args.max_requests + 1):
         env = LivenessEnv(n, PROMPTS, OUTPUTS, arrivals_per_step=args.arrivals_per_step)
         best = None
@@ -71,7 +71,8 @@ def rates(policy, args) -> None:
         rate = sg.states / seconds
         total = sum(unreduced(k, n, sg.canon.timed) for k in sg.keys)
         print(f"| {n} | {sg.states:,} | {sg.edges:,} | {'yes' if sg.complete else 'no (budget)'} | {seconds:.1f} | {cpu:.1f} "
-              f"| {60 * rate:,.0f} | {sg.choices_run:,} | {60 * sg.choices_run / seconds:,.0f} | {sg.steps_run:,} "
+              f"| {60 * rate:,.0f} | {sg.choices_run:,} | {sg.choices_run / seconds:,.0f} | {60 * sg.choices_run / seconds:,.0f} "
+              f"| {sg.steps_run:,} "
               f"| {1e6 * seconds / sg.choices_run:.0f} | {total:,} |", flush=True)
         if not sg.complete:
             break
