@@ -26,7 +26,7 @@ def target_blocks(s: SchedulerState, r: Request, n: int) -> int:
     """Blocks the request must hold to compute n more tokens."""
     kv = s.policy.kv
     size = kv.block_size
-    need = -(-(r.num_computed + n) // size)  # blocks_for
+    need = blocks_for(r.num_computed + n, size)
     if kv.allocation is FULL_RESERVATION:
         need = max(need, blocks_for(max_context(s, r), size))
     return need
@@ -45,7 +45,7 @@ def can_grow(s: SchedulerState, r: Request, n: int) -> bool:
     kv = s.policy.kv
     if not kv.check_allocation:
         return True
-    return max(0, target_blocks(s, r, n) - r.blocks) <= kv.num_blocks - s.kv_used  # new_blocks <= free_blocks
+    return new_blocks(s, r, n) <= free_blocks(s)
 
 
 def can_admit(s: SchedulerState, r: Request, n: int) -> bool:
@@ -54,17 +54,17 @@ def can_admit(s: SchedulerState, r: Request, n: int) -> bool:
     free when something is already running."""
     p = s.policy
     kv = p.kv
-    free = kv.num_blocks - s.kv_used - (kv.watermark_blocks if s.running else 0)
+    free = free_blocks(s) - (kv.watermark_blocks if s.running else 0)
     if p.admission.reserve_full_prompt:
-        whole = max(target_blocks(s, r, 0), blocks_for(r.prompt_len + r.num_generated, kv.block_size)) - r.blocks
+        whole = max(target_blocks(s, r, 0), blocks_for(r.num_tokens, kv.block_size)) - r.blocks
         if whole > free:
             return False
-    return max(0, target_blocks(s, r, n) - r.blocks) <= free  # new_blocks(s, r, n) <= free
+    return new_blocks(s, r, n) <= free
 
 
 def allocate(s: SchedulerState, r: Request, n: int) -> int:
     """Give the request the blocks for n more tokens; return how many were added."""
-    added = max(0, target_blocks(s, r, n) - r.blocks)  # new_blocks
+    added = new_blocks(s, r, n)
     r.blocks += added
     s.kv_used += added
     return added

@@ -58,29 +58,13 @@ def step(s: SchedulerState, arrivals: list[Request], cancels: list[Request], now
 
 def step_events(s: SchedulerState, arrivals: list[Request], cancels: list[Request], now_us: int,
                 out: DecisionBuilder) -> None:
-    """Phases 1-4 of a step (release, arrive, cancel, expire)."""
+    """Phases 1-4 of a step (release, arrive, cancel, expire). In three parts for the liveness explorer,
+    which steps one state under many environment choices: phase 1 reads nothing the environment chooses,
+    and phase 2 takes arrivals one at a time (arrive_phase(s, a + b) is arrive_phase(s, a) then
+    arrive_phase(s, b))."""
     release_phase(s, out)
     arrive_phase(s, arrivals, out)
     leave_phase(s, cancels, now_us, out)
-
-
-# step_events in three parts, for the liveness explorer, which steps one state under many environment
-# choices: phase 1 reads nothing the environment chooses, and phase 2 takes arrivals one at a time
-# (arrive_phase(s, a + b) is arrive_phase(s, a) then arrive_phase(s, b)).
-def release_phase(s: SchedulerState, out: DecisionBuilder) -> None:
-    """Phase 1 (release)."""
-    _release(s, out)
-
-
-def arrive_phase(s: SchedulerState, arrivals: list[Request], out: DecisionBuilder) -> None:
-    """Phase 2 (arrive), in arrival order."""
-    _arrive(s, arrivals, out)
-
-
-def leave_phase(s: SchedulerState, cancels: list[Request], now_us: int, out: DecisionBuilder) -> None:
-    """Phases 3-4 (cancel, expire)."""
-    _cancel(s, cancels, out)
-    _expire(s, now_us, out)
 
 
 def step_schedule(s: SchedulerState, now_us: int, out: DecisionBuilder) -> StepDecision:
@@ -96,7 +80,8 @@ def step_schedule(s: SchedulerState, now_us: int, out: DecisionBuilder) -> StepD
 
 
 # ----------------------------------------------------------------------------------------- 1-4: events
-def _release(s: SchedulerState, out: DecisionBuilder) -> None:
+def release_phase(s: SchedulerState, out: DecisionBuilder) -> None:
+    """Phase 1 (release)."""
     if not s.holding:
         return
     keep = []
@@ -110,7 +95,8 @@ def _release(s: SchedulerState, out: DecisionBuilder) -> None:
     s.holding = keep
 
 
-def _arrive(s: SchedulerState, arrivals: list[Request], out: DecisionBuilder) -> None:
+def arrive_phase(s: SchedulerState, arrivals: list[Request], out: DecisionBuilder) -> None:
+    """Phase 2 (arrive), in arrival order."""
     p = s.policy
     adm = p.admission
     max_len, never_fits, max_inflight = p.max_model_len, adm.reject_never_fits, adm.max_inflight
@@ -148,6 +134,12 @@ def _lift_counter(s: SchedulerState, r: Request) -> None:
         return
     counters = s.tenant_counters
     counters[r.tenant] = max(counters[r.tenant], min(counters[t] for t in active))
+
+
+def leave_phase(s: SchedulerState, cancels: list[Request], now_us: int, out: DecisionBuilder) -> None:
+    """Phases 3-4 (cancel, expire)."""
+    _cancel(s, cancels, out)
+    _expire(s, now_us, out)
 
 
 def _cancel(s: SchedulerState, cancels: list[Request], out: DecisionBuilder) -> None:
@@ -206,12 +198,11 @@ def num_new_tokens(s: SchedulerState, r: Request, budget: Budget) -> int:
     """Tokens the request would compute now: its gap, capped by the long-prefill threshold, the
     budget and (for prefill) the prefill cap; 0 if chunking is off and the gap does not fit."""
     chunking = s.policy.chunking
-    generated = r.num_generated
-    gap = r.prompt_len + generated - r.num_computed
+    gap = r.prompt_len + r.num_generated - r.num_computed
     n = min(gap, budget.tokens)
     if chunking.long_prefill_token_threshold:
         n = min(n, chunking.long_prefill_token_threshold)
-    if generated == 0 or gap > 1:  # r.in_prefill
+    if r.in_prefill:
         n = min(n, budget.prefill)
     if n < gap and not chunking.enabled:
         return 0
