@@ -74,12 +74,15 @@ def _lasso_span(ctx, decisions: list[StepDecision], prefix: int, cycle: int) -> 
     both = range(prefix, prefix + 2 * cycle)
     start = _live(ctx, prefix - 1)
     through = [i for i in start if all(i in _live(ctx, t) for t in both)]
+
+    def per_turn(event: str) -> tuple[list[int], list[int]]:
+        first, second = ([rid for t in turn for rid in getattr(decisions[t], event)] for turn in turns)
+        return first, second
+
     return LassoSpan(
         prefix, cycle, lasso_closes(ctx, prefix, cycle), start, through,
         (sum(_tokens(ctx, t) for t in turns[0]), sum(_tokens(ctx, t) for t in turns[1])),
-        ([rid for t in turns[0] for rid in decisions[t].finished], [rid for t in turns[1] for rid in decisions[t].finished]),
-        ([rid for t in turns[0] for rid in decisions[t].cancelled],
-         [rid for t in turns[1] for rid in decisions[t].cancelled]),
+        per_turn("finished"), per_turn("cancelled"),
         all(_live(ctx, t - 1) and not _tokens(ctx, t) for t in both))
 
 

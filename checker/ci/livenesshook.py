@@ -43,9 +43,10 @@ def run_liveness_checks(checks: Sequence[Check]) -> list:
                                   first.timeout_s, cex_dir)
         seconds = (time.monotonic() - started) / len(checks)  # one exploration, shared
         graph = _graph(report)
+        shared = {"graph": report.as_dict()["graph"], "environment": report.env.as_dict()}
         results = []
         for check, r in zip(checks, report.results):
-            detail = {**r.as_dict(), "graph": report.as_dict()["graph"], "environment": report.env.as_dict()}
+            detail = {**r.as_dict(), **shared}
             line = f"{r.line(report.graph)}; {graph}"
             if r.prop == "eventually_served" and report.bound is not None:
                 detail["starvation_bound"] = report.bound.as_dict()
@@ -60,7 +61,6 @@ def run_liveness_checks(checks: Sequence[Check]) -> list:
                 line = line.replace(str(r.counterexample), r.counterexample.name)
             results.append(Result(r.verdict, line, detail, seconds, artifacts, LIVENESS))
     return results
-
 
 
 def _graph(report) -> str:

@@ -320,16 +320,16 @@ def _liveness_checks(res: _Resolver, i: int, entry: LivenessEntry) -> list[Check
     shown += [tuple(text.split("=", 1)) for text in entry.set]
     checks = []
     for ref in res.entry_policies("liveness", i, entry.policies):
-        pol = load_policy(res.root / ref.shown)
-        for j in range(len(entry.set)):
+        pol = overridden = load_policy(res.root / ref.shown)
+        for j in range(len(entry.set)):  # each prefix of the overrides, to locate the one that breaks the policy
             try:
-                apply_overrides(pol, entry.set[: j + 1])
+                overridden = apply_overrides(pol, entry.set[: j + 1])
             except InputError as exc:
                 p = exc.problems[0]
                 expected = p.expected if p.path in ("", "--set") else f"{p.path}: {p.expected}"
                 raise res.fail(("liveness", i, "set", j), entry.set[j], f"{expected} in {ref.shown}") from None
         try:
-            liveness_env(apply_overrides(pol, entry.set), entry.requests, instance.prompts, instance.outputs,
+            liveness_env(overridden, entry.requests, instance.prompts, instance.outputs,
                          instance.priorities, entry.tenants, entry.cancellations, entry.arrivals_per_step,
                          entry.step_ms)
         except InputError as exc:

@@ -107,8 +107,7 @@ class LivenessReport:
         g = self.graph
         return {"policy": self.policy.name, "overrides": self.overrides, "environment": self.env.as_dict(),
                 "assumptions": self.env.describe(),
-                "graph": {"states": g.states, "edges": g.edges, "generated": g.choices_run, "seconds": round(g.seconds, 3),
-                          "complete": g.complete, "stop_reason": g.stop_reason or None},
+                "graph": {**g.summary(), "stop_reason": g.stop_reason or None},
                 "results": [r.as_dict() for r in self.results],
                 "starvation_bound": self.bound.as_dict() if self.bound else None,
                 "exit_code": int(self.exit_code())}
@@ -180,8 +179,7 @@ def save_lasso(policy: Policy, policy_file: str | None, sg: StateGraph, lasso: L
                     "cycle_starts_after_iteration": prefix - 1, "replayed_iterations": prefix + 2 * cycle,
                     "note": "the state after iteration prefix-1, after one turn and after two turns is the same "
                             "canonical state; replay runs the prefix and two turns"}
-    doc["graph"] = {"states": sg.states, "edges": sg.edges, "generated": sg.choices_run, "seconds": round(sg.seconds, 3),
-                    "complete": sg.complete}
+    doc["graph"] = sg.summary()
     # "_lasso" in the name: no_deadlock is also a bounded invariant, whose files share the policy__name prefix
     name = cex.file_name(doc).replace(f"__{lasso.prop}__", f"__{lasso.prop}_lasso__", 1)
     path = out_dir / name

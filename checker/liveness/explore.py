@@ -122,6 +122,11 @@ class StateGraph:
     def states(self) -> int:
         return len(self.keys)
 
+    def summary(self) -> dict:
+        """The graph's size, as reports and lasso files store it."""
+        return {"states": self.states, "edges": self.edges, "generated": self.choices_run,
+                "seconds": round(self.seconds, 3), "complete": self.complete}
+
     def live_count(self, node: int) -> int:
         return self.keys[node][0]
 
