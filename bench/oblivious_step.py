@@ -17,7 +17,8 @@ sys.path.insert(0, str(ROOT))
 
 from checker.api import load_policy  # noqa: E402
 from checker.engine import _Clock  # noqa: E402
-from checker.semantics.state import RequestSpec, SchedulerState  # noqa: E402
+from checker.semantics.state import SchedulerState
+from checker.requests import RequestSpec  # noqa: E402
 from checker.semantics.step import step  # noqa: E402
 from checker.smt.conformance import capture, int_outputs  # noqa: E402
 

@@ -23,7 +23,8 @@ from checker.frames import Frame, TraceContext
 from checker.loading import json_lines, load_document
 from checker.policy import Policy
 from checker.semantics.kv import blocks_for
-from checker.semantics.state import FIELDS, Reason, RequestSpec, Status
+from checker.semantics.state import FIELDS, Reason, Status
+from checker.requests import RequestSpec
 from checker.smt.encode import SlotParams
 from checker.smt.ops import IntOps
 from checker.verify.replay import replay_fixed_clock

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from checker.policy import (Allocation, HeadOfLine, PhaseMode, Policy, Polarity, PreemptMode, QueueOrder,
                             Requeue, Trigger, Victim)
-from checker.semantics.state import RequestSpec
+from checker.requests import RequestSpec
 
 SYMBOLIC_MODES = list(PhaseMode)  # the phase modes the symbolic step encodes (all of them)
 

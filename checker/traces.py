@@ -19,7 +19,7 @@ from pydantic_core import PydanticCustomError
 from checker.errors import InputError, Problem
 from checker.loading import json_lines, load_model, read_text
 from checker.policy import MAX_TOKENS
-from checker.semantics.state import RequestSpec
+from checker.requests import RequestSpec
 from checker.workload import Workload, generate
 
 

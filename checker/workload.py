@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
 from checker.policy import MAX_TOKENS
-from checker.semantics.state import RequestSpec
+from checker.requests import RequestSpec
 
 MAX_REQUESTS = 5_000_000
 MAX_DURATION_S = 7 * 86_400

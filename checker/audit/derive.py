@@ -14,7 +14,7 @@ from checker.errors import InputError, Problem
 from checker.loading import validate
 from checker.policy import Polarity, Policy
 from checker.profile import Profile
-from checker.semantics.state import RequestSpec
+from checker.requests import RequestSpec
 from checker.workload import Workload, generate
 
 

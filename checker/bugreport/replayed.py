@@ -15,7 +15,7 @@ from pathlib import Path
 
 from checker.bugreport.document import CounterexampleDoc, load_counterexample
 from checker.semantics.decision import StepDecision
-from checker.semantics.state import RequestSpec
+from checker.requests import RequestSpec
 from checker.smt.ops import IntOps
 
 MS_PER_S = 1000.0

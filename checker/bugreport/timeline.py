@@ -16,7 +16,7 @@ from enum import Enum
 
 from checker.policy import Policy
 from checker.semantics.decision import StepDecision
-from checker.semantics.state import RequestSpec
+from checker.requests import RequestSpec
 
 
 class Phase(Enum):

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from checker.errors import InternalError
 from checker.policy import Policy
-from checker.semantics.state import RequestSpec
+from checker.requests import RequestSpec
 from checker.smt.ops import SmtSession, Z3Ops
 from checker.verify.bmc import Deadline, Progress, Unrolling
 from checker.verify.env import Environment, concrete_requests, symbolic_requests

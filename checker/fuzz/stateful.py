@@ -14,7 +14,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from checker.frames import TraceContext, frame_from_engine, params_from_engine
 from checker.policy import Policy
-from checker.semantics.state import TERMINAL, RequestSpec, SchedulerState
+from checker.semantics.state import TERMINAL, SchedulerState
+from checker.requests import RequestSpec
 from checker.semantics.step import step
 from checker.smt.ops import IntOps
 from invariants import CATALOGUE

@@ -21,7 +21,7 @@ from typing import NamedTuple
 from hypothesis import strategies as st
 
 from checker.policy import Policy
-from checker.semantics.state import RequestSpec
+from checker.requests import RequestSpec
 from checker.traces import RequestSet
 from checker.workload import Workload
 

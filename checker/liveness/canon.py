@@ -25,7 +25,8 @@ from __future__ import annotations
 from checker.errors import InputError, Problem
 from checker.policy import Policy, QueueOrder, Requeue
 from checker.semantics.order import key_function
-from checker.semantics.state import Request, RequestSpec, SchedulerState, Status
+from checker.semantics.state import Request, SchedulerState, Status
+from checker.requests import RequestSpec
 
 WAITING, SWAPPED, RUNNING, CANCELLED = int(Status.WAITING), int(Status.SWAPPED), int(Status.RUNNING), int(Status.CANCELLED)
 LIVE = frozenset({WAITING, SWAPPED, RUNNING})

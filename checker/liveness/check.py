@@ -15,7 +15,8 @@ from checker.liveness.lasso import EVENTUALLY_SERVED, PROPERTIES, STATEMENTS, La
     starvation_bound
 from checker.liveness.properties import LIVENESS
 from checker.policy import Policy
-from checker.semantics.state import FIELDS, RequestSpec
+from checker.semantics.state import FIELDS
+from checker.requests import RequestSpec
 from checker.verify import counterexample as cex
 from checker.verify.replay import Replay, first_violation, replay_fixed_clock
 from invariants.catalogue import CATALOGUE

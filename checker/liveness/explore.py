@@ -28,7 +28,8 @@ from checker.errors import InputError, Problem
 from checker.liveness.canon import FIELDS_PER_REQUEST, LIVE, Canon, RequestClass
 from checker.policy import Policy
 from checker.semantics.decision import DecisionBuilder, StepDecision
-from checker.semantics.state import Request, RequestSpec, SchedulerState, Status
+from checker.semantics.state import Request, SchedulerState, Status
+from checker.requests import RequestSpec
 from checker.semantics.step import arrive_phase, leave_phase, release_phase, step, step_schedule
 
 DEFAULT_STEP_US = 10_000

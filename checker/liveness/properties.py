@@ -15,7 +15,8 @@ from typing import Any
 from checker.frames import TraceContext
 from checker.liveness.canon import CANCELLED, LIVE, Canon
 from checker.liveness.lasso import EVENTUALLY_SERVED, NO_DEADLOCK, NO_LIVELOCK, STATEMENTS
-from checker.semantics.state import FIELDS, Reason, Request, RequestSpec, Status
+from checker.semantics.state import FIELDS, Reason, Request, Status
+from checker.requests import RequestSpec
 from invariants.catalogue import Invariant
 
 FINISHED = int(Status.FINISHED)

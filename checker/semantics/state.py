@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from enum import IntEnum
 
 from checker.policy import Policy
+from checker.requests import RequestSpec
 
 
 class Status(IntEnum):
@@ -34,21 +34,6 @@ class Reason(IntEnum):
 
 
 _PENDING, _NO_REASON = Status.PENDING, Reason.NONE  # bound once: an Enum class attribute costs ~0.2 us per use
-
-
-@dataclass(frozen=True, slots=True)
-class RequestSpec:
-    """A request as the environment supplies it (from a workload, a trace or a solver model)."""
-
-    rid: int
-    arrival_us: int
-    prompt_len: int
-    output_len: int  # output tokens it produces before it stops
-    max_output: int  # declared max_tokens; what full reservation reserves (>= output_len)
-    priority: int = 0
-    tenant: int = 0
-    cls: int = 0
-    cancel_us: int | None = None  # when the client cancels (None: never)
 
 
 class Request:

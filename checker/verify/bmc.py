@@ -14,7 +14,8 @@ from dataclasses import dataclass, field, replace
 
 from checker.frames import Frame, TraceContext
 from checker.policy import Policy
-from checker.semantics.state import FIELDS, RequestSpec, Status
+from checker.semantics.state import FIELDS, Status
+from checker.requests import RequestSpec
 from checker.smt.encode import SlotState, symbolic_step
 from checker.smt.ops import SmtSession, Z3Ops
 from checker.verify.env import Environment, SymbolicRequests, concrete_requests, symbolic_requests

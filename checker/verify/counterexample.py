@@ -17,7 +17,8 @@ from checker import fileio
 from checker.errors import InputError, Problem
 from checker.loading import load_document
 from checker.policy import Policy
-from checker.semantics.state import RequestSpec, Status
+from checker.semantics.state import Status
+from checker.requests import RequestSpec
 
 FORMAT = "batchcheck-counterexample"
 STATUS_NAMES = {int(s): s.name for s in Status}

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from checker.errors import InputError, Problem
 from checker.policy import Policy
-from checker.semantics.state import RequestSpec
+from checker.requests import RequestSpec
 from checker.smt.encode import SlotParams
 from checker.smt.ops import SmtSession, Term
 from checker.workload import Workload

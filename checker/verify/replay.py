@@ -13,7 +13,8 @@ from checker.engine import _Clock
 from checker.frames import Frame, TraceContext, frame_from_engine, params_from_engine
 from checker.policy import Policy
 from checker.semantics.decision import StepDecision
-from checker.semantics.state import FIELDS, RequestSpec, SchedulerState
+from checker.semantics.state import FIELDS, SchedulerState
+from checker.requests import RequestSpec
 from checker.semantics.step import step
 from checker.smt.ops import IntOps
 from invariants.catalogue import Invariant

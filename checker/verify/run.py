@@ -12,7 +12,7 @@ from pathlib import Path
 from checker.errors import InputError, InternalError, Problem
 from checker.exitcodes import ExitCode
 from checker.policy import Policy
-from checker.semantics.state import RequestSpec
+from checker.requests import RequestSpec
 from checker.verify import counterexample as cex
 from checker.verify.bmc import Found, search
 from checker.verify.env import Environment

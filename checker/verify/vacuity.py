@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from checker.policy import Allocation, Policy
-from checker.semantics.state import RequestSpec
+from checker.requests import RequestSpec
 from checker.smt.ops import IntOps, SmtSession, Z3Ops
 from checker.verify.env import Environment
 from checker.verify.replay import replay_fixed_clock

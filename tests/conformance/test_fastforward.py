@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from checker.api import load_policy
 from checker.engine import simulate
 from checker.profile import load_profile
-from checker.semantics.state import RequestSpec
+from checker.requests import RequestSpec
 from checker.strategies import small_policies
 from checker.traces import RequestSet, load_requests
 from tests.helpers import POLICIES, WORKLOADS

@@ -10,7 +10,8 @@ from checker.liveness.canon import Canon
 from checker.liveness.check import NO_COUNTEREXAMPLE, VIOLATED, check_liveness, concrete_trace
 from checker.liveness.explore import LivenessEnv, Transition, explore
 from checker.liveness.lasso import find_lasso, starvation_bound
-from checker.semantics.state import RequestSpec, SchedulerState
+from checker.semantics.state import SchedulerState
+from checker.requests import RequestSpec
 from checker.semantics.step import step
 from tests.helpers import POLICIES
 

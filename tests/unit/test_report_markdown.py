@@ -94,7 +94,7 @@ def slo_counterexample(tmp_path_factory) -> Path:
     from checker.fuzz import counterexample as fuzz_cex
     from checker.fuzz.slo import LatencyBound, evaluate
     from checker.profile import load_profile
-    from checker.semantics.state import RequestSpec
+    from checker.requests import RequestSpec
     from checker.traces import RequestSet
     from checker.verify.counterexample import save
 

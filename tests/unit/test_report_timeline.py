@@ -95,7 +95,7 @@ def test_a_whole_run_caps_its_rows_says_so_and_draws_a_readable_png():
 
 def test_a_short_run_draws_one_row_per_request():
     from checker.api import load_policy
-    from checker.semantics.state import RequestSpec
+    from checker.requests import RequestSpec
     from tests.helpers import POLICIES
 
     specs = [RequestSpec(rid=i, arrival_us=i * 5000, prompt_len=300 + 100 * i, output_len=3, max_output=3)

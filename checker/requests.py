@@ -1,0 +1,88 @@
+"""A request as the environment supplies it (from a workload, a trace, a log's arrivals or a solver model),
+and the token identity of its prompt, which prefix caching needs.
+
+This is an input schema: it sits below the semantics (checker/semantics reads it, never the other way).
+
+Token identity. Prefix caching reuses a KV block when the block's tokens and every token before it are
+the same. A prompt's tokens are described compactly, as runs of consecutive token ids: ``(first, length)``
+means the ids ``first, first + 1, ..., first + length - 1``. This is exactly how the real-scheduler harness
+(``shared/tools/vllm-scheduler``) builds its prompts, so equal descriptions mean equal tokens there too:
+
+- ``hash_ids`` (Mooncake traces): each id ``h`` names one block of ``hash_block_tokens`` tokens, the ids
+  ``(10 + h) * 10**6 + j``; tokens past the last id are the request's own;
+- ``prefix_group`` ``g``: the prompt is the first ``prompt_len`` ids of ``g * 10**6, g * 10**6 + 1, ...``, so
+  two prompts of one group share their common length;
+- neither: the prompt is the request's own (``content`` is None), shared with nobody.
+
+Output tokens are all the same id (GREEDY_OUTPUT_TOKEN): identical contexts decoded greedily produce
+identical tokens, so two requests with identical prompts also share the blocks of their outputs, as in the
+harness (every sampled token there is the same non-EOS id).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+Run = tuple[int, int]  # (first token id, number of consecutive ids)
+PromptContent = tuple[Run, ...]
+
+GREEDY_OUTPUT_TOKEN = 7  # the id every output token has (the harness samples this id)
+HASH_ID_BASE = 10  # hash id h names the token ids (HASH_ID_BASE + h) * TOKEN_ID_SPAN + j
+TOKEN_ID_SPAN = 1_000_000  # token ids of one hash id or prefix group: a span this wide
+OWN_TOKEN_BASE = 1000  # the harness gives request number i the ids (OWN_TOKEN_BASE + i) * TOKEN_ID_SPAN + j
+DEFAULT_HASH_BLOCK_TOKENS = 512  # Mooncake traces hash 512-token blocks
+
+
+@dataclass(frozen=True, slots=True)
+class RequestSpec:
+    """A request as the environment supplies it."""
+
+    rid: int
+    arrival_us: int
+    prompt_len: int
+    output_len: int  # output tokens it produces before it stops
+    max_output: int  # declared max_tokens; what full reservation reserves (>= output_len)
+    priority: int = 0
+    tenant: int = 0
+    cls: int = 0
+    cancel_us: int | None = None  # when the client cancels (None: never)
+    content: PromptContent | None = None  # token identity of the prompt (None: its own tokens, shared with nobody)
+
+
+def own_tokens(index: int, start: int, length: int) -> Run:
+    """The run of a request's own tokens from prompt position ``start`` (request number ``index`` in its file)."""
+    return ((OWN_TOKEN_BASE + index) * TOKEN_ID_SPAN + start, length)
+
+
+def content_from_hash_ids(hash_ids: list[int], hash_block_tokens: int, prompt_len: int, index: int) -> PromptContent:
+    """The prompt of a Mooncake-style row: one run per hash id, then the request's own tokens."""
+    runs: list[Run] = []
+    pos = 0
+    for h in hash_ids:
+        if pos >= prompt_len:
+            break
+        n = min(hash_block_tokens, prompt_len - pos)
+        runs.append(((HASH_ID_BASE + h) * TOKEN_ID_SPAN, n))
+        pos += n
+    if pos < prompt_len:
+        runs.append(own_tokens(index, pos, prompt_len - pos))
+    return tuple(runs)
+
+
+def content_from_prefix_group(group: int, prompt_len: int) -> PromptContent:
+    """The prompt of a row in prefix group ``group``: the group's first ``prompt_len`` ids."""
+    return ((group * TOKEN_ID_SPAN, prompt_len),)
+
+
+def shared_prefix_tokens(a: PromptContent | None, b: PromptContent | None) -> int:
+    """How many leading prompt tokens two contents have in common (0 when either is the request's own)."""
+    if a is None or b is None:
+        return 0
+    shared = 0
+    for (fa, na), (fb, nb) in zip(a, b):
+        if fa != fb:
+            return shared
+        if na != nb:
+            return shared + min(na, nb)
+        shared += na
+    return shared
