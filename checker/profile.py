@@ -10,17 +10,30 @@ from __future__ import annotations
 from bisect import bisect_left
 from itertools import accumulate
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from checker.loading import load_model
-from checker.semantics.decision import StepDecision
 
 SPEC_DIR = Path(__file__).resolve().parent.parent / "spec"
 DEFAULT_PROFILE = SPEC_DIR / "profiles" / "default_linear.json"
 
 NonNeg = Annotated[float, Field(ge=0.0, le=1e9)]
+
+
+class BatchShape(Protocol):
+    """What an iteration's time depends on: a step's decision (checker.semantics.decision.StepDecision)
+    has these fields; the profile, an input, knows nothing else of the semantics."""
+
+    @property
+    def num_prefill_tokens(self) -> int: ...
+    @property
+    def prefill_attention(self) -> int: ...
+    @property
+    def num_decode_seqs(self) -> int: ...
+    @property
+    def decode_kv_tokens(self) -> int: ...
 
 
 class _Strict(BaseModel):
@@ -146,7 +159,7 @@ class Profile(_Strict):
             t += dt
         return durations
 
-    def step_us(self, d: StepDecision) -> int:
+    def step_us(self, d: BatchShape) -> int:
         return self.iteration_us(d.num_prefill_tokens, d.prefill_attention, d.num_decode_seqs, d.decode_kv_tokens)
 
 

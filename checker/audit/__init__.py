@@ -3,7 +3,10 @@ workload written for it (docs/audit.md).
 
 - records.py: the contract and workload records, and their content id;
 - fluid.py: the arithmetic and the decision;
-- derive.py: both records derived from a policy, a profile and a batchcheck workload.
+- derive.py: both records derived from a policy, a profile and a batchcheck workload;
+- from_trace.py: the same with the classes and their rates taken from a real trace;
+- here: the audit of two record files (``audit_files``) and of the records derived from a policy file
+  (``run_derived_audit``).
 """
 
 from __future__ import annotations
@@ -15,10 +18,15 @@ from typing import Any
 from checker.audit.fluid import BOUNDS, CLAIM, WITHIN, AuditResult, audit
 from checker.audit.records import AuditClass, AuditContract, AuditWorkload, Slo, canonical_json, content_id
 from checker.errors import InputError, Problem
-from checker.loading import LineMap, load_document, validate
+from checker.inputfiles import load_policy, trace_requests
+from checker.loading import LineMap, load_document, load_model, validate
+from checker.profile import DEFAULT_PROFILE, load_profile
+from checker.traces import TraceOptions
+from checker.workload import Workload
 
 __all__ = ["BOUNDS", "CLAIM", "WITHIN", "AuditClass", "AuditContract", "AuditResult", "AuditWorkload", "Slo",
-           "audit", "audit_files", "canonical_json", "check_pair", "content_id", "load_contract", "load_workload"]
+           "audit", "audit_files", "canonical_json", "check_pair", "content_id", "load_contract", "load_workload",
+           "run_derived_audit"]
 
 Lines = Callable[[], LineMap]
 FOREIGN = "workload belongs to another batching contract"
@@ -79,3 +87,27 @@ def audit_files(contract_path: str | Path, workload_path: str | Path) -> AuditRe
     workload, lines = load_workload(workload_path)
     cid = check_pair(contract, workload, str(contract_path), str(workload_path), lines)
     return audit(contract, workload, cid, content_id(workload))
+
+
+def run_derived_audit(policy: str | Path, workload: str | Path | None = None, profile: str | Path | None = None, *,
+                      queue_slo_ms: int | None = None, ttft_slo_ms: int | None = None,
+                      tpot_slo_ms: int | None = None, trace: str | Path | None = None,
+                      trace_options: TraceOptions | None = None) -> AuditResult:
+    """The audit of the contract and workload record derived from a policy, a profile (default:
+    spec/profiles/default_linear.json) and a batchcheck workload: the system `simulate` runs. With
+    ``trace`` instead of ``workload``, the classes and their rates come from a real trace (docs/audit.md,
+    "Class rates from a real trace")."""
+    from checker.audit.derive import derive  # (a name here would hide the module checker.audit.derive)
+    from checker.audit.from_trace import derive_from_trace
+
+    pol = load_policy(policy)
+    prof = load_profile(profile)
+    sources = {"policy_source": str(policy), "profile_source": str(profile or DEFAULT_PROFILE),
+               "queue_slo_ms": queue_slo_ms, "ttft_slo_ms": ttft_slo_ms, "tpot_slo_ms": tpot_slo_ms}
+    if trace is not None:
+        rs = trace_requests(trace, trace_options)
+        contract, record, derivation = derive_from_trace(pol, prof, rs, trace_source=str(trace), **sources)
+    else:
+        wl = load_model(Workload, workload)
+        contract, record, derivation = derive(pol, prof, wl, workload_source=str(workload), **sources)
+    return audit(contract, record, content_id(contract), content_id(record), derived=derivation)

@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from checker.errors import InputError
+from checker.inputfiles import apply_overrides
 from checker.loading import parse_yaml, read_text, validate
 from checker.policy import Policy
 from checker.verify.counterexample import policy_hash
@@ -125,8 +126,6 @@ def policy_excerpt(recorded_file: str | None, recorded_sha256: str, spec: dict[s
     except InputError as exc:
         return Excerpt(_spec_excerpt(spec, rules), embedded, f"{recorded_file} does not load ({exc})", False)
     if overrides:
-        from checker.api import apply_overrides
-
         try:
             current = apply_overrides(current, list(overrides))
         except InputError as exc:

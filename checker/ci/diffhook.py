@@ -1,5 +1,5 @@
 """``[[diff]]`` entries of batchcheck.toml: OLD vs NEW with ``batchcheck diff``'s library function
-(checker.api.run_diff), one check per invariant so they run in parallel like the others.
+(checker.diff.run.run_diff), one check per invariant so they run in parallel like the others.
 
 A diff check asks "is NEW no worse than OLD for this invariant?". Its verdict: VIOLATED when NEW has a
 regression witness (a trace on which NEW breaks the invariant and OLD keeps it, saved as a
@@ -21,11 +21,11 @@ UNDECIDED = "UNKNOWN"
 
 def run_diff_check(check: Check, paths: dict[str, str | None], out_dir) -> tuple[str, dict[str, Any], str]:
     """Run one invariant of a diff entry in a worker; returns (verdict, detail, line)."""
-    from checker import api
     from checker.diff.compare import Change
+    from checker.diff.run import run_diff
 
-    report = api.run_diff(paths["old"], paths["policy"], invariants=[check.name], requests=check.requests,
-                          depth=check.depth, timeout_s=check.timeout_s, out_dir=out_dir, audit=False)
+    report = run_diff(paths["old"], paths["policy"], invariants=[check.name], requests=check.requests,
+                      depth=check.depth, timeout_s=check.timeout_s, out_dir=out_dir, audit=False)
     prop = report.properties[0]
     verdict = REGRESSION if prop.regression else UNDECIDED if prop.change is Change.UNKNOWN else NO_REGRESSION
     detail = prop.as_dict()

@@ -2,7 +2,8 @@
 (``--scheduler tcp://HOST:PORT``, or a ``distributed.Client``).
 
 A worker gets a Check (with the text of the files it needs), writes them to a private temporary folder,
-runs the library API (checker.api.run_verify / run_fuzz / run_liveness) there, and returns a Result
+runs the check's own entry point there (checker.verify.run.run_verify, checker.fuzz.run.run_fuzz,
+checker.diff.run.run_diff, checker.liveness.check.run_liveness), and returns a Result
 holding the verdict and the text of any counterexample or certificate it produced. The liveness checks
 of one instance (one per property) are one unit of work: the state graph is explored once for all of
 them. Nothing is written to the
@@ -139,7 +140,8 @@ def load_invariant_modules(modules: Sequence[str | InputFile]) -> None:
 
 
 def _run_check(check: Check) -> Result:
-    from checker import api
+    from checker.fuzz.run import run_fuzz
+    from checker.verify.run import run_verify
 
     started = time.monotonic()
     load_invariant_modules(check.modules)
@@ -153,10 +155,10 @@ def _run_check(check: Check) -> Result:
 
             verdict, detail, line = run_diff_check(check, paths, cex_dir)
         elif check.kind == FUZZ:
-            results = api.run_fuzz(paths["policy"], paths["workload"], slo=paths["slo"], properties=[check.name],
-                                   max_examples=check.max_examples, time_budget_s=check.time_budget_s,
-                                   seed=check.seed, profile=paths["profile"], out_dir=cex_dir, database_dir=None,
-                                   max_requests=check.max_requests)
+            results = run_fuzz(paths["policy"], paths["workload"], slo=paths["slo"], properties=[check.name],
+                               max_examples=check.max_examples, time_budget_s=check.time_budget_s,
+                               seed=check.seed, profile=paths["profile"], out_dir=cex_dir, database_dir=None,
+                               max_requests=check.max_requests)
             r = results[0]
             verdict = "VIOLATED" if r.violated else "NO_COUNTEREXAMPLE"
             detail = {"property": check.name, "verdict": verdict, "examples": r.examples,
@@ -165,9 +167,9 @@ def _run_check(check: Check) -> Result:
                       "requests": len(r.trace) if r.violated else None}
             line = r.line()
         else:
-            _, results = api.run_verify(paths["policy"], [check.name], requests=check.requests, depth=check.depth,
-                                        timeout_s=check.timeout_s, workload=paths["workload"], out_dir=cex_dir,
-                                        unbounded=check.unbounded, proof_dir=proof_dir)
+            _, results = run_verify(paths["policy"], [check.name], requests=check.requests, depth=check.depth,
+                                    timeout_s=check.timeout_s, workload=paths["workload"], out_dir=cex_dir,
+                                    unbounded=check.unbounded, proof_dir=proof_dir)
             r = results[0]
             verdict, detail, line = r.verdict.value, r.as_dict(), r.line()
         artifacts = []

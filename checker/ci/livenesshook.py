@@ -1,5 +1,5 @@
 """``[[liveness]]`` entries of batchcheck.toml: ``batchcheck liveness``'s library function
-(checker.api.run_liveness) on a small instance of a policy, one check per property.
+(checker.liveness.check.run_liveness) on a small instance of a policy, one check per property.
 
 The checks of one instance are run together (checker.ci.execute.units): the state graph is explored
 once and searched for each property's lasso. Verdicts keep their strength: VIOLATED (a lasso, replayed
@@ -21,7 +21,6 @@ from checker.ci.plan import LIVENESS, Check
 
 def run_liveness_checks(checks: Sequence[Check]) -> list:
     """Explore the instance the checks share once; one Result per check, in their order."""
-    from checker import api
     from checker.ci.execute import (
         COUNTEREXAMPLE,
         Artifact,
@@ -29,6 +28,7 @@ def run_liveness_checks(checks: Sequence[Check]) -> list:
         _materialise,
         _shown_paths,
     )
+    from checker.liveness.check import run_liveness
 
     started = time.monotonic()
     first = checks[0]
@@ -37,10 +37,10 @@ def run_liveness_checks(checks: Sequence[Check]) -> list:
         folder = Path(tmp)
         paths = _materialise(folder, {"policy": first.policy})
         cex_dir = folder / "counterexamples"
-        report = api.run_liveness(paths["policy"], [c.rule for c in checks], first.requests, inst.prompts,
-                                  inst.outputs, inst.priorities, inst.tenants, inst.cancellations,
-                                  inst.arrivals_per_step, inst.step_ms, list(inst.overrides), inst.max_states,
-                                  first.timeout_s, cex_dir)
+        report = run_liveness(paths["policy"], [c.rule for c in checks], first.requests, inst.prompts,
+                              inst.outputs, inst.priorities, inst.tenants, inst.cancellations,
+                              inst.arrivals_per_step, inst.step_ms, list(inst.overrides), inst.max_states,
+                              first.timeout_s, cex_dir)
         seconds = (time.monotonic() - started) / len(checks)  # one exploration, shared
         graph = _graph(report)
         shared = {"graph": report.as_dict()["graph"], "environment": report.env.as_dict()}

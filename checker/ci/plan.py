@@ -16,12 +16,13 @@ from typing import Any
 from checker.ci.config import CiConfig, DiffEntry, Level, LivenessEntry
 from checker.ci.tomllines import LineMap
 from checker.errors import InputError, Problem
+from checker.inputfiles import apply_overrides, load_policy
 from checker.loading import _line_for, load_model, parse_yaml, read_text
 
 VERIFY = "verify"
 FUZZ = "fuzz"
 DIFF = "diff"  # OLD vs NEW (checker/ci/diffhook.py); policy is NEW
-LIVENESS = "liveness"  # a lasso search on a small instance (checker.api.run_liveness); one check per property
+LIVENESS = "liveness"  # a lasso search on a small instance (checker.liveness.check.run_liveness); one per property
 
 
 @dataclass(frozen=True)
@@ -150,8 +151,6 @@ class _Resolver:
 
     def policy(self, ref: InputFile) -> PolicyInfo:
         if ref.shown not in self.policies:
-            from checker.api import load_policy
-
             pol = load_policy(os.path.relpath(self.root / ref.shown))
             _, lines = parse_yaml(ref.text, ref.shown)
             self.policies[ref.shown] = PolicyInfo(ref.shown, pol.name or Path(ref.shown).stem, lines,
@@ -230,8 +229,7 @@ def build_plan(config: CiConfig, lines: LineMap, source: str, only: list[str] | 
 
 
 def _fuzz_checks(res: _Resolver, plan: Plan, i: int, entry) -> None:
-    from checker.api import slo_file_for
-    from checker.fuzz.slo import SLOFile
+    from checker.fuzz.slo import SLOFile, slo_file_for
     from checker.workload import Workload
 
     d, root = res.config.defaults, res.root
@@ -272,7 +270,7 @@ def _fuzz_checks(res: _Resolver, plan: Plan, i: int, entry) -> None:
 def _diff_checks(res: _Resolver, i: int, entry: DiffEntry, modules: tuple) -> list[Check]:
     """Both policies must exist and count their KV pools in the same unit (tokens per block): the diff
     compares pool sizes and blocks in use between them. One check per invariant."""
-    from checker.api import DIFF_INVARIANTS
+    from checker.diff.run import DIFF_INVARIANTS
 
     d = res.config.defaults
     old_ref = res.file(("diff", i, "old"), entry.old, "policy")
@@ -302,7 +300,7 @@ _INSTANCE_KEYS = ("prompts", "outputs", "priorities", "tenants", "cancellations"
 def _liveness_checks(res: _Resolver, i: int, entry: LivenessEntry) -> list[Check]:
     """One check per (policy, property); each policy's overrides and instance are checked here, located at
     the key of the entry (an override that breaks the policy: at that override)."""
-    from checker.api import apply_overrides, liveness_env, load_policy
+    from checker.liveness.check import liveness_env
     from checker.liveness.lasso import PROPERTIES
 
     d = res.config.defaults

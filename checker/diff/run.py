@@ -3,12 +3,24 @@ report a reviewer reads: a summary first (ten seconds), then the details."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from checker.diff.compare import Change, PropertyDiff
+from checker.audit import run_derived_audit
+from checker.diff.compare import Change, Pair, PropertyDiff, diff_invariant, diff_slo
+from checker.errors import InputError, Problem, UsageError
 from checker.exitcodes import ExitCode
+from checker.fuzz.slo import load_slo, slo_file_for
+from checker.inputfiles import load_policy
+from checker.loading import load_document, load_model
 from checker.policy import Policy
-from checker.verify.env import Environment
+from checker.profile import load_profile
+from checker.verify.env import Environment, default_environment
+from checker.verify.run import DEFAULT_INVARIANTS, parse_invariant
+from checker.workload import Workload
+
+DIFF_INVARIANTS = DEFAULT_INVARIANTS + ("no_deadlock", "decode_progress")
 
 
 @dataclass
@@ -115,3 +127,50 @@ def changed_fields(old: Policy, new: Policy) -> list[str]:
 
     walk(old.model_dump(mode="json", exclude={"name"}), new.model_dump(mode="json", exclude={"name"}), "")
     return out
+
+
+def run_diff(old: str | Path, new: str | Path, workload: str | Path | None = None, slo: str | Path | None = None,
+             invariants: list[str] | None = None, requests: int = 3, depth: int = 5, timeout_s: float = 60.0,
+             profile: str | Path | None = None, threshold: float = 0.2, min_delta: float = 1.0,
+             max_examples: int = 100, fuzz_budget_s: float = 60.0, seed: int = 0,
+             out_dir: str | Path | None = "counterexamples", prompt: tuple[int, int] | None = None,
+             output: tuple[int, int] | None = None, unbounded: bool = False, slo_properties: list[str] | None = None,
+             audit: bool = True, slo_must_violate: bool = False, progress=None) -> DiffReport:
+    """What a policy change breaks: invariant verdicts side by side with witnesses each way (z3), SLO
+    regression witnesses on generated traces (when a workload has an SLO file), and the audit of both."""
+    started = time.monotonic()
+    pair = Pair(load_policy(old), load_policy(new), str(old), str(new))
+    if pair.old.name == pair.new.name:
+        pair.new = pair.new.model_copy(update={"name": f"{pair.new.name} (new)"})
+    if pair.old.kv.block_size != pair.new.kv.block_size:  # pools and KV figures in different units
+        _, lines = load_document(new)
+        raise InputError(Problem("kv.block_size", pair.new.kv.block_size,
+                                 f"the same KV block size as OLD {old} ({pair.old.kv.block_size} tokens per block) to "
+                                 "compare their pools", lines().get(("kv", "block_size"))), str(new))
+    if not 0 <= threshold <= 100:
+        raise InputError(Problem("--threshold", threshold, "a relative increase between 0 and 100 (0.2 = 20 %)"))
+    if workload is None and (slo is not None or slo_properties):
+        raise UsageError("--slo and --property need --workload (the traces are generated from its classes)")
+    chosen = [parse_invariant(text) for text in (invariants if invariants is not None else DIFF_INVARIANTS)]
+    wl, slo_chosen = None, []  # every input is read and checked before the first solver call
+    if workload is not None and (slo is not None or slo_properties or slo_file_for(workload).exists()):
+        wl, _, slo_chosen = load_slo(workload, slo, slo_properties)
+    elif workload is not None:
+        wl = load_model(Workload, workload)
+    prof = load_profile(profile) if slo_chosen else None
+    widest = pair.old if pair.old.max_model_len >= pair.new.max_model_len else pair.new
+    env = default_environment(widest, requests, depth, wl, prompt, output) if chosen else None
+    out = Path(out_dir) if out_dir is not None else None
+    props = [diff_invariant(pair, inv, params, env, timeout_s, out, unbounded, progress) for inv, params in chosen]
+    audit_pair = None
+    if slo_chosen:
+        from checker.diff.slo import Tolerance  # Hypothesis loads only for SLO comparisons
+
+        tolerance = Tolerance(threshold, min_delta, slo_must_violate)
+        props += [diff_slo(pair, wl, prof, prop, tolerance, max_examples, fuzz_budget_s / len(slo_chosen), seed,
+                           out, progress) for prop in slo_chosen]
+    if workload is not None and audit:
+        a, b = (run_derived_audit(p, workload, profile) for p in (old, new))
+        audit_pair = AuditPair(a.text(), b.text(), a.decision, b.decision)
+    return DiffReport(pair.old, pair.new, str(old), str(new), env, props, audit_pair,
+                      changed_fields(pair.old, pair.new), time.monotonic() - started)

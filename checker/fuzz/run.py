@@ -16,12 +16,17 @@ from hypothesis import HealthCheck, Phase, example, given, seed, settings
 from hypothesis.database import DirectoryBasedExampleDatabase
 
 from checker.engine import simulate
+from checker.errors import InputError, InternalError, Problem
+from checker.fuzz import counterexample as fuzz_cex
+from checker.fuzz.seeds import SeedCorpus, seed_corpus, shrink
+from checker.fuzz.slo import Outcome, Property, evaluate, load_slo
+from checker.fuzz.strategies import STRESSES, Draw, adversarial, ranges, request_maker, to_requests
+from checker.inputfiles import load_policy, trace_requests
 from checker.metrics import lazy_summary
-from checker.fuzz.seeds import SeedCorpus, shrink
-from checker.fuzz.slo import Outcome, Property, evaluate
-from checker.fuzz.strategies import Draw, adversarial, ranges, request_maker
 from checker.policy import Policy
-from checker.profile import Profile
+from checker.profile import Profile, load_profile
+from checker.traces import TraceOptions
+from checker.verify.counterexample import save
 from checker.workload import Workload
 
 
@@ -154,3 +159,48 @@ def run_property(policy: Policy, workload: Workload, profile: Profile, prop: Pro
     if h.trace is not None:
         result.violated, result.trace, result.outcome = True, h.trace, h.verdict
     return result
+
+
+def run_fuzz(policy: str | Path, workload: str | Path, slo: str | Path | None = None,
+             properties: list[str] | None = None, max_examples: int = 200, time_budget_s: float = 60.0,
+             seed: int = 0, profile: str | Path | None = None, out_dir: str | Path | None = "counterexamples",
+             database_dir: str | Path | None = ".batchcheck/hypothesis", max_requests: int = 20,
+             stresses: list[str] | None = None, progress=None, seed_trace: str | Path | None = None,
+             trace_options: TraceOptions | None = None, seed_windows: int = 20):
+    """Search adversarial traces for SLO violations (one Hypothesis search per property); save and
+    return the shrunk, replayed counterexamples. With ``seed_trace``, the trace's ``seed_windows`` busiest
+    windows of at most ``max_requests`` requests run first (docs/fuzz.md, "Seeding from a real trace")."""
+    pol = load_policy(policy)
+    wl, slo_path, chosen = load_slo(workload, slo, properties)
+    for name in stresses or []:
+        if name not in STRESSES:
+            raise InputError(Problem("--stress", name, "one of: " + ", ".join(STRESSES)))
+    prof = load_profile(profile)
+    corpus = None
+    if seed_trace is not None:
+        if seed_windows < 1:
+            raise InputError(Problem("--seed-windows", seed_windows, "at least 1"))
+        corpus = seed_corpus(trace_requests(seed_trace, trace_options), wl, max_requests, seed_windows, str(seed_trace))
+    results = []
+    for prop in chosen:
+        result = run_property(pol, wl, prof, prop, max_examples, time_budget_s / len(chosen), seed,
+                              Path(database_dir) if database_dir is not None else None, max_requests, stresses, progress,
+                              corpus)
+        if corpus is not None:
+            result.seed_notes = corpus.notes(str(seed_trace))
+        if result.violated and out_dir is not None:
+            requests = to_requests(result.trace, wl, "fuzz")
+            search = {"seed": seed, "max_examples": max_examples, "examples_run": result.examples,
+                      "stresses": stresses or list(STRESSES), "max_requests_per_stress": max_requests,
+                      "workload": str(workload), "slo": str(slo_path)}
+            if seed_trace is not None:
+                search.update(seed_trace=str(seed_trace), seed_windows_run=result.seeds_run,
+                              found_in_seed_window=result.seed_found)
+            doc = fuzz_cex.build(pol, str(policy), prof, prop, result.outcome, requests, search)
+            replayed = fuzz_cex.replay(doc)
+            if not replayed.violated:
+                raise InternalError(f"the shrunk trace for {prop.name} does not fail when replayed "
+                                    f"(observed {replayed.outcome.observed}, allowed {replayed.outcome.allowed})")
+            result.counterexample = save(doc, Path(out_dir))
+        results.append(result)
+    return results

@@ -8,10 +8,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Annotated, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
+
+from checker.errors import InputError, Problem
+from checker.loading import load_model
+from checker.workload import Workload
 
 Metric = Literal["ttft_ms", "tpot_ms", "queue_delay_ms", "e2e_ms", "max_tbt_ms"]
 Stat = Literal["max", "p99", "p50", "mean"]
@@ -96,6 +101,35 @@ class SLOFile(_Strict):
                 raise PydanticCustomError("consistency", "", {"field": f"properties.{i}.name", "value": name,
                                                               "expected": "a property name used once"})
         return self
+
+
+def slo_file_for(workload: str | Path) -> Path:
+    """The SLO file declared next to a workload: ``name.yaml`` -> ``name.slo.yaml``."""
+    path = Path(workload)
+    return path.with_name(path.stem + ".slo.yaml")
+
+
+def load_slo(workload: str | Path, slo: str | Path | None, properties: list[str] | None):
+    """The workload, the SLO file (given, or declared next to the workload) and the chosen properties,
+    checked against each other (every class an SLO property names is a class of the workload)."""
+    wl = load_model(Workload, workload)
+    slo_path = Path(slo) if slo is not None else slo_file_for(workload)
+    if slo is None and not slo_path.exists():
+        raise InputError(Problem("--slo", "<none>", f"an SLO file (none given, and no {slo_path.name} next to the "
+                                 "workload)"))
+    slo_file = load_model(SLOFile, slo_path)
+    known = {p.name: p for p in slo_file.properties}
+    for name in properties or []:
+        if name not in known:
+            raise InputError(Problem("--property", name, "one of: " + ", ".join(known)), str(slo_path))
+    for prop in slo_file.properties:
+        classes = [getattr(prop, attr, None) for attr in ("request_class", "protected", "background")]
+        for cls in classes:
+            if cls is not None and cls not in [c.name for c in wl.classes]:
+                raise InputError(Problem(f"properties.{prop.name}", cls, "a class of the workload: " +
+                                         ", ".join(c.name for c in wl.classes)), str(slo_path))
+    chosen = [known[name] for name in properties] if properties else list(slo_file.properties)
+    return wl, slo_path, chosen
 
 
 @dataclass(frozen=True)

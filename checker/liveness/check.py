@@ -7,8 +7,10 @@ import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from checker.errors import InternalError
+from checker.errors import InputError, InternalError, Problem
 from checker.exitcodes import ExitCode
+from checker.inputfiles import apply_overrides, load_policy
+from checker.liveness.canon import Canon
 from checker.liveness.explore import (DEFAULT_MAX_STATES, Choice, LivenessEnv, StateGraph, Transition, explore,
                                       live_positions)
 from checker.liveness.lasso import EVENTUALLY_SERVED, PROPERTIES, STATEMENTS, Lasso, StarvationBound, find_lasso, \
@@ -223,3 +225,39 @@ def check_liveness(policy: Policy, policy_file: str | None, env: LivenessEnv, pr
     if served is not None and sg.complete:
         report.bound = confirm_bound(policy, sg, starvation_bound(sg))
     return report
+
+
+def run_liveness(policy: str | Path, properties: list[str] | None = None, requests: int = 2,
+                 prompts: tuple[int, ...] | None = None, outputs: tuple[int, ...] = (1, 2),
+                 priorities: tuple[int, ...] | None = None, tenants: int = 1, cancellations: bool = False,
+                 arrivals_per_step: int | None = None, step_ms: float = 10.0, overrides: list[str] | None = None,
+                 max_states: int | None = None, timeout_s: float = 60.0,
+                 out_dir: str | Path | None = "counterexamples", progress=None, jobs: int = 1) -> LivenessReport:
+    """Explore the policy's reachable states for a small instance into a networkx graph and check
+    eventually_served, no_livelock and no_deadlock on it (docs/liveness.md); returns a LivenessReport.
+    Defaults: prompts of one KV block, priorities 0 and 1 when the policy reads priorities (else 0).
+    ``jobs`` > 1 explores with that many worker processes (the same graph)."""
+    for name in properties or []:
+        if name not in PROPERTIES:
+            raise InputError(Problem("--property", name, "one of: " + ", ".join(PROPERTIES)))
+    if jobs < 1:
+        raise InputError(Problem("--jobs", jobs, ">= 1"))
+    pol = apply_overrides(load_policy(policy), overrides)
+    env = liveness_env(pol, requests, prompts, outputs, priorities, tenants, cancellations, arrivals_per_step, step_ms)
+    return check_liveness(pol, str(policy), env, properties, max_states or DEFAULT_MAX_STATES, timeout_s,
+                          Path(out_dir) if out_dir is not None else None, overrides, progress, jobs)
+
+
+def liveness_env(pol: Policy, requests: int = 2, prompts: tuple[int, ...] | None = None,
+                 outputs: tuple[int, ...] = (1, 2), priorities: tuple[int, ...] | None = None, tenants: int = 1,
+                 cancellations: bool = False, arrivals_per_step: int | None = None,
+                 step_ms: float = 10.0) -> LivenessEnv:
+    """The LivenessEnv of an instance of ``pol``, with run_liveness's defaults; InputError (naming the
+    liveness option) for an instance that cannot be explored, e.g. a step that does not divide the aging
+    interval."""
+    reads_priority = pol.queue.uses_priority or pol.preemption.victim.value == "lowest_priority"
+    env = LivenessEnv(requests, tuple(prompts or (pol.kv.block_size,)), tuple(outputs),
+                      tuple(priorities or ((0, 1) if reads_priority else (0,))), tenants, cancellations,
+                      arrivals_per_step, round(step_ms * 1000))
+    Canon(pol, env.step_us, env.priorities, env.tenants)  # checks the clock against the policy's aging
+    return env

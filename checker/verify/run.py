@@ -11,13 +11,17 @@ from pathlib import Path
 
 from checker.errors import InputError, InternalError, Problem
 from checker.exitcodes import ExitCode
+from checker.inputfiles import load_policy
+from checker.loading import load_model
 from checker.policy import Policy
 from checker.requests import RequestSpec
 from checker.verify import counterexample as cex
 from checker.verify.bmc import Found, search
-from checker.verify.env import Environment
+from checker.verify.env import Environment, default_environment
 from checker.verify.replay import first_violation, frame_differences, replay_fixed_clock
+from checker.workload import Workload
 from invariants.catalogue import CATALOGUE, Invariant
+from invariants.plugins import load_entry_points, load_module
 
 
 class Verdict(StrEnum):
@@ -93,6 +97,9 @@ class Checked:
                 "counterexample": str(self.counterexample) if self.counterexample else None,
                 "certificate": str(self.certificate) if self.certificate else None,
                 "seconds": round(self.seconds, 3), "notes": self.notes, "method": self.method or None}
+
+
+DEFAULT_INVARIANTS = ("kv_never_overcommitted", "token_budget", "seq_cap", "request_conservation")
 
 
 def parse_invariant(text: str) -> tuple[Invariant, dict[str, int]]:
@@ -263,3 +270,23 @@ def overall_exit(results: list[Checked]) -> ExitCode:
         if code in codes:
             return code
     return ExitCode.OK
+
+
+def run_verify(policy: str | Path, invariants: list[str] | None = None, requests: int = 3, depth: int = 5,
+               timeout_s: float = 60.0, workload: str | Path | None = None, out_dir: str | Path | None = "counterexamples",
+               prompt: tuple[int, int] | None = None, output: tuple[int, int] | None = None,
+               cancellations: bool = True, step_ms: float = 10.0, unbounded: bool = False,
+               proof_dir: str | Path | None = "proofs", invariant_modules: list[str] | None = None,
+               progress=None):
+    """Check invariants of a policy with z3 (bounded model checking); returns (environment, results)."""
+    load_entry_points()
+    for module in invariant_modules or []:
+        load_module(module)
+    pol = load_policy(policy)
+    chosen = [parse_invariant(text) for text in (invariants or DEFAULT_INVARIANTS)]
+    wl = load_model(Workload, workload) if workload is not None else None
+    env = default_environment(pol, requests, depth, wl, prompt, output, cancellations, round(step_ms * 1000))
+    out = Path(out_dir) if out_dir is not None else None
+    proofs = Path(proof_dir) if proof_dir is not None else None
+    return env, [check_one(pol, str(policy), inv, params, env, timeout_s, out, unbounded, proofs, progress)
+                 for inv, params in chosen]
