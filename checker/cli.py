@@ -14,17 +14,18 @@ import sys
 from collections.abc import Callable
 
 from checker import __version__
+from checker.commands.shell import int_range, terminal_progress
 from checker.errors import BatchcheckError
 from checker.exitcodes import ExitCode
 
 # Modules that add their own verbs (a function register(verbs) taking the subparsers object; each
 # handler returns an exit code). One line per module; keep cli.py a thin shell.
 VERB_MODULES: list[str] = [
-    "checker.bugreport.cli",
-    "checker.liveness.cli",
-    "checker.diff.cli",
-    "checker.ci.cli",
-    "checker.calibrate.cli",
+    "checker.commands.report",
+    "checker.commands.liveness",
+    "checker.commands.diff",
+    "checker.commands.ci",
+    "checker.commands.calibrate",
 ]
 
 KINDS = ("policy", "workload", "trace", "profile", "audit-contract", "audit-workload", "slo")
@@ -138,43 +139,6 @@ def _audit(args: argparse.Namespace) -> int:
     return ExitCode.OK if result.failure is None else ExitCode.VIOLATED
 
 
-def _range(text: str) -> tuple[int, int]:
-    low, sep, high = text.partition(":")
-    try:
-        return int(low), int(high if sep else low)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} (expected LOW:HIGH, two integers)") from None
-
-
-class _TerminalProgress:
-    """A one-line progress display on stderr, only when stderr is a terminal."""
-
-    def __init__(self):
-        self.started = 0.0
-        self.shown = False
-
-    def __call__(self):
-        import time
-
-        if not sys.stderr.isatty():
-            return None
-        self.started = time.monotonic()
-
-        def show(message: str) -> None:
-            elapsed = time.monotonic() - self.started
-            print(f"\r\033[K  ... {message} ({elapsed:.1f} s)", end="", file=sys.stderr, flush=True)
-            self.shown = True
-        return show
-
-    def clear(self) -> None:
-        if self.shown:
-            print("\r\033[K", end="", file=sys.stderr, flush=True)
-            self.shown = False
-
-
-_terminal_progress = _TerminalProgress()
-
-
 # verify's options that the bounded check reads and verify --liveness does not
 _BMC_ONLY = ("invariant", "invariant_module", "depth", "workload", "no_audit", "prompt_range", "output_range",
              "no_cancellations", "unbounded", "proof_dir")
@@ -182,8 +146,8 @@ _BMC_ONLY = ("invariant", "invariant_module", "depth", "workload", "no_audit", "
 
 def _verify(args: argparse.Namespace) -> int:
     from checker.api import run_verify
+    from checker.commands import liveness as liveness_cli
     from checker.errors import UsageError
-    from checker.liveness import cli as liveness_cli
     from checker.verify.run import overall_exit
 
     parser = args.verify_parser
@@ -217,8 +181,8 @@ def _verify(args: argparse.Namespace) -> int:
 
     env, results = run_verify(args.policy, args.invariant, args.requests, args.depth, args.timeout, args.workload,
                               args.out, args.prompt_range, args.output_range, not args.no_cancellations, args.step_ms,
-                              args.unbounded, args.proof_dir, args.invariant_module, _terminal_progress())
-    _terminal_progress.clear()
+                              args.unbounded, args.proof_dir, args.invariant_module, terminal_progress())
+    terminal_progress.clear()
     code = overall_exit(results)
     if args.json:
         print(json.dumps({"policy": args.policy, "environment": env.as_dict(), "assumptions": env.describe(),
@@ -262,9 +226,9 @@ def _fuzz(args: argparse.Namespace) -> int:
     database = None if args.database == "none" else args.database
     results = run_fuzz(args.policy, args.workload, args.slo, args.property, args.max_examples, args.time_budget,
                        args.seed, args.profile, args.out, database, args.max_requests, args.stress,
-                       _terminal_progress(), args.seed_trace, _options_for(args, args.seed_trace, "--seed-trace TRACE"),
+                       terminal_progress(), args.seed_trace, _options_for(args, args.seed_trace, "--seed-trace TRACE"),
                        args.seed_windows)
-    _terminal_progress.clear()
+    terminal_progress.clear()
     for note in results[0].seed_notes if results else []:
         print(f"note: {note}")
     for r in results:
@@ -391,8 +355,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workload", metavar="FILE", help="take length ranges, priorities and tenants from a workload "
                    "(the capacity audit runs first and stops on an impossible plan)")
     p.add_argument("--no-audit", action="store_true", help="with --workload: skip the capacity audit")
-    p.add_argument("--prompt-range", type=_range, metavar="LOW:HIGH", help="prompt tokens (default 1:max_model_len)")
-    p.add_argument("--output-range", type=_range, metavar="LOW:HIGH", help="output tokens (default 1:2K)")
+    p.add_argument("--prompt-range", type=int_range, metavar="LOW:HIGH", help="prompt tokens (default 1:max_model_len)")
+    p.add_argument("--output-range", type=int_range, metavar="LOW:HIGH", help="output tokens (default 1:2K)")
     p.add_argument("--no-cancellations", action="store_true", help="clients never cancel")
     p.add_argument("--step-ms", type=float, default=10.0, metavar="MS", help="clock: ms per iteration (default 10)")
     p.add_argument("--unbounded", action="store_true",
@@ -400,7 +364,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--proof-dir", default="proofs", metavar="DIR", help="where proof certificates go (default proofs/)")
     p.add_argument("--out", default="counterexamples", metavar="DIR", help="where counterexamples go (default counterexamples/)")
     p.add_argument("--json", action="store_true")
-    from checker.liveness import cli as liveness_cli  # the liveness verb's instance options, defined once
+    from checker.commands import liveness as liveness_cli  # the liveness verb's instance options, defined once
 
     live = p.add_argument_group("liveness", "--liveness runs `batchcheck liveness` instead of the bounded check: "
                                 "the same state graph, output, exit codes and lasso files (docs/liveness.md)")
@@ -470,7 +434,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--conformance", action="store_true", help="also compare the log with the engine, step by step")
     p.set_defaults(run=_check_log)
 
-    for module in VERB_MODULES:  # verbs that live beside their library code: each module has register(verbs)
+    for module in VERB_MODULES:  # verbs in their own module (checker/commands): each has register(verbs)
         importlib.import_module(module).register(verbs)
     return parser
 

@@ -5,24 +5,23 @@ from __future__ import annotations
 import argparse
 import json
 
+from checker.commands.shell import int_range, terminal_progress
+
 
 def _diff(args: argparse.Namespace) -> int:
     from checker.api import run_diff
-    from checker.cli import _terminal_progress
 
     out = None if args.out == "none" else args.out
     report = run_diff(args.old, args.new, args.workload, args.slo, args.invariant, args.requests, args.depth,
                       args.timeout, args.profile, args.threshold, args.min_delta, args.max_examples, args.fuzz_budget,
                       args.seed, out, args.prompt_range, args.output_range, args.unbounded, args.property,
-                      not args.no_audit, args.slo_gate == "violates", _terminal_progress())
-    _terminal_progress.clear()
+                      not args.no_audit, args.slo_gate == "violates", terminal_progress())
+    terminal_progress.clear()
     print(json.dumps(report.as_dict(), indent=2) if args.json else report.text())
     return report.exit_code
 
 
 def register(verbs) -> None:
-    from checker.cli import _range
-
     p = verbs.add_parser(
         "diff", help="what a policy change breaks: invariants and SLOs under OLD and NEW, with witnesses",
         description="Exit 0: no regression (within the stated bounds); 1: a regression (a trace on which NEW "
@@ -39,8 +38,8 @@ def register(verbs) -> None:
     p.add_argument("--requests", type=int, default=3, metavar="N", help="request slots (default 3)")
     p.add_argument("--depth", type=int, default=5, metavar="K", help="iterations (default 5)")
     p.add_argument("--timeout", type=float, default=60.0, metavar="S", help="seconds per solver search (default 60)")
-    p.add_argument("--prompt-range", type=_range, metavar="LOW:HIGH")
-    p.add_argument("--output-range", type=_range, metavar="LOW:HIGH")
+    p.add_argument("--prompt-range", type=int_range, metavar="LOW:HIGH")
+    p.add_argument("--output-range", type=int_range, metavar="LOW:HIGH")
     p.add_argument("--unbounded", action="store_true", help="try to PROVE held invariants (induction)")
     p.add_argument("--profile", metavar="FILE", help="service curve for the SLO runs and the audit")
     p.add_argument("--threshold", type=float, default=0.2, metavar="R",

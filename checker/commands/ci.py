@@ -1,4 +1,4 @@
-"""The ``ci`` verb: a thin shell over checker.ci.run.run_ci (docs/ci.md)."""
+"""The ``ci`` verb: a thin shell over checker.api.run_ci (docs/ci.md)."""
 
 from __future__ import annotations
 

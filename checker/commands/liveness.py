@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from checker.commands.shell import terminal_progress
 from checker.liveness.lasso import PROPERTIES
 
 
@@ -25,12 +26,11 @@ def _ints(text: str) -> tuple[int, ...]:
 def run(args: argparse.Namespace) -> int:
     """Explore, check and print (the liveness verb and ``verify --liveness``)."""
     from checker.api import run_liveness
-    from checker.cli import _terminal_progress
 
     report = run_liveness(args.policy, args.property, args.requests, args.prompts, args.outputs, args.priorities,
                           args.tenants, args.cancellations, args.arrivals_per_step, args.step_ms, args.set,
-                          args.max_states, args.timeout, args.out, _terminal_progress(), args.jobs)
-    _terminal_progress.clear()
+                          args.max_states, args.timeout, args.out, terminal_progress(), args.jobs)
+    terminal_progress.clear()
     code = report.exit_code()
     if args.json:
         print(json.dumps({"policy_file": args.policy, **report.as_dict()}, indent=2))
