@@ -175,6 +175,12 @@ class Chunking(_Strict):
     """Split prompts into chunks that fit the step budget. Off: a whole prompt must fit one step."""
     long_prefill_token_threshold: Annotated[int, Field(ge=0, le=MAX_TOKENS)] = 0
     """Per-request per-step cap on new tokens; 0 = no cap (vLLM ``long_prefill_token_threshold``)."""
+    threshold_when_alone: bool = True
+    """The cap applies even when only one request is running or waiting at the start of the step (vLLM
+    v1 before 0.33, Sarathi). vLLM 0.33: false, a lone request has nobody to starve and takes the budget."""
+    threshold_adaptive: bool = False
+    """Floor the cap at ``max_num_batched_tokens // (running + waiting)`` (vLLM 0.33
+    ``long_prefill_token_threshold_adaptive``)."""
 
 
 # ----------------------------------------------------------------------------------------- kv
@@ -184,6 +190,14 @@ class Allocation(StrEnum):
 
     ON_DEMAND = "on_demand"  # blocks for the tokens scheduled this step only (vLLM, TRT MAX_UTILIZATION)
     FULL_RESERVATION = "full_reservation"  # blocks for prompt + max output at admission (Orca, TGI, TRT NO_EVICT)
+
+
+class PrefixCaching(_Strict):
+    """Block reuse by chained block hashes (vLLM automatic prefix caching; docs/prefix-caching.md)."""
+
+    enabled: bool = False
+    """Full blocks are hashed as their tokens are scheduled; a freed block keeps its hash until it is
+    reused (LRU); a waiting request starts from its longest cached prefix. Off: no block is shared."""
 
 
 class KV(_Strict):
@@ -201,6 +215,8 @@ class KV(_Strict):
     an estimate): blocks in use may then exceed ``num_blocks`` (an over-commit)."""
     swap_blocks: Annotated[int, Field(ge=0, le=MAX_BLOCKS)] = 0
     """CPU swap space in blocks, for ``preemption.mode: swap``."""
+    prefix_caching: PrefixCaching = Field(default_factory=PrefixCaching)
+    """Prefix caching (block identity). vLLM 0.33 turns it on by default; the importer says so."""
 
     @property
     def watermark_blocks(self) -> int:
@@ -328,6 +344,13 @@ class Policy(_Strict):
             raise _fail("kv.swap_blocks", 0, ">= 1 when preemption.mode is swap")
         if p.mode is not PreemptMode.SWAP and kv.swap_blocks:
             raise _fail("kv.swap_blocks", kv.swap_blocks, "0 unless preemption.mode is swap")
+        if kv.prefix_caching.enabled:
+            for name, value, allowed in (("kv.allocation", kv.allocation.value, "on_demand"),
+                                         ("kv.check_allocation", kv.check_allocation, "true"),
+                                         ("preemption.mode", p.mode.value, "recompute")):
+                if str(value).lower() != allowed:
+                    raise _fail(name, value, f"{allowed} when kv.prefix_caching.enabled is true (the block pool "
+                                "with block identity models vLLM's on-demand, checked, recompute-only pool)")
         return self
 
     # Derived facts, computed from the fields above (never stored twice).

@@ -69,6 +69,8 @@ def small_policies(draw: st.DrawFn, modes: list[PhaseMode] | None = None) -> Pol
         "chunking": {
             "enabled": chunking,
             "long_prefill_token_threshold": draw(st.integers(0, max_model_len)) if chunking and draw(st.booleans()) else 0,
+            "threshold_when_alone": draw(st.booleans()),
+            "threshold_adaptive": draw(st.booleans()),
         },
         "kv": {
             "num_blocks": draw(st.integers(1, 24)),

@@ -65,11 +65,19 @@ def render(draft: Draft, args: list[str], config: str | None, name: str | None) 
                 lines.append(_line("", section, value, comment))
                 used.add(section)
             continue
-        present = [f for f in fields if f"{section}.{f}" in draft.fields]
+        nested = {f: [k for k in draft.fields if k.startswith(f"{section}.{f}.")] for f in fields}
+        present = [f for f in fields if f"{section}.{f}" in draft.fields or nested[f]]
         if not present:
             continue
         lines.append(f"{section}:")
         for f in present:
+            if nested[f]:  # a sub-section (kv.prefix_caching), its fields in the order they were set
+                lines.append(f"  {f}:")
+                for key in nested[f]:
+                    value, comment = draft.fields[key]
+                    lines.append(_line("    ", key.rsplit(".", 1)[1], value, comment))
+                    used.add(key)
+                continue
             value, comment = draft.fields[f"{section}.{f}"]
             lines.append(_line("  ", f, value, comment))
             used.add(f"{section}.{f}")

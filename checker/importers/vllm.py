@@ -59,6 +59,8 @@ OPTIONS = [
     _o("pipeline-parallel-size", aliases=("pp",), minimum=1),
     _o("data-parallel-size", aliases=("dp",), eras=V1_ALL, minimum=1),
     _o("enable-prefix-caching", "bool"),
+    _o("prefix-caching-hash-algo", "choice", V1_ALL, choices=("sha256", "sha256_cbor", "xxhash", "xxhash_cbor",
+                                                               "builtin", "sha256_cbor_64bit")),
     _o("async-scheduling", "bool", V1_ALL),
     _o("speculative-config", "str"),
     _o("scheduler-cls", "str"),
@@ -199,6 +201,7 @@ def import_vllm(args: list[str], config: str | None, machine: Machine, version: 
             raise refuse(arg, f"no {arg.shown}: {why}")
     _unsupported_old(given, draft, era)
     _unsupported_new(given, draft)
+    _prefix_caching(given, draft, era)
 
     # --- queue and preemption
     policy_arg = given.take("scheduling-policy")
@@ -237,11 +240,17 @@ def import_vllm(args: list[str], config: str | None, machine: Machine, version: 
             raise refuse(threshold, "0 when chunked prefill is off: the cap splits prompts into chunks")
         draft.set("chunking.long_prefill_token_threshold", threshold.value, threshold.shown)
         if era == V1 and threshold.value:
-            draft.approximate("chunking.long_prefill_token_threshold", threshold.value, "vLLM 0.33 applies the cap "
-                              "only while more than one request is running or waiting; the policy model always does")
+            draft.set("chunking.threshold_when_alone", False,
+                      "vLLM 0.33 applies the cap only while more than one request is running or waiting")
+        adaptive = given.take("long-prefill-token-threshold-adaptive")
+        if adaptive is not None:
+            draft.set("chunking.threshold_adaptive", adaptive.value, adaptive.shown)
     else:
         draft.assume("chunking.long_prefill_token_threshold", 0, "--long-prefill-token-threshold not given: "
                      "vLLM's default, no cap")
+        adaptive = given.take("long-prefill-token-threshold-adaptive")
+        if adaptive is not None:
+            draft.ignore(adaptive, "no --long-prefill-token-threshold to floor")
 
     # --- admission
     draft.set("admission.reject_never_fits", False, "vLLM never rejects a queued request that cannot fit")
@@ -340,8 +349,7 @@ def _unsupported_old(given: Given, draft: Draft, era: str) -> None:
 
 def _unsupported_new(given: Given, draft: Draft) -> None:
     for name, ok, why in (
-            ("prefill-schedule-interval", 1, "admitting prefills only every N steps is not modelled"),
-            ("long-prefill-token-threshold-adaptive", False, "a cap floored at budget / #requests is not modelled")):
+            ("prefill-schedule-interval", 1, "admitting prefills only every N steps is not modelled"),):
         arg = given.take(name)
         if arg is not None and arg.value != ok:
             raise refuse(arg, f"{str(ok).lower()}: {why}")
@@ -349,10 +357,22 @@ def _unsupported_new(given: Given, draft: Draft) -> None:
     if arg is not None and arg.value:
         draft.approximate("--async-scheduling", True, "the policy model decides each step after the previous one "
                           "completed; async scheduling overlaps them (output placeholders)")
+
+
+def _prefix_caching(given: Given, draft: Draft, era: str) -> None:
     arg = given.take("enable-prefix-caching")
+    if era == V0:
+        if arg is not None:
+            draft.ignore(arg, "V0's prefix cache is not modelled: exact when requests share no prefix")
+        return
     if arg is not None:
-        draft.ignore(arg, "the policy model has no prefix cache: exact when requests share no prefix (batchcheck "
-                     "workloads and traces carry none)")
+        draft.set("kv.prefix_caching.enabled", arg.value, arg.shown)
+    else:
+        draft.assume("kv.prefix_caching.enabled", True, "--enable-prefix-caching not given: on by default in V1")
+    algo = given.take("prefix-caching-hash-algo")
+    if algo is not None:
+        draft.ignore(algo, "the hash function does not change which blocks match (batchcheck compares the "
+                     "block chains themselves)")
 
 
 def _budgets(given: Given, draft: Draft, era: str, label: str, machine: Machine, usage: str | None,

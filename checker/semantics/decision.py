@@ -27,6 +27,7 @@ class StepDecision(NamedTuple):  # immutable; a tuple, so building one (every st
     kv_blocks_free: int  # num_blocks - used (negative when an over-committing policy over-commits)
     num_running: int
     num_waiting: int
+    cache_hits: tuple[tuple[int, int], ...] = ()  # (rid, prompt tokens it started from) for admissions with a prefix-cache hit
 
     @property
     def num_scheduled_tokens(self) -> int:
@@ -48,6 +49,7 @@ class DecisionBuilder:
         "cancelled",
         "finished",
         "grown",
+        "hits",
         "preempted",
         "preempted_for_growth",
         "produced",
@@ -59,6 +61,7 @@ class DecisionBuilder:
     def __init__(self) -> None:  # by hand: a dataclass's default factories cost twice as much, every step
         self.scheduled: dict[int, int] = {}  # rid -> tokens, insertion-ordered
         self.grown: dict[int, int] = {}  # rid -> blocks allocated this step
+        self.hits: list[tuple[int, int]] = []  # (rid, tokens) prefix-cache hits of this step's admissions
         self.produced: list[int] = []
         self.arrived: list[int] = []
         self.admitted: list[int] = []

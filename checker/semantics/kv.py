@@ -1,5 +1,9 @@
 """Paged KV accounting: ask-then-act pairs over the block pool and the swap space.
 
+Without prefix caching the pool is counts (``s.kv_used``); with it, every call below goes through the
+block pool with block identity (checker.semantics.blockpool, ``s.pool``) and ``s.kv_used`` is the pool
+minus its free count (a block shared by several requests counted once).
+
 A request computing ``t`` tokens of context needs ``ceil(t / block_size)`` blocks. Under full
 reservation it holds the blocks of its whole possible context (prompt + max output, capped by
 max_model_len) from admission on.
@@ -11,6 +15,7 @@ from checker.policy import Allocation
 from checker.semantics.state import Request, SchedulerState
 
 FULL_RESERVATION = Allocation.FULL_RESERVATION  # bound once: an Enum class attribute costs ~0.2 us per use
+NO_HIT: list[int] = []  # no prefix-cache hit (never mutated)
 
 
 def blocks_for(tokens: int, block_size: int) -> int:
@@ -48,30 +53,63 @@ def can_grow(s: SchedulerState, r: Request, n: int) -> bool:
     return new_blocks(s, r, n) <= free_blocks(s)
 
 
-def can_admit(s: SchedulerState, r: Request, n: int) -> bool:
-    """A waiting request may be admitted with a first chunk of n tokens: the chunk's blocks (and,
-    with reserve_full_prompt, the blocks of its whole current sequence) fit with the watermark kept
-    free when something is already running."""
+def prefix_hit(s: SchedulerState, r: Request) -> list[int]:
+    """The cached blocks a waiting request would start from (none without prefix caching)."""
+    if s.pool is None or r.num_computed:
+        return NO_HIT
+    return s.pool.hit(r)
+
+
+def can_admit(s: SchedulerState, r: Request, n: int, hit: list[int] = NO_HIT) -> bool:
+    """A waiting request may be admitted with a first chunk of n tokens (after the hit's tokens, which
+    ``r.num_computed`` already counts): the chunk's blocks (and, with reserve_full_prompt, the blocks of
+    its whole current sequence) fit with the watermark kept free when something is already running. Hit
+    blocks are not taken from the pool, except those that are free (adopting them takes them off the
+    free queue, as vLLM's get_num_blocks_to_allocate counts them)."""
     p = s.policy
     kv = p.kv
     free = free_blocks(s) - (kv.watermark_blocks if s.running else 0)
+    held = r.blocks + len(hit) - (s.pool.num_evictable(hit) if hit else 0)
     if p.admission.reserve_full_prompt:
-        whole = max(target_blocks(s, r, 0), blocks_for(r.num_tokens, kv.block_size)) - r.blocks
+        whole = max(target_blocks(s, r, 0), blocks_for(r.num_tokens, kv.block_size)) - held
         if whole > free:
             return False
-    return new_blocks(s, r, n) <= free
+    return target_blocks(s, r, n) - held <= free
+
+
+def adopt(s: SchedulerState, r: Request, hit: list[int]) -> None:
+    """Start an admitted request from its prefix-cache hit (its tokens count as computed)."""
+    pool = s.pool
+    if pool is None:
+        return
+    pool.adopt(r, hit)
+    r.blocks = len(hit)
+    r.num_computed = len(hit) * pool.block_size
+    s.kv_used = pool.num_blocks - pool.num_free
 
 
 def allocate(s: SchedulerState, r: Request, n: int) -> int:
-    """Give the request the blocks for n more tokens; return how many were added."""
+    """Give the request the blocks for n more tokens; return how many were added. With prefix caching
+    they come from the block pool, and the full blocks among the scheduled tokens are cached."""
     added = new_blocks(s, r, n)
     r.blocks += added
-    s.kv_used += added
+    pool = s.pool
+    if pool is None:
+        s.kv_used += added
+        return added
+    pool.take(r, added)
+    pool.cache(r, min(r.num_computed + n, r.prompt_len + r.num_generated))
+    s.kv_used = pool.num_blocks - pool.num_free
     return added
 
 
 def free(s: SchedulerState, r: Request) -> None:
-    s.kv_used -= r.blocks
+    pool = s.pool
+    if pool is None:
+        s.kv_used -= r.blocks
+    else:
+        pool.release(r)
+        s.kv_used = pool.num_blocks - pool.num_free
     r.blocks = 0
 
 

@@ -6,6 +6,7 @@ from enum import IntEnum
 
 from checker.policy import Policy
 from checker.requests import RequestSpec
+from checker.semantics.blockpool import BlockPool
 
 
 class Status(IntEnum):
@@ -41,7 +42,8 @@ class Request:
 
     __slots__ = ("spec", "rid", "arrival_us", "prompt_len", "output_len", "max_output", "priority",
                  "tenant", "status", "reason", "num_computed", "num_generated", "blocks",
-                 "swapped_blocks", "admitted_seq", "requeue_seq", "num_preemptions", "release_step")
+                 "swapped_blocks", "admitted_seq", "requeue_seq", "num_preemptions", "release_step",
+                 "block_ids", "num_cached_blocks", "chain")
 
     def __init__(self, spec: RequestSpec):
         self.spec = spec
@@ -62,6 +64,10 @@ class Request:
         self.requeue_seq = 0  # when it was last put back into the queue (0: never)
         self.num_preemptions = 0
         self.release_step = -1  # CANCELLED holding KV: the step at whose start the KV is freed
+        # Block identity, with prefix caching only (checker.semantics.blockpool); blocks == len(block_ids) then.
+        self.block_ids: list[int] = []  # the request's block table
+        self.num_cached_blocks = 0  # how many of its first blocks are registered in the cache
+        self.chain: list[int] = []  # chains of its full blocks, extended as its tokens grow
 
     def copy(self) -> Request:
         """An independent record with the same spec and the same mutable fields."""
@@ -71,6 +77,7 @@ class Request:
         c.status, c.reason, c.num_computed, c.num_generated = self.status, self.reason, self.num_computed, self.num_generated
         c.blocks, c.swapped_blocks, c.admitted_seq, c.requeue_seq = self.blocks, self.swapped_blocks, self.admitted_seq, self.requeue_seq
         c.num_preemptions, c.release_step = self.num_preemptions, self.release_step
+        c.block_ids, c.num_cached_blocks, c.chain = list(self.block_ids), self.num_cached_blocks, self.chain
         return c
 
     @property
@@ -117,6 +124,8 @@ class SchedulerState:
         self.next_seq = 1  # shared counter for admitted_seq and requeue_seq
         self.step = 0  # index of the next step
         self.tenant_counters = [0] * max(num_tenants, 1 + max((s.tenant for s in specs), default=0))
+        kv = policy.kv
+        self.pool = BlockPool(kv.num_blocks, kv.block_size) if kv.prefix_caching.enabled else None
 
     def copy(self) -> SchedulerState:
         """An independent state (requests copied; the policy shared), for stepping one state several ways."""
@@ -128,6 +137,7 @@ class SchedulerState:
         c.holding = [requests[r.rid] for r in self.holding]
         c.kv_used, c.swap_used, c.next_seq, c.step = self.kv_used, self.swap_used, self.next_seq, self.step
         c.tenant_counters = list(self.tenant_counters)
+        c.pool = None if self.pool is None else self.pool.copy()
         return c
 
     def take_seq(self) -> int:

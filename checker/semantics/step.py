@@ -31,13 +31,15 @@ STRICT = HeadOfLine.STRICT
 
 
 class Budget:
-    """Tokens left in this step, and prefill tokens left under the prefill share cap."""
+    """Tokens left in this step, prefill tokens left under the prefill share cap, and this step's
+    per-request cap on new tokens (the long-prefill threshold as it applies to this step; 0: none)."""
 
-    __slots__ = ("tokens", "prefill")
+    __slots__ = ("tokens", "prefill", "threshold")
 
-    def __init__(self, tokens: int, prefill: int):
+    def __init__(self, tokens: int, prefill: int, threshold: int):
         self.tokens = tokens
         self.prefill = prefill
+        self.threshold = threshold
 
     def charge(self, n: int, prefill: bool) -> None:
         self.tokens -= n
@@ -72,7 +74,8 @@ def step_schedule(s: SchedulerState, now_us: int, out: DecisionBuilder) -> StepD
     what they write into ``out`` themselves, nothing that phases 1-4 wrote there: the same state after
     phases 1-4 is scheduled the same way whatever events led to it (the liveness explorer relies on it)."""
     sort_waiting(s, now_us)
-    budget = Budget(s.policy.batch.max_num_batched_tokens, s.policy.batch.prefill_token_cap)
+    batch = s.policy.batch
+    budget = Budget(batch.max_num_batched_tokens, batch.prefill_token_cap, step_threshold(s))
     _schedule(s, budget, now_us, out)
     decision = _complete(s, now_us, out)
     s.step += 1
@@ -194,14 +197,30 @@ def _schedule(s: SchedulerState, budget: Budget, now_us: int, out: DecisionBuild
         _mixed_pass(s, budget, now_us, out)
 
 
+def step_threshold(s: SchedulerState) -> int:
+    """The long-prefill threshold of this step, from the requests running or waiting as it starts: off
+    for a lone request unless ``threshold_when_alone`` (vLLM 0.33), floored at the budget's fair share
+    with ``threshold_adaptive``."""
+    chunking = s.policy.chunking
+    threshold = chunking.long_prefill_token_threshold
+    if not threshold or (chunking.threshold_when_alone and not chunking.threshold_adaptive):
+        return threshold
+    eligible = len(s.running) + len(s.waiting)
+    if eligible <= 1 and not chunking.threshold_when_alone:
+        return 0
+    if chunking.threshold_adaptive:
+        threshold = max(threshold, s.policy.batch.max_num_batched_tokens // max(eligible, 1))
+    return threshold
+
+
 def num_new_tokens(s: SchedulerState, r: Request, budget: Budget) -> int:
-    """Tokens the request would compute now: its gap, capped by the long-prefill threshold, the
+    """Tokens the request would compute now: its gap, capped by the step's long-prefill threshold, the
     budget and (for prefill) the prefill cap; 0 if chunking is off and the gap does not fit."""
     chunking = s.policy.chunking
     gap = r.prompt_len + r.num_generated - r.num_computed
     n = min(gap, budget.tokens)
-    if chunking.long_prefill_token_threshold:
-        n = min(n, chunking.long_prefill_token_threshold)
+    if budget.threshold:
+        n = min(n, budget.threshold)
     if r.in_prefill:
         n = min(n, budget.prefill)
     if n < gap and not chunking.enabled:
@@ -219,6 +238,7 @@ def _running_pass(s: SchedulerState, budget: Budget, out: DecisionBuilder, prefi
     scheduled, grown = out.scheduled, out.grown
     block_size = s.policy.kv.block_size
     capacity = s.policy.kv.num_blocks if s.policy.kv.check_allocation else None
+    fast = s.pool is None  # with block identity every allocation goes through the pool (and caches)
     i = 0
     while i < len(running) and budget.tokens > 0:
         r = running[i]
@@ -226,7 +246,7 @@ def _running_pass(s: SchedulerState, budget: Budget, out: DecisionBuilder, prefi
             i += 1
             continue
         computed = r.num_computed
-        if r.num_generated and computed + 1 == r.prompt_len + r.num_generated:  # a decode
+        if fast and r.num_generated and computed + 1 == r.prompt_len + r.num_generated:  # a decode
             if prefill_only:
                 i += 1
                 continue
@@ -319,12 +339,17 @@ def _waiting_pass(s: SchedulerState, budget: Budget, now_us: int, out: DecisionB
 def _try_admit(s: SchedulerState, r: Request, budget: Budget, out: DecisionBuilder) -> bool:
     max_seqs = s.policy.batch.max_num_seqs
     while True:
+        hit = kv.prefix_hit(s, r)  # looked up again after each preemption (a victim's blocks may free hit blocks)
+        if hit:
+            r.num_computed = len(hit) * s.policy.kv.block_size  # the chunk starts after the hit
         n = num_new_tokens(s, r, budget)
+        if n and len(s.running) < max_seqs and kv.can_admit(s, r, n, hit):
+            _admit(s, r, n, hit, budget, out)
+            return True
+        if hit:
+            r.num_computed = 0
         if n == 0:
             return False
-        if len(s.running) < max_seqs and kv.can_admit(s, r, n):
-            _admit(s, r, n, budget, out)
-            return True
         victim = _inversion_victim(s, r, out)
         if victim is None:
             return False
@@ -345,13 +370,16 @@ def _inversion_victim(s: SchedulerState, head: Request, out: DecisionBuilder) ->
     return worst if margin > s.policy.preemption.priority_inversion_threshold else None
 
 
-def _admit(s: SchedulerState, r: Request, n: int, budget: Budget, out: DecisionBuilder) -> None:
+def _admit(s: SchedulerState, r: Request, n: int, hit: list[int], budget: Budget, out: DecisionBuilder) -> None:
     s.waiting.remove(r)
     kv.swap_in_release(s, r)
     r.status = RUNNING
     r.admitted_seq = s.take_seq()
     s.running.append(r)
     out.admitted.append(r.rid)
+    if hit:
+        kv.adopt(s, r, hit)
+        out.hits.append((r.rid, r.num_computed))
     _admit_tokens(s, r, n, budget, out)
 
 
@@ -420,7 +448,7 @@ def _complete(s: SchedulerState, now_us: int, out: DecisionBuilder) -> StepDecis
         s.step, now_us, tuple(out.scheduled.items()), tuple(out.produced), tuple(out.arrived), tuple(out.admitted),
         tuple(out.preempted), tuple(out.finished), tuple(out.rejected), tuple(out.cancelled), tuple(out.released),
         prefill_tokens, decode_seqs, prefill_attention, decode_kv, s.kv_used, p.kv.num_blocks - s.kv_used,
-        len(s.running), len(s.waiting))
+        len(s.running), len(s.waiting), tuple(out.hits))
 
 
 def _finish(s: SchedulerState, r: Request, out: DecisionBuilder) -> None:

@@ -308,6 +308,26 @@ class SymbolicStep:
         self.prefill_budget = b.prefill_token_cap
         self.running = self.count(Status.RUNNING)
         self.running_at_start = self.running
+        self.threshold = self.step_threshold()
+
+    def step_threshold(self) -> Term:
+        """The long-prefill threshold of this step (mirrors step.step_threshold; 0: no cap)."""
+        o, p = self.o, self.p
+        c = p.chunking
+        threshold = c.long_prefill_token_threshold
+        if not threshold or (c.threshold_when_alone and not c.threshold_adaptive):
+            return threshold
+        eligible = self.running + self.count(*WAITING_STATES)
+        cap: Term = threshold
+        if c.threshold_adaptive:  # max(threshold, budget // eligible), eligible in 1..n as a chain (linear)
+            budget = p.batch.max_num_batched_tokens
+            share: Term = budget  # eligible <= 1: max(eligible, 1) == 1
+            for k in range(2, self.n + 1):
+                share = o.ite(eligible == k, budget // k, share)
+            cap = o.max(threshold, share)
+        if not c.threshold_when_alone:
+            cap = o.ite(eligible <= 1, 0, cap)
+        return cap
 
     def passes(self) -> list[Pass]:
         """The passes of the policy's phase mode, in order (each a loop of rounds over the slots)."""
@@ -326,7 +346,11 @@ class SymbolicStep:
         gap = r["prompt_len"] + r["num_generated"] - r["num_computed"]
         n = o.min(gap, self.budget)
         if p.chunking.long_prefill_token_threshold:
-            n = o.min(n, p.chunking.long_prefill_token_threshold)
+            c, threshold = p.chunking, self.threshold
+            if c.threshold_when_alone and not c.threshold_adaptive:  # the policy's threshold, every step
+                n = o.min(n, threshold)
+            else:  # 0 in a step with a lone request: no cap
+                n = o.ite(threshold > 0, o.min(n, threshold), n)
         n = o.ite(self.in_prefill(r), o.min(n, self.prefill_budget), n)
         if not p.chunking.enabled:
             n = o.ite(n < gap, 0, n)

@@ -1,0 +1,54 @@
+"""Conformance of the engine with the real vLLM 0.33 scheduler over a matrix of generated traces.
+
+For each case: generate a trace (seeded), drive the real scheduler with the harness
+(shared/tools/vllm-scheduler), import the policy with the same flags (`batchcheck import vllm`), and compare
+the engine with the log step by step (what `batchcheck check-log POLICY LOG --arrivals TRACE --conformance`
+does). Prints the agreement table in markdown (docs/check-log.md carries it).
+
+    python bench/vllm_matrix.py [--only NAME ...] [--keep DIR] [--venv DIR]
+
+Needs the harness venv (BATCHCHECK_VLLM_VENV, default ~/.cache/vllm-scheduler/venv); exits 0 with a
+message when it is absent. The case definitions are shared with tests/conformance/test_real_vllm.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tests.vllm_harness import CASES, harness_python, run_case  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--only", nargs="*", default=None, help="case names (default: all)")
+    ap.add_argument("--keep", default=None, help="directory to keep traces, logs and policies in")
+    args = ap.parse_args(argv)
+    if harness_python() is None:
+        print("the vLLM harness venv is absent (see shared/tools/vllm-scheduler/README.md): nothing to compare")
+        return 0
+    print("| case | caching | policy | steps | preemptions | agree | share | first divergence |")
+    print("|---|---|---|---|---|---|---|---|")
+    worst = 1.0
+    for case in CASES:
+        if args.only and case.name not in args.only:
+            continue
+        started = time.perf_counter()
+        result = run_case(case, Path(args.keep) if args.keep else None)
+        conf = result.conformance
+        worst = min(worst, conf.share)
+        first = "-" if conf.first_divergence is None else f"step {conf.first_divergence}"
+        print(f"| {case.name} | {'on' if case.caching else 'off'} | {case.policy} | {conf.steps} | "
+              f"{result.preemptions} | {conf.agreeing} | {100 * conf.share:.1f} % | {first} |", flush=True)
+        if conf.first_divergence is not None:
+            print(f"<!-- {case.name}: {conf.detail} ({time.perf_counter() - started:.0f} s) -->", flush=True)
+    print(f"\nworst agreement: {100 * worst:.1f} %")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
