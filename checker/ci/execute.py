@@ -1,13 +1,13 @@
 """Running the checks: serially, on local processes (``--jobs N``), or on a Dask cluster
 (``--scheduler tcp://HOST:PORT``, or a ``distributed.Client``).
 
-A worker gets a Check (with the text of the files it needs), writes them to a private temporary folder,
-runs the check's own entry point there (checker.verify.run.run_verify, checker.fuzz.run.run_fuzz,
-checker.diff.run.run_diff, checker.liveness.check.run_liveness), and returns a Result
-holding the verdict and the text of any counterexample or certificate it produced. The liveness checks
-of one instance (one per property) are one unit of work: the state graph is explored once for all of
-them. Nothing is written to the
-project by workers: the caller writes every file once all checks have finished.
+A worker gets a Check (with the text of the files it needs), writes them to a private temporary folder
+(checker.ci.plan.materialise), runs the check's own entry point there (checker.verify.run.run_verify,
+checker.fuzz.run.run_fuzz, checker.diff.run.run_diff, checker.liveness.check.run_liveness), and returns a
+Result (checker.ci.results) holding the verdict and the text of any counterexample or certificate it
+produced. The liveness checks of one instance (one per property) are one unit of work: the state graph is
+explored once for all of them. Nothing is written to the project by workers: the caller writes every file
+once all checks have finished.
 """
 
 from __future__ import annotations
@@ -18,73 +18,17 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
-from checker.ci.plan import DIFF, FUZZ, LIVENESS, Check, InputFile
+from checker.ci.plan import DIFF, FUZZ, LIVENESS, Check, load_invariant_modules, materialise
+from checker.ci.results import CERTIFICATE, COUNTEREXAMPLE, Artifact, Result, shown_paths
 from checker.errors import BatchcheckError
 from checker.exitcodes import ExitCode
 
-FAILED = "failed"
-INCONCLUSIVE = "inconclusive"
-PASSED = "passed"
-OUTCOME = {"VIOLATED": FAILED, "UNKNOWN": INCONCLUSIVE, "VACUOUS": INCONCLUSIVE,
-           "PROVED": PASSED, "HOLDS_UP_TO": PASSED, "NO_COUNTEREXAMPLE": PASSED}
-# A liveness NO_COUNTEREXAMPLE is a cut graph (--max-states/--timeout): the check could not decide. (A fuzz
-# NO_COUNTEREXAMPLE is a finished search of its budget.)
-LIVENESS_OUTCOME = {**OUTCOME, "NO_COUNTEREXAMPLE": INCONCLUSIVE}
-COUNTEREXAMPLE = "counterexample"
 SCHEDULER_CONNECT_S = 20  # how long --scheduler waits for a Dask scheduler to answer
-CERTIFICATE = "certificate"
-
-
-@dataclass
-class Artifact:
-    kind: str  # COUNTEREXAMPLE or CERTIFICATE
-    name: str  # file name
-    text: str
-
-
-@dataclass
-class Result:
-    verdict: str  # VIOLATED, PROVED, HOLDS_UP_TO, VACUOUS, UNKNOWN, NO_COUNTEREXAMPLE
-    line: str  # the one-line report, as `verify` / `fuzz` print it
-    detail: dict[str, Any]
-    seconds: float
-    artifacts: list[Artifact] = field(default_factory=list)
-    kind: str = ""  # the check's kind (LIVENESS maps NO_COUNTEREXAMPLE to inconclusive)
-
-    @property
-    def outcome(self) -> str:
-        return (LIVENESS_OUTCOME if self.kind == LIVENESS else OUTCOME)[self.verdict]
-
-
-def _materialise(folder: Path, files: dict[str, InputFile | None]) -> dict[str, str | None]:
-    out: dict[str, str | None] = {}
-    for i, (role, ref) in enumerate(files.items()):
-        if ref is None:
-            out[role] = None
-            continue
-        path = folder / f"in{i}" / Path(ref.shown).name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(ref.text, encoding="utf-8")
-        out[role] = str(path)
-    return out
-
-
-def _shown_paths(doc: dict, paths: dict[str, str | None], check: Check) -> dict:
-    """Counterexamples record the files they came from: name the project's files, not the worker's copies."""
-    shown = {paths[role]: ref.shown for role, ref in (("policy", check.policy), ("workload", check.workload),
-                                                      ("slo", check.slo), ("old", check.old)) if ref is not None}
-    doc["policy"]["file"] = shown.get(doc["policy"].get("file"), check.policy.shown)
-    search = doc.get("search")
-    if isinstance(search, dict):
-        for key in ("workload", "slo"):
-            if search.get(key) in shown:
-                search[key] = shown[search[key]]
-    return doc
 
 
 class CheckError(BatchcheckError):
@@ -117,28 +61,6 @@ def run_unit(checks: Sequence[Check]) -> list[Result]:
             from None
 
 
-_LOADED_MODULES: set[str | InputFile] = set()  # user invariant modules already registered in this process
-
-
-def load_invariant_modules(modules: Sequence[str | InputFile]) -> None:
-    """Register user invariants once per process (loading a .py file twice would register a second,
-    different invariant under the same name): module names as they are, .py files from their carried text."""
-    from invariants.plugins import load_entry_points, load_module
-
-    if not _LOADED_MODULES:
-        load_entry_points()
-        _LOADED_MODULES.add("")
-    for module in modules:
-        if module in _LOADED_MODULES:
-            continue
-        if isinstance(module, str):
-            load_module(module)
-        else:
-            with tempfile.TemporaryDirectory(prefix="batchcheck-ci-") as tmp:
-                load_module(_materialise(Path(tmp), {"module": module})["module"])
-        _LOADED_MODULES.add(module)
-
-
 def _run_check(check: Check) -> Result:
     from checker.fuzz.run import run_fuzz
     from checker.verify.run import run_verify
@@ -147,8 +69,8 @@ def _run_check(check: Check) -> Result:
     load_invariant_modules(check.modules)
     with tempfile.TemporaryDirectory(prefix="batchcheck-ci-") as tmp:
         folder = Path(tmp)
-        paths = _materialise(folder, {"policy": check.policy, "workload": check.workload, "slo": check.slo,
-                                      "profile": check.profile, "old": check.old})
+        paths = materialise(folder, {"policy": check.policy, "workload": check.workload, "slo": check.slo,
+                                     "profile": check.profile, "old": check.old})
         cex_dir, proof_dir = folder / "counterexamples", folder / "proofs"
         if check.kind == DIFF:
             from checker.ci.diffhook import run_diff_check
@@ -174,7 +96,7 @@ def _run_check(check: Check) -> Result:
             verdict, detail, line = r.verdict.value, r.as_dict(), r.line()
         artifacts = []
         for path in sorted(cex_dir.glob("*.json")) if cex_dir.is_dir() else []:
-            doc = _shown_paths(json.loads(path.read_text(encoding="utf-8")), paths, check)
+            doc = shown_paths(json.loads(path.read_text(encoding="utf-8")), paths, check)
             artifacts.append(Artifact(COUNTEREXAMPLE, path.name, json.dumps(doc, indent=1) + "\n"))
         for path in sorted(proof_dir.glob("*")) if proof_dir.is_dir() else []:
             artifacts.append(Artifact(CERTIFICATE, path.name, path.read_text(encoding="utf-8")))

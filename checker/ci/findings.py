@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-from checker.ci.execute import FAILED, INCONCLUSIVE, Result
+from checker.ci.results import FAILED, INCONCLUSIVE, Result
 from checker.ci.locations import fields_for, locate
 from checker.ci.plan import DIFF, FUZZ, LIVENESS, VERIFY, Check, PolicyInfo
 

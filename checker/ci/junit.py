@@ -7,7 +7,7 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 
-from checker.ci.execute import FAILED, INCONCLUSIVE
+from checker.ci.results import FAILED, INCONCLUSIVE
 from checker.ci.findings import Finding
 
 

@@ -16,18 +16,12 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from checker.ci.plan import LIVENESS, Check
+from checker.ci.plan import LIVENESS, Check, materialise
+from checker.ci.results import COUNTEREXAMPLE, Artifact, Result, shown_paths
 
 
 def run_liveness_checks(checks: Sequence[Check]) -> list:
     """Explore the instance the checks share once; one Result per check, in their order."""
-    from checker.ci.execute import (
-        COUNTEREXAMPLE,
-        Artifact,
-        Result,
-        _materialise,
-        _shown_paths,
-    )
     from checker.liveness.check import run_liveness
 
     started = time.monotonic()
@@ -35,7 +29,7 @@ def run_liveness_checks(checks: Sequence[Check]) -> list:
     inst = first.instance
     with tempfile.TemporaryDirectory(prefix="batchcheck-ci-") as tmp:
         folder = Path(tmp)
-        paths = _materialise(folder, {"policy": first.policy})
+        paths = materialise(folder, {"policy": first.policy})
         cex_dir = folder / "counterexamples"
         report = run_liveness(paths["policy"], [c.rule for c in checks], first.requests, inst.prompts,
                               inst.outputs, inst.priorities, inst.tenants, inst.cancellations,
@@ -53,7 +47,7 @@ def run_liveness_checks(checks: Sequence[Check]) -> list:
                 line += f"; {report.bound.line()}"
             artifacts = []
             if r.counterexample is not None:
-                doc = _shown_paths(json.loads(r.counterexample.read_text(encoding="utf-8")), paths, check)
+                doc = shown_paths(json.loads(r.counterexample.read_text(encoding="utf-8")), paths, check)
                 artifacts.append(Artifact(COUNTEREXAMPLE, r.counterexample.name, json.dumps(doc, indent=1) + "\n"))
                 detail["counterexample"] = r.counterexample.name  # the caller replaces it with where it wrote it
                 detail["requests"] = len(doc["requests"])

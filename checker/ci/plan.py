@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import glob
 import os
+import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -106,6 +108,42 @@ class Plan:
     not_configured: list[str] = field(default_factory=list)  # --policy files no entry covers
 
 
+def materialise(folder: Path, files: dict[str, InputFile | None]) -> dict[str, str | None]:
+    """Write the carried files into ``folder`` (a worker's private one); their paths there, by role."""
+    out: dict[str, str | None] = {}
+    for i, (role, ref) in enumerate(files.items()):
+        if ref is None:
+            out[role] = None
+            continue
+        path = folder / f"in{i}" / Path(ref.shown).name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(ref.text, encoding="utf-8")
+        out[role] = str(path)
+    return out
+
+
+_LOADED_MODULES: set[str | InputFile] = set()  # user invariant modules already registered in this process
+
+
+def load_invariant_modules(modules: Sequence[str | InputFile]) -> None:
+    """Register user invariants once per process (loading a .py file twice would register a second,
+    different invariant under the same name): module names as they are, .py files from their carried text."""
+    from invariants.plugins import load_entry_points, load_module
+
+    if not _LOADED_MODULES:
+        load_entry_points()
+        _LOADED_MODULES.add("")
+    for module in modules:
+        if module in _LOADED_MODULES:
+            continue
+        if isinstance(module, str):
+            load_module(module)
+        else:
+            with tempfile.TemporaryDirectory(prefix="batchcheck-ci-") as tmp:
+                load_module(materialise(Path(tmp), {"module": module})["module"])
+        _LOADED_MODULES.add(module)
+
+
 class _Resolver:
     def __init__(self, config: CiConfig, lines: LineMap, source: str, root: Path):
         self.config, self.lines, self.source, self.root = config, lines, source, root
@@ -178,8 +216,6 @@ def _invariant(res: _Resolver, loc: tuple[Any, ...], text: str):
 def build_plan(config: CiConfig, lines: LineMap, source: str, only: list[str] | None = None) -> Plan:
     """Resolve globs, load and check every input, and list the checks (``only``: keep the checks of
     these policy files, e.g. the ones a pull request changed)."""
-    from checker.ci.execute import load_invariant_modules
-
     root = Path(source).resolve().parent
     res = _Resolver(config, lines, source, root)
     d = config.defaults

@@ -11,10 +11,11 @@ from pathlib import Path
 from typing import Any
 
 from checker.ci.config import load_config
-from checker.ci.execute import CERTIFICATE, COUNTEREXAMPLE, FAILED, INCONCLUSIVE, Result, run_dask, run_processes
+from checker.ci.execute import run_dask, run_processes
 from checker.ci.findings import Finding, make_finding
 from checker.ci.junit import junit_xml
 from checker.ci.plan import Check, Plan, build_plan
+from checker.ci.results import CERTIFICATE, COUNTEREXAMPLE, FAILED, INCONCLUSIVE, Result
 from checker.ci.sarif import sarif_text
 from checker.ci.summary import summary_markdown
 from checker.exitcodes import ExitCode

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from checker.ci.execute import FAILED, INCONCLUSIVE
+from checker.ci.results import FAILED, INCONCLUSIVE
 from checker.ci.findings import Finding
 from checker.ci.sarif import RUN_TIME, MAX_PER_RULE, annotated
 from checker.exitcodes import ExitCode

@@ -145,7 +145,8 @@ def test_liveness_entries_default_as_the_liveness_command_and_share_one_explorat
     import typing
 
     from checker.ci.config import LivenessEntry, LivenessProperty
-    from checker.ci.execute import INCONCLUSIVE, PASSED, Result, units
+    from checker.ci.execute import units
+    from checker.ci.results import INCONCLUSIVE, PASSED, Result
     from checker.liveness.explore import DEFAULT_MAX_STATES
     from checker.liveness.lasso import PROPERTIES
 
