@@ -29,7 +29,7 @@ def next_steps_are_quiet_decodes(s: SchedulerState, d: StepDecision) -> bool:
     Either d itself was such a step (then the waiting queue is blocked and stays blocked), or nobody
     waits and every running request is one token behind (then there is nothing else to schedule).
     """
-    if not s.running or s.holding:
+    if not s.running or s.holding or s.pool is not None:  # with block identity decodes cache and evict blocks
         return False
     if not s.waiting:
         return all(r.num_generated and r.num_computed + 1 == r.prompt_len + r.num_generated for r in s.running)

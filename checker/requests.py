@@ -74,6 +74,36 @@ def content_from_prefix_group(group: int, prompt_len: int) -> PromptContent:
     return ((group * TOKEN_ID_SPAN, prompt_len),)
 
 
+def prefix_problem(hash_ids: list[int] | None, hash_block_tokens: int, prompt_len: int,
+                   prefix_group: int | None) -> tuple[str, object, str] | None:
+    """What is wrong with a row's prefix fields, as (field, value, what is allowed), or None."""
+    if hash_ids is None:
+        return None
+    if prefix_group is not None:
+        return ("prefix_group", prefix_group, "no prefix_group when hash_ids are given (one prompt identity)")
+    if any(h < 0 for h in hash_ids):
+        return ("hash_ids", min(hash_ids), "ids >= 0")
+    if len(set(hash_ids)) != len(hash_ids):
+        seen: set[int] = set()
+        dup = next(h for h in hash_ids if h in seen or seen.add(h))  # type: ignore[func-returns-value]
+        return ("hash_ids", dup, "each id at most once in one request (a block's tokens appear once in a prompt)")
+    need = -(-prompt_len // hash_block_tokens)
+    if len(hash_ids) != need:
+        return ("hash_ids", f"{len(hash_ids)} ids", f"{need} ids: ceil(prompt {prompt_len} / hash_block_tokens "
+                f"{hash_block_tokens}), so that the ids cover the prompt")
+    return None
+
+
+def prompt_content(hash_ids: list[int] | None, hash_block_tokens: int, prompt_len: int, prefix_group: int | None,
+                   index: int) -> PromptContent | None:
+    """The token identity of a row with these prefix fields (request number ``index`` in its file)."""
+    if hash_ids is not None:
+        return content_from_hash_ids(hash_ids, hash_block_tokens, prompt_len, index)
+    if prefix_group is not None:
+        return content_from_prefix_group(prefix_group, prompt_len)
+    return None
+
+
 def shared_prefix_tokens(a: PromptContent | None, b: PromptContent | None) -> int:
     """How many leading prompt tokens two contents have in common (0 when either is the request's own)."""
     if a is None or b is None:

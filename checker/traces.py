@@ -19,7 +19,7 @@ from pydantic_core import PydanticCustomError
 from checker.errors import InputError, Problem
 from checker.loading import json_lines, load_model, read_text
 from checker.policy import MAX_TOKENS
-from checker.requests import RequestSpec
+from checker.requests import DEFAULT_HASH_BLOCK_TOKENS, PromptContent, RequestSpec, prefix_problem, prompt_content
 from checker.workload import Workload, generate
 
 
@@ -37,7 +37,7 @@ def from_workload(w: Workload, source: str) -> RequestSet:
 
 # ----------------------------------------------------------------------------------------- JSON trace
 class TraceRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, use_attribute_docstrings=True)
 
     id: str | int | None = None
     arrival_ms: Annotated[float, Field(ge=0, le=1e12)]
@@ -48,6 +48,16 @@ class TraceRequest(BaseModel):
     tenant: str = "default"
     class_: Annotated[str, Field(alias="class")] = "default"
     cancel_after_ms: Annotated[float | None, Field(ge=0, le=1e12)] = None
+    hash_ids: list[Annotated[int, Field(ge=0, le=2**53)]] | None = None
+    """Mooncake-style prompt identity: each id names one block of ``hash_block_tokens`` tokens (equal ids,
+    equal tokens); they must cover the prompt."""
+    hash_block_tokens: Annotated[int, Field(ge=1, le=MAX_TOKENS)] = DEFAULT_HASH_BLOCK_TOKENS
+    """Tokens per hash id (Mooncake traces: 512)."""
+    prefix_group: Annotated[int | None, Field(ge=0, le=2**40)] = None
+    """Requests of one group share their token prefix (the shorter prompt is a prefix of the longer)."""
+    prompt_runs: list[tuple[int, Annotated[int, Field(ge=1, le=MAX_TOKENS)]]] | None = None
+    """The prompt's token ids as runs [first id, count] of consecutive ids (what batchcheck writes for a
+    request with a prompt identity, e.g. in a counterexample); they must add up to prompt_tokens."""
 
     @model_validator(mode="after")
     def _max_output(self) -> TraceRequest:
@@ -55,7 +65,22 @@ class TraceRequest(BaseModel):
             raise PydanticCustomError("consistency", "", {
                 "field": "max_output_tokens", "value": self.max_output_tokens,
                 "expected": f">= output_tokens={self.output_tokens}"})
+        problem = prefix_problem(self.hash_ids, self.hash_block_tokens, self.prompt_tokens, self.prefix_group)
+        if problem is None and self.prompt_runs is not None:
+            if self.hash_ids is not None or self.prefix_group is not None:
+                problem = ("prompt_runs", "[...]", "no hash_ids or prefix_group with prompt_runs (one prompt identity)")
+            elif sum(n for _, n in self.prompt_runs) != self.prompt_tokens:
+                problem = ("prompt_runs", f"{sum(n for _, n in self.prompt_runs)} tokens",
+                           f"runs adding up to prompt_tokens={self.prompt_tokens}")
+        if problem is not None:
+            raise PydanticCustomError("consistency", "", {"field": problem[0], "value": problem[1],
+                                                          "expected": problem[2]})
         return self
+
+    def content(self, index: int) -> PromptContent | None:
+        if self.prompt_runs is not None:
+            return tuple((first, n) for first, n in self.prompt_runs)
+        return prompt_content(self.hash_ids, self.hash_block_tokens, self.prompt_tokens, self.prefix_group, index)
 
 
 class Trace(BaseModel):
@@ -67,8 +92,8 @@ class Trace(BaseModel):
     requests: list[TraceRequest]
 
 
-def _build(rows: list[tuple[float, int, int, int | None, int, str, str, float | None]], source: str) -> RequestSet:
-    """rows: (arrival_ms, prompt, output, max_output, priority, tenant, class, cancel_after_ms)."""
+def _build(rows: list[tuple], source: str) -> RequestSet:
+    """rows: (arrival_ms, prompt, output, max_output, priority, tenant, class, cancel_after_ms[, content])."""
     order = sorted(range(len(rows)), key=lambda i: (rows[i][0], i))
     tenants = sorted({r[5] for r in rows}) or ["default"]
     classes = sorted({r[6] for r in rows}) or ["default"]
@@ -76,19 +101,20 @@ def _build(rows: list[tuple[float, int, int, int | None, int, str, str, float | 
     c_index = {c: i for i, c in enumerate(classes)}
     specs = []
     for rid, i in enumerate(order):
-        arrival, prompt, output, max_out, prio, tenant, cls, cancel = rows[i]
+        arrival, prompt, output, max_out, prio, tenant, cls, cancel = rows[i][:8]
         arrival_us = round(arrival * 1000)
         specs.append(RequestSpec(
             rid=rid, arrival_us=arrival_us, prompt_len=prompt, output_len=output,
             max_output=max_out or output, priority=prio, tenant=t_index[tenant], cls=c_index[cls],
-            cancel_us=None if cancel is None else arrival_us + round(cancel * 1000)))
+            cancel_us=None if cancel is None else arrival_us + round(cancel * 1000),
+            content=rows[i][8] if len(rows[i]) > 8 else None))
     return RequestSet(specs, classes, tenants, source)
 
 
 def load_json_trace(path: str | Path) -> RequestSet:
     trace = load_model(Trace, path)
     rows = [(r.arrival_ms, r.prompt_tokens, r.output_tokens, r.max_output_tokens, r.priority, r.tenant,
-             r.class_, r.cancel_after_ms) for r in trace.requests]
+             r.class_, r.cancel_after_ms, r.content(i)) for i, r in enumerate(trace.requests)]
     return _build(rows, str(path))
 
 
@@ -100,7 +126,8 @@ def dump_json_trace(rs: RequestSet) -> dict:
             {"id": s.rid, "arrival_ms": s.arrival_us / 1000, "prompt_tokens": s.prompt_len,
              "output_tokens": s.output_len, "max_output_tokens": s.max_output, "priority": s.priority,
              "tenant": rs.tenant_names[s.tenant], "class": rs.class_names[s.cls],
-             "cancel_after_ms": None if s.cancel_us is None else (s.cancel_us - s.arrival_us) / 1000}
+             "cancel_after_ms": None if s.cancel_us is None else (s.cancel_us - s.arrival_us) / 1000,
+             **({} if s.content is None else {"prompt_runs": [list(run) for run in s.content]})}
             for s in rs.specs
         ],
     }
@@ -192,8 +219,8 @@ MOONCAKE_FIELDS = ("timestamp", "input_length", "output_length")
 
 
 def load_mooncake_jsonl(path: str | Path, limit: int | None = None, class_column: str | None = None) -> RequestSet:
-    """Mooncake-style JSON lines: ``timestamp`` (ms), ``input_length``, ``output_length`` and ``hash_ids``
-    (prefix-cache block hashes: read, not modelled, since the policy model has no prefix cache)."""
+    """Mooncake-style JSON lines: ``timestamp`` (ms), ``input_length``, ``output_length`` and, optionally,
+    ``hash_ids`` (each id one block of 512 tokens: the prompt's identity, which prefix caching reads)."""
     source = str(path)
     rows: list = []
     for line_no, line, record in json_lines(path):
@@ -210,7 +237,16 @@ def load_mooncake_jsonl(path: str | Path, limit: int | None = None, class_column
             if class_column not in record:
                 raise InputError(Problem("--class-column", class_column, "a field of every record", line_no), source)
             cls = str(record[class_column])
-        rows.append((t, prompt, output, None, 0, "default", cls, None))
+        content = None
+        if "hash_ids" in record:
+            ids = record["hash_ids"]
+            if not isinstance(ids, list) or not all(isinstance(h, int) and not isinstance(h, bool) for h in ids):
+                raise InputError(Problem("hash_ids", str(ids)[:40], "a list of whole numbers", line_no), source)
+            problem = prefix_problem(ids, DEFAULT_HASH_BLOCK_TOKENS, prompt, None)
+            if problem is not None:
+                raise InputError(Problem(*problem, line_no), source)
+            content = prompt_content(ids, DEFAULT_HASH_BLOCK_TOKENS, prompt, None, len(rows))
+        rows.append((t, prompt, output, None, 0, "default", cls, None, content))
         if limit is not None and len(rows) >= limit:
             break
     if not rows:

@@ -46,6 +46,9 @@ class Canon:
     """Encodes states of one policy under one clock into keys, and keys back into representatives."""
 
     def __init__(self, policy: Policy, step_us: int, priorities: tuple[int, ...] = (0,), tenants: int = 1):
+        if policy.kv.prefix_caching.enabled:  # the canonical key has no block identity yet
+            raise InputError(Problem("kv.prefix_caching.enabled", True, "false for liveness: the state-graph "
+                                     "explorer does not model block identity yet"))
         self.policy = policy
         self.step_us = step_us
         self.tenants = tenants

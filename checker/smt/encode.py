@@ -26,6 +26,7 @@ from checker.policy import (
     Requeue,
     Victim,
 )
+from checker.errors import InputError, Problem
 from checker.semantics.state import Reason, Status
 from checker.smt.ops import Term, sum_terms
 
@@ -75,9 +76,18 @@ class StepResult:
 WAITING_STATES = (Status.WAITING, Status.SWAPPED)
 
 
+def require_encodable(policy: Policy) -> None:
+    """Refuse (exit 2) a policy with a rule the encoding does not cover yet, rather than check a different one."""
+    if policy.kv.prefix_caching.enabled:
+        raise InputError(Problem("kv.prefix_caching.enabled", True, "false for verify, diff and liveness: the Z3 "
+                                 "encoding and the state-graph explorer do not model block identity yet; check the "
+                                 "policy with simulate, fuzz or check-log, which run the engine with the cache"))
+
+
 class SymbolicStep:
     def __init__(self, ops, policy: Policy, params: list[SlotParams], state: SlotState, now_us: Term,
                  cancels: list[Term]):
+        require_encodable(policy)
         self.o = ops
         self.p = policy
         self.params = params

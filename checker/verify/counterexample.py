@@ -24,15 +24,26 @@ FORMAT = "batchcheck-counterexample"
 STATUS_NAMES = {int(s): s.name for s in Status}
 
 
+# Fields added after policies were first hashed, with the value that leaves the semantics as before: left out
+# of the hash at that value, so files recorded earlier (counterexamples, certificates) keep their hash.
+LATER_FIELDS = (("chunking", "threshold_when_alone", True), ("chunking", "threshold_adaptive", False),
+                ("kv", "prefix_caching", {"enabled": False}))
+
+
 def policy_hash(policy: Policy) -> str:
-    canonical = json.dumps(policy.model_dump(mode="json", exclude={"name"}), sort_keys=True, separators=(",", ":"))
+    data = policy.model_dump(mode="json", exclude={"name"})
+    for section, name, unchanged in LATER_FIELDS:
+        if data[section].get(name) == unchanged:
+            del data[section][name]
+    canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
 def requests_json(specs: list[RequestSpec]) -> list[dict]:
     return [{"id": s.rid, "arrival_ms": s.arrival_us / 1000, "prompt_tokens": s.prompt_len,
              "output_tokens": s.output_len, "max_output_tokens": s.max_output, "priority": s.priority,
-             "tenant": s.tenant, "cancel_after_ms": None if s.cancel_us is None else (s.cancel_us - s.arrival_us) / 1000}
+             "tenant": s.tenant, "cancel_after_ms": None if s.cancel_us is None else (s.cancel_us - s.arrival_us) / 1000,
+             **({} if s.content is None else {"prompt_runs": [list(run) for run in s.content]})}
             for s in specs]
 
 
@@ -44,7 +55,9 @@ def specs_from_json(rows: list[dict]) -> list[RequestSpec]:
         specs.append(RequestSpec(rid=row["id"], arrival_us=arrival, prompt_len=row["prompt_tokens"],
                                  output_len=row["output_tokens"], max_output=row["max_output_tokens"],
                                  priority=row.get("priority", 0), tenant=row.get("tenant", 0), cls=0,
-                                 cancel_us=None if cancel is None else arrival + round(cancel * 1000)))
+                                 cancel_us=None if cancel is None else arrival + round(cancel * 1000),
+                                 content=None if row.get("prompt_runs") is None
+                                 else tuple((int(a), int(n)) for a, n in row["prompt_runs"])))
     return specs
 
 

@@ -27,6 +27,7 @@ def test_import_prints_the_policy_and_lists_assumed_defaults_on_stderr(capsys):
     assert yaml.safe_load(out)["kv"]["num_blocks"] == 2500
     assert err.splitlines() == [
         "batchcheck: assumed: --vllm-version=0.33 (the reference version; pass --vllm-version for another one)",
+        "batchcheck: assumed: kv.prefix_caching.enabled=true (--enable-prefix-caching not given: on by default in V1)",
         "batchcheck: assumed: queue.order=fcfs (--scheduling-policy not given: vLLM's default is fcfs)",
         "batchcheck: assumed: chunking.enabled=true (--enable-chunked-prefill not given: on by default in V1)",
         "batchcheck: assumed: chunking.long_prefill_token_threshold=0 (--long-prefill-token-threshold not given: "

@@ -37,7 +37,7 @@ def write(tmp_path: Path, name: str, text: str) -> str:
 
 # ----------------------------------------------------------------------------------------- vLLM
 VLLM_V1_FLAGS = ["--num-gpu-blocks-override", "2501", "--max-model-len", "16384", "--max-num-batched-tokens", "8192",
-                 "--max-num-seqs", "256"]
+                 "--max-num-seqs", "256", "--no-enable-prefix-caching"]
 
 
 def test_vllm_default_flags_equal_the_shipped_vllm_v1_policy():
@@ -45,10 +45,18 @@ def test_vllm_default_flags_equal_the_shipped_vllm_v1_policy():
     assert result.policy == shipped("vllm_v1")
 
 
+def test_vllm_default_flags_with_the_default_cache_equal_the_shipped_prefix_caching_policy():
+    result = import_policy("vllm", VLLM_V1_FLAGS[:-1])
+    assert result.policy == shipped("prefix_caching/vllm_v1")
+    assert "kv.prefix_caching.enabled=true (--enable-prefix-caching not given: on by default in V1)" in result.assumed
+    assert result.policy.model_copy(update={"kv": result.policy.kv.model_copy(
+        update={"prefix_caching": shipped("vllm_v1").kv.prefix_caching})}) == shipped("vllm_v1")
+
+
 def test_vllm_llm_class_defaults_give_the_shipped_budgets():
     # vllm_v1.yaml is "default knobs of the LLM class on a small GPU": only the pool and length are given
-    result = import_policy("vllm", ["--num-gpu-blocks-override", "2501", "--max-model-len", "16384"],
-                           usage_context="llm-class")
+    result = import_policy("vllm", ["--num-gpu-blocks-override", "2501", "--max-model-len", "16384",
+                                    "--no-enable-prefix-caching"], usage_context="llm-class")
     assert result.policy == shipped("vllm_v1")
     assert "batch.max_num_seqs=256 (--max-num-seqs not given: vLLM 0.33 default for the LLM class on a GPU under " \
            "70 GiB (--gpu-memory-gib not given))" in result.assumed
@@ -65,6 +73,7 @@ def test_vllm_lists_every_default_it_filled_in():
     result = import_policy("vllm", ["--max-model-len", "8192", "--num-gpu-blocks-override", "1001"])
     assert result.assumed == [
         "--vllm-version=0.33 (the reference version; pass --vllm-version for another one)",
+        "kv.prefix_caching.enabled=true (--enable-prefix-caching not given: on by default in V1)",
         "queue.order=fcfs (--scheduling-policy not given: vLLM's default is fcfs)",
         "chunking.enabled=true (--enable-chunked-prefill not given: on by default in V1)",
         "--usage-context=api-server (engine flags are vllm serve's; the LLM class has larger defaults: "
@@ -104,10 +113,9 @@ def test_vllm_realistic_serve_command_with_a_config_file(tmp_path):
     assert p.kv.num_blocks == 1_048_576 // 16 - 1
     assert p.chunking.long_prefill_token_threshold == 2048
     assert "--port=8000 (no effect on scheduling)" in result.ignored
-    assert any(line.startswith("--enable-prefix-caching=true (the policy model has no prefix cache")
-               for line in result.ignored)
-    assert any(line.startswith("chunking.long_prefill_token_threshold=2048 (vLLM 0.33 applies the cap only")
-               for line in result.approximated)
+    assert p.kv.prefix_caching.enabled  # --enable-prefix-caching is mapped, no longer ignored
+    assert not any("prefix" in line for line in result.ignored + result.approximated)
+    assert not p.chunking.threshold_when_alone  # vLLM 0.33 applies the cap only with more than one request
 
 
 def test_vllm_pool_from_a_declared_machine():
