@@ -1,7 +1,7 @@
 """The layers of checker/ (docs/design.md, "Who owns what"), read from the imports of the code itself.
 
-Bottom up: inputs -> semantics -> {engine, smt, liveness explorer} -> checks and invariants -> outputs ->
-the facade checker/api.py -> the command line (checker/cli.py and checker/commands/). Nothing imports
+Bottom up: inputs -> semantics -> {engine, smt, liveness explorer, frames, invariants} -> checks -> outputs
+-> the facade checker/api.py -> the command line (checker/cli.py and checker/commands/). Nothing imports
 upward. Every import counts, the ones inside functions too (a lazy import is still a dependency).
 """
 
@@ -16,6 +16,21 @@ from tests.helpers import ROOT
 CHECKER = ROOT / "checker"
 INPUTS = ("policy", "workload", "traces", "requests", "profile", "loading", "errors", "inputfiles")
 CLI_LAYER = ("checker.cli", "checker.commands")
+# docs/design.md, "Who owns what": every module's layer, bottom up (a package or a module; the longest name wins)
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("checker.exitcodes", "checker.errors", "checker.fileio", "checker.loading", "checker.requests", "checker.policy",
+     "checker.workload", "checker.traces", "checker.profile", "checker.inputfiles", "checker.docgen",
+     "checker.strategies", "checker.importers", "checker.calibrate"),
+    ("checker.semantics",),
+    ("checker.engine", "checker.metrics", "checker.fastforward", "checker.smt", "checker.frames",
+     "checker.liveness.explore", "checker.liveness.canon", "checker.liveness.lasso", "checker.liveness.properties",
+     "invariants"),
+    ("checker.verify", "checker.fuzz", "checker.diff", "checker.audit", "checker.liveness.check", "checker.checklog"),
+    ("checker.report", "checker.bugreport", "checker.ci"),
+    ("checker.api",),
+    CLI_LAYER,
+)
+PACKAGES = ("checker", "checker.liveness")  # their __init__.py holds no code of a layer
 
 
 def _module(path: Path) -> str:
@@ -87,3 +102,19 @@ def test_the_semantics_imports_no_checker_built_on_it():
 
 def test_the_inputs_import_no_semantics():
     assert _offenders(_modules(*(f"checker.{m}" for m in INPUTS)), ["checker.semantics"]) == []
+
+
+def _layer(name: str) -> int | None:
+    found = [(len(prefix), i) for i, layer in enumerate(LAYERS) for prefix in layer if _within(name, [prefix])]
+    return max(found)[1] if found else None
+
+
+def test_every_module_has_a_layer():
+    assert [m for m in _imports() if m not in PACKAGES and _layer(m) is None] == [], \
+        "say in LAYERS (and in docs/design.md, 'Who owns what') which layer the module belongs to"
+
+
+def test_nothing_imports_upward():
+    upward = [f"{mod} imports {target}" for mod in _imports() if _layer(mod) is not None
+              for target in _imports()[mod] if target not in PACKAGES and (_layer(target) or 0) > _layer(mod)]
+    assert sorted(set(upward)) == []
