@@ -18,7 +18,8 @@ UNSET = -1
 class RequestTimes:
     """Microsecond timestamps per request id (UNSET until they happen)."""
 
-    __slots__ = ("first_scheduled", "first_token", "last_token", "done", "max_gap", "tokens_scheduled")
+    __slots__ = ("first_scheduled", "first_token", "last_token", "done", "max_gap", "tokens_scheduled",
+                 "first_hit", "hit_tokens")
 
     def __init__(self, n: int):
         self.first_scheduled = [UNSET] * n  # start of the first step that scheduled it
@@ -27,9 +28,15 @@ class RequestTimes:
         self.done = [UNSET] * n  # finished, rejected or cancelled
         self.max_gap = [0] * n  # longest time between two of its output tokens
         self.tokens_scheduled = [0] * n  # tokens computed for it, recompute included
+        self.first_hit = [0] * n  # prompt tokens its first admission took from the prefix cache
+        self.hit_tokens = [0] * n  # tokens all its admissions took from the prefix cache (prefill saved)
 
     def observe(self, d: StepDecision, reqs: list[Request], start_us: int, end_us: int) -> None:
         first_scheduled, tokens = self.first_scheduled, self.tokens_scheduled
+        for rid, n in d.cache_hits:  # before first_scheduled is set: a hit at the first admission
+            if first_scheduled[rid] == UNSET:
+                self.first_hit[rid] = n
+            self.hit_tokens[rid] += n
         for rid, n in d.scheduled:
             if first_scheduled[rid] == UNSET:
                 first_scheduled[rid] = start_us
@@ -95,7 +102,7 @@ def _group(result: SimResult, members: list[Request]) -> dict:
             cancelled += 1
         else:
             unfinished += 1
-    return {
+    group = {
         "requests": len(members), "finished": finished, "rejected": sum(rejected.values()),
         "rejected_by_reason": dict(sorted(rejected.items())), "cancelled": cancelled,
         "unfinished": unfinished, "prompt_tokens": prompt, "output_tokens": output,
@@ -103,6 +110,22 @@ def _group(result: SimResult, members: list[Request]) -> dict:
         "queue_delay_ms": stats(queue), "ttft_ms": stats(ttft), "tpot_ms": stats(tpot),
         "e2e_ms": stats(e2e), "max_tbt_ms": stats(tbt),
     }
+    if result.policy.kv.prefix_caching.enabled:
+        group["prefix_cache"] = _cache_stats(t, members)
+    return group
+
+
+def _cache_stats(t: RequestTimes, members: list[Request]) -> dict:
+    """Prefix-cache hits: of the requests admitted at least once, the share of their prompt tokens and of the
+    requests themselves that the first admission found cached, and the prefill tokens every admission saved."""
+    admitted = [r for r in members if t.first_scheduled[r.rid] != UNSET]
+    prompt = sum(r.prompt_len for r in admitted)
+    hit = sum(t.first_hit[r.rid] for r in admitted)
+    with_hit = sum(1 for r in admitted if t.first_hit[r.rid])
+    return {"admitted": len(admitted), "prompt_tokens": prompt, "hit_tokens": hit,
+            "token_hit_rate": round(hit / prompt, 4) if prompt else None, "requests_with_hit": with_hit,
+            "request_hit_rate": round(with_hit / len(admitted), 4) if admitted else None,
+            "prefill_tokens_saved": sum(t.hit_tokens[r.rid] for r in members)}
 
 
 def _engine(result: SimResult) -> dict:

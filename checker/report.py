@@ -31,6 +31,29 @@ def _group_row(name: str, g: dict) -> list[str]:
         _num(g["e2e_ms"]["p99"])]
 
 
+CACHE_COLUMNS = ["admitted", "hit tokens", "token hit %", "requests hit", "request hit %", "prefill saved"]
+
+
+def _pct(rate: float | None) -> str:
+    return "-" if rate is None else f"{100 * rate:.1f}"
+
+
+def _cache_row(name: str, g: dict) -> list[str]:
+    c = g["prefix_cache"]
+    return [name, _num(c["admitted"]), _num(c["hit_tokens"]), _pct(c["token_hit_rate"]), _num(c["requests_with_hit"]),
+            _pct(c["request_hit_rate"]), _num(c["prefill_tokens_saved"])]
+
+
+def _groups(summary: dict) -> list[tuple[str, dict]]:
+    """The table's rows: all, then each class and each tenant when there are several."""
+    rows = [("all", summary["overall"])]
+    if len(summary["by_class"]) > 1:
+        rows += [(f"class {k}", g) for k, g in summary["by_class"].items()]
+    if len(summary["by_tenant"]) > 1:
+        rows += [(f"tenant {k}", g) for k, g in summary["by_tenant"].items()]
+    return rows
+
+
 def format_summary(summary: dict) -> str:
     e = summary["engine"]
     out = [f"policy {summary['policy']}  |  requests from {summary['source']}  |  profile {summary['profile']}",
@@ -39,12 +62,11 @@ def format_summary(summary: dict) -> str:
            f"({e['kv_peak_pct']}%)  running peak {e['running_peak']}  waiting peak {e['waiting_peak']}  "
            f"idle-slot steps {e['idle_slot_steps']}  engine wall {e['wall_s']} s",
            "times in ms"]
-    rows = [_group_row("all", summary["overall"])]
-    if len(summary["by_class"]) > 1:
-        rows += [_group_row(f"class {k}", g) for k, g in summary["by_class"].items()]
-    if len(summary["by_tenant"]) > 1:
-        rows += [_group_row(f"tenant {k}", g) for k, g in summary["by_tenant"].items()]
+    rows = [_group_row(name, g) for name, g in _groups(summary)]
     out.append(_table([""] + GROUP_COLUMNS, rows))
+    if "prefix_cache" in summary["overall"]:
+        out.append("prefix cache (first admissions; saved: prefill tokens of every admission)")
+        out.append(_table([""] + CACHE_COLUMNS, [_cache_row(name, g) for name, g in _groups(summary)]))
     rejected = summary["overall"]["rejected_by_reason"]
     if rejected:
         out.append("rejected: " + ", ".join(f"{k} {v}" for k, v in rejected.items()))

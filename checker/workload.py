@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
 from checker.policy import MAX_TOKENS
-from checker.requests import RequestSpec
+from checker.requests import PromptContent, RequestSpec
 
 MAX_REQUESTS = 5_000_000
 MAX_DURATION_S = 7 * 86_400
@@ -156,6 +156,24 @@ class Cancel(_Strict):
     """Delay from arrival to the cancel (ms)."""
 
 
+class SharedPrefix(_Strict):
+    """Each request starts with one of ``system_prompts`` distinct system prompts of ``tokens`` tokens (drawn
+    uniformly), followed by its own ``prompt_tokens``: requests with the same system prompt share it."""
+
+    system_prompts: Annotated[int, Field(ge=1, le=1_000_000)]
+    tokens: Tokens
+
+
+class Sessions(_Strict):
+    """Multi-turn conversations: each arrival of the class opens a session of ``turns`` requests, turn k + 1
+    arriving ``think_time_ms`` after turn k (open loop). Turn k + 1's prompt is turn k's prompt, then turn
+    k's output, then a new message of ``prompt_tokens``: it extends the previous prompt, whose blocks a
+    prefix cache can reuse (the previous output and the new message are the turn's own tokens)."""
+
+    turns: Annotated[int, Field(ge=1, le=10_000)]
+    think_time_ms: Annotated[float, Field(ge=0, le=1e9)]
+
+
 class RequestClass(_Strict):
     name: Annotated[str, Field(min_length=1)]
     priority: Annotated[int, Field(ge=-1_000_000, le=1_000_000)] = 0
@@ -168,6 +186,10 @@ class RequestClass(_Strict):
     start_ms: Annotated[float, Field(ge=0, le=MAX_DURATION_S * 1000)] = 0.0
     stop_ms: Annotated[float | None, Field(ge=0, le=MAX_DURATION_S * 1000)] = None
     cancel: Cancel | None = None
+    shared_prefix: SharedPrefix | None = None
+    """Requests start with one of a few system prompts (prefix caching can share them)."""
+    sessions: Sessions | None = None
+    """Requests are the turns of multi-turn conversations, each prompt extending the previous one."""
 
     @model_validator(mode="after")
     def _consistent(self) -> RequestClass:
@@ -215,22 +237,61 @@ def generate(w: Workload) -> list[RequestSpec]:
     tenants = {t: i for i, t in enumerate(w.tenants)}
     stop_all = w.duration_s * 1000.0
     rows = []
+    names = TokenNames()
     for ci, c in enumerate(w.classes):
         rng = random.Random(f"{w.seed}/{ci}/{c.name}")
         stop = min(stop_all, c.stop_ms) if c.stop_ms is not None else stop_all
         for t in c.arrival.times_ms(rng, c.start_ms, stop):
-            prompt = c.prompt_tokens.sample(rng)
-            output = c.output_tokens.sample(rng)
-            cancel = None
-            if c.cancel is not None and rng.random() < c.cancel.probability:
-                cancel = t + c.cancel.after_ms
-            rows.append((t, ci, prompt, output, c.max_output, c.priority, tenants[c.tenant], cancel))
+            if c.sessions is None and c.shared_prefix is None:  # the request's own tokens (no content needed)
+                prompt = c.prompt_tokens.sample(rng)
+                output = c.output_tokens.sample(rng)
+                rows.append((t, ci, prompt, output, c.max_output, c.priority, tenants[c.tenant],
+                             _cancel(c, rng, t), None))
+                continue
+            content: PromptContent = ()
+            if c.shared_prefix is not None:
+                g = rng.randrange(c.shared_prefix.system_prompts)
+                content = (names.run(("system", ci, g), c.shared_prefix.tokens),)
+            previous_output = 0
+            for k in range(c.sessions.turns if c.sessions is not None else 1):
+                arrival = t + k * (c.sessions.think_time_ms if c.sessions is not None else 0.0)
+                own = previous_output + c.prompt_tokens.sample(rng)
+                content = content + (names.run(("own", len(names)), own),)
+                output = c.output_tokens.sample(rng)
+                prompt = sum(n for _, n in content)
+                if arrival < stop:
+                    rows.append((arrival, ci, prompt, output, c.max_output, c.priority, tenants[c.tenant],
+                                 _cancel(c, rng, arrival), content))
+                previous_output = output
     rows.sort(key=lambda row: (row[0], row[1]))
     if w.max_requests is not None:
         rows = rows[: w.max_requests]
     return [
         RequestSpec(rid=i, arrival_us=round(t * 1000), prompt_len=prompt, output_len=output,
                     max_output=max_out, priority=prio, tenant=tenant, cls=ci,
-                    cancel_us=None if cancel is None else round(cancel * 1000))
-        for i, (t, ci, prompt, output, max_out, prio, tenant, cancel) in enumerate(rows)
+                    cancel_us=None if cancel is None else round(cancel * 1000), content=content)
+        for i, (t, ci, prompt, output, max_out, prio, tenant, cancel, content) in enumerate(rows)
     ]
+
+
+def _cancel(c: RequestClass, rng: random.Random, t: float) -> float | None:
+    if c.cancel is not None and rng.random() < c.cancel.probability:
+        return t + c.cancel.after_ms
+    return None
+
+
+class TokenNames:
+    """Fresh token-id runs for generated prompts: one name (a system prompt, a turn's own tokens) per run of
+    ids, negative so that they never meet the ids of traces (hash ids, prefix groups), which are positive."""
+
+    SPAN = 10 * MAX_TOKENS  # wider than any prompt
+
+    def __init__(self) -> None:
+        self.bases: dict[tuple, int] = {}
+
+    def __len__(self) -> int:
+        return len(self.bases)
+
+    def run(self, name: tuple, n: int) -> tuple[int, int]:
+        base = self.bases.setdefault(name, -(len(self.bases) + 1) * self.SPAN)
+        return (base, n)

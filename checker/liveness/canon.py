@@ -162,6 +162,7 @@ class Canon:
         s = SchedulerState.__new__(SchedulerState)
         s.policy = self.policy
         s.step = 0
+        s.pool = None  # refused with prefix caching (Canon.__init__)
         requests: list[Request] = []
         running: list[tuple[int, Request]] = []
         waiting: list[Request] = []

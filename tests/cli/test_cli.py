@@ -71,7 +71,7 @@ def test_unknown_key_names_file_line_path_and_allowed_keys(capsys, tmp_path):
     code, _, err = run(capsys, "validate", path)
     assert code == 2
     assert err == (f"batchcheck: error: {path}:4: kv.blok_size=16 (expected a known key; allowed here: "
-                   "allocation, block_size, check_allocation, num_blocks, swap_blocks, watermark)\n")
+                   "allocation, block_size, check_allocation, num_blocks, prefix_caching, swap_blocks, watermark)\n")
 
 
 def test_wrong_type_and_negative_size(capsys, tmp_path):

@@ -27,7 +27,7 @@ def test_the_machine_catches_a_broken_engine(monkeypatch):
 
     policy = load_policy(POLICIES / "vllm_v1.yaml")
     small = policy.model_copy(update={"kv": policy.kv.model_copy(update={"num_blocks": 8})})
-    monkeypatch.setattr(kv, "can_admit", lambda s, r, n: True)
+    monkeypatch.setattr(kv, "can_admit", lambda s, r, n, hit=kv.NO_HIT: True)
     machine = machine_for(small)
     machine.TestCase.settings = settings(max_examples=60, stateful_step_count=40, deadline=None, derandomize=True,
                                          database=None, suppress_health_check=list(HealthCheck))

@@ -9,6 +9,7 @@ import pytest
 
 from checker.api import run_simulation
 from checker.cli import main
+from checker.requests import shared_prefix_tokens
 from checker.traces import TraceOptions, load_requests
 from tests.helpers import AZURE_CSV, POLICIES
 
@@ -24,10 +25,20 @@ def mooncake(tmp_path, rows):
 def test_mooncake_jsonl(tmp_path):
     path = mooncake(tmp_path, [
         {"timestamp": 1000, "input_length": 600, "output_length": 20, "hash_ids": [1, 2], "service": "chat"},
-        {"timestamp": 1500, "input_length": 9000, "output_length": 5, "hash_ids": [3], "service": "doc"}])
+        {"timestamp": 1500, "input_length": 9000, "output_length": 5, "hash_ids": [1, *range(3, 20)],
+         "service": "doc"}])
     rs = load_requests(trace=path, options=TraceOptions(class_column="service"))
     assert [(s.arrival_us, s.prompt_len, s.output_len) for s in rs.specs] == [(0, 600, 20), (500_000, 9000, 5)]
     assert [rs.class_names[s.cls] for s in rs.specs] == ["chat", "doc"]
+    # hash_ids are kept: the two prompts share their first 512-token block, and nothing after it
+    assert shared_prefix_tokens(rs.specs[0].content, rs.specs[1].content) == 512
+
+
+def test_mooncake_hash_ids_must_cover_the_prompt(tmp_path, capsys):
+    path = mooncake(tmp_path, [{"timestamp": 0, "input_length": 1025, "output_length": 2, "hash_ids": [4, 5]}])
+    assert main(["simulate", str(POLICIES / "vllm_v1.yaml"), "--trace", str(path)]) == 2
+    assert capsys.readouterr().err == (f"batchcheck: error: {path}:1: hash_ids='2 ids' (expected 3 ids: ceil(prompt "
+                                       "1025 / hash_block_tokens 512), so that the ids cover the prompt)\n")
 
 
 def test_mooncake_bad_line(tmp_path, capsys):
