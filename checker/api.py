@@ -1,10 +1,10 @@
 """The library facade, on top of every package it fronts (none of them imports it): what the CLI calls.
 
 Here: input file kinds and validation, simulation, the capacity audit of record files, replay and proof
-re-checking, runtime verification, importers, CI and bug reports. The other entry points live with the
+re-checking, importers, CI and bug reports. The other entry points live with the
 concept they run (docs/design.md, "Who owns what") and are re-exported under the same names: policy files
 and overrides (checker.inputfiles), SLO files (checker.fuzz.slo), the derived audit (checker.audit);
-verify, fuzz, diff and liveness are imported on first use (they load z3, Hypothesis or networkx).
+verify, fuzz, diff, liveness and check-log are imported on first use (they load z3, Hypothesis or networkx).
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ MODELS["slo"] = SLOFile
 # Entry points re-exported from the check that owns each, imported on first use (see __getattr__).
 _ON_FIRST_USE = {"DEFAULT_INVARIANTS": "checker.verify.run", "run_verify": "checker.verify.run",
                  "run_fuzz": "checker.fuzz.run", "DIFF_INVARIANTS": "checker.diff.run", "run_diff": "checker.diff.run",
-                 "liveness_env": "checker.liveness.check", "run_liveness": "checker.liveness.check"}
+                 "liveness_env": "checker.liveness.check", "run_liveness": "checker.liveness.check",
+                 "CHECK_LOG_INVARIANTS": "checker.checklog", "run_check_log": "checker.checklog"}
 
 
 def __getattr__(name: str):
@@ -136,25 +137,6 @@ def run_replay(counterexample: str | Path, policy: str | Path | None = None) -> 
     verdict = (f"{name} holds on this trace: the policy no longer fails it" if report.violation is None else
                f"{name} VIOLATED at iteration {report.violation} (recorded: iteration {report.recorded_violation})")
     return "\n".join([head, replay_table(report), verdict]), report.violation is not None
-
-
-# ----------------------------------------------------------------------------------------- runtime verification
-CHECK_LOG_INVARIANTS = ("kv_never_overcommitted", "token_budget", "seq_cap", "request_conservation")
-
-
-def run_check_log(policy: str | Path, log: str | Path, arrivals: str | Path, invariants: list[str] | None = None,
-                  with_conformance: bool = False):
-    """Check invariants on a real scheduler's per-step log; optionally compare it with the engine."""
-    from checker.checklog import check_log, conformance, load_arrivals, load_log
-    from checker.verify.run import parse_invariant
-
-    pol = load_policy(policy)
-    arr = load_arrivals(arrivals)
-    steps = load_log(log, arr)
-    chosen = [parse_invariant(text) for text in (invariants or CHECK_LOG_INVARIANTS)]
-    violation, notes = check_log(pol, arr, steps, chosen)
-    conf = conformance(pol, arr, steps) if with_conformance else None
-    return len(steps), chosen, violation, notes, conf
 
 
 # ----------------------------------------------------------------------------------------- importers

@@ -3,39 +3,69 @@
 Log format (JSON lines, one per step; docs/check-log.md): ``step`` (int), ``scheduled`` (object: request
 id -> tokens scheduled in the step), ``preempted``, ``finished``, ``aborted`` (lists of request ids),
 ``running``, ``waiting`` (counts after the step), ``free_blocks`` (int). Arrivals: a JSON list of
-``{id, arrival_step, prompt_tokens, output_tokens, priority, abort_step?}``. This is what one gets by
-driving vLLM's v1 ``Scheduler`` with ``schedule()`` / ``update_from_output()`` and a fake runner.
+``{id, arrival_step, prompt_tokens, output_tokens, priority, abort_step?, prefix_group?, hash_ids?,
+hash_block_tokens?}``. This is what one gets by driving vLLM's v1 ``Scheduler`` with ``schedule()`` /
+``update_from_output()`` and a fake runner (shared/tools/vllm-scheduler).
 
 The log is turned into the same frames the engine produces (per request: status, computed and generated
 tokens, blocks of its computed tokens, preemptions), with the observed KV in use (pool - free_blocks),
 so the very same invariant predicates run on it. ``--conformance`` also runs the engine on the arrivals
 under the policy and compares the two step by step.
+
+Two paths compute the same verdicts:
+
+- the streaming checker (``run_check_log``, what the CLI runs): the log is read one line at a time (or
+  followed while it grows), each step touches only the requests the line names, the invariants are
+  evaluated on what changed (``Incremental``; restricted frames, docs/check-log.md "How it scales"), and
+  the engine runs in lockstep with the log (``Lockstep``). Memory does not grow with the log.
+- the reference path (``load_log``, ``observed_frames``, ``check_log``, ``conformance``): whole frames of
+  every request at every step, kept in memory. Tests pin the streaming checker to it.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
-from checker.errors import InputError, Problem
+from checker.engine import _Clock, _next_internal_event
+from checker.errors import InputError, InternalError, Problem
+from checker.fastforward import apply_stretch, next_steps_are_quiet_decodes, stretch_durations
 from checker.frames import Frame, TraceContext
 from checker.loading import json_lines, load_document
 from checker.policy import Policy
+from checker.requests import DEFAULT_HASH_BLOCK_TOKENS, RequestSpec, prefix_problem, prompt_content
 from checker.semantics.kv import blocks_for
-from checker.semantics.state import FIELDS, Reason, Status
-from checker.requests import RequestSpec
+from checker.semantics.state import FIELDS, Reason, SchedulerState, Status
+from checker.semantics.step import step
 from checker.smt.encode import SlotParams
 from checker.smt.ops import IntOps
 from checker.verify.replay import replay_fixed_clock
+from invariants import catalogue
 from invariants.catalogue import Invariant
+
+try:  # a faster parser of the log's lines when installed; json (same values, same errors) otherwise
+    import orjson
+except ImportError:  # pragma: no cover - depends on the environment
+    orjson = None
 
 STEP_US = 1000  # log steps are placed 1 ms apart on the engine's clock
 LOG_KEYS = ("step", "scheduled", "preempted", "finished", "aborted", "running", "waiting", "free_blocks")
+CHECK_LOG_INVARIANTS = ("kv_never_overcommitted", "token_budget", "seq_cap", "request_conservation")
+MAX_NOTES = 5  # notes kept (the CLI prints them); the count of all is kept too
+
+PENDING, WAITING, RUNNING = int(Status.PENDING), int(Status.WAITING), int(Status.RUNNING)
+FINISHED, CANCELLED = int(Status.FINISHED), int(Status.CANCELLED)
+ABORTED, STOPPED = int(Reason.ABORTED), int(Reason.STOPPED)
+DONE = (FINISHED, CANCELLED)
 
 
-@dataclass(frozen=True)
-class LogStep:
+class LogStep(NamedTuple):  # a tuple: one is built per log line
     step: int
     scheduled: dict[int, int]
     preempted: list[int]
@@ -52,6 +82,51 @@ class Arrivals:
     specs: list[RequestSpec]
     ids: list[Any]  # the log's id of each request, by request number
     index: dict[Any, int]
+    by_name: dict[str, int] = field(default_factory=dict)  # str(id) -> request number (the harness's names)
+
+    def rid(self, key: Any) -> int | None:
+        """The request number of a log's id: the id itself, or its name as the harness writes it (str(id))."""
+        try:
+            r = self.index.get(key)
+        except TypeError:  # not an id at all (a list, an object)
+            return None
+        if r is None:
+            r = self.index.get(str(key))
+            if r is None:
+                r = self.by_name.get(str(key))
+        return r
+
+
+# ----------------------------------------------------------------------------------------- arrivals
+def _whole(value: Any, low: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+
+def _content(row: dict, i: int, source: str):
+    """The token identity of row i's prompt, read as the vLLM harness reads it (drive_vllm_scheduler.py,
+    make_requests): hash_ids (each id one block of hash_block_tokens tokens), or prefix_group, or neither.
+    The checks after the types are those of JSON traces (checker.requests.prefix_problem)."""
+    block = row.get("hash_block_tokens", DEFAULT_HASH_BLOCK_TOKENS)
+    if not _whole(block, 1):
+        raise InputError(Problem(f"[{i}].hash_block_tokens", block, "a whole number >= 1 (prompt tokens per hash id, "
+                                 f"default {DEFAULT_HASH_BLOCK_TOKENS})"), source)
+    group = row.get("prefix_group")
+    if "prefix_group" in row and not _whole(group, 0):
+        raise InputError(Problem(f"[{i}].prefix_group", group, "a whole number >= 0 (requests of one group share "
+                                 "their prompt's first tokens)"), source)
+    ids = row.get("hash_ids")
+    if "hash_ids" in row:
+        if not isinstance(ids, list):
+            raise InputError(Problem(f"[{i}].hash_ids", ids, "a list of whole numbers >= 0, one per hash block of "
+                                     "the prompt"), source)
+        for j, h in enumerate(ids):
+            if not isinstance(h, int) or isinstance(h, bool):
+                raise InputError(Problem(f"[{i}].hash_ids[{j}]", h, "a whole number >= 0"), source)
+    problem = prefix_problem(ids, block, row["prompt_tokens"], group)
+    if problem is not None:
+        name, value, expected = problem
+        raise InputError(Problem(f"[{i}].{name}", value, expected), source)
+    return prompt_content(ids, block, row["prompt_tokens"], group, i)
 
 
 def load_arrivals(path: str | Path) -> Arrivals:
@@ -59,8 +134,10 @@ def load_arrivals(path: str | Path) -> Arrivals:
     source = str(path)
     if not isinstance(data, list):
         raise InputError(Problem("", type(data).__name__, "a JSON list of {id, arrival_step, prompt_tokens, "
-                                 "output_tokens, priority, abort_step?}"), source)
+                                 "output_tokens, priority, abort_step?, prefix_group?, hash_ids?, "
+                                 "hash_block_tokens?}"), source)
     rows = []
+    contents = []
     for i, row in enumerate(data):
         if not isinstance(row, dict):
             raise InputError(Problem(f"[{i}]", row, "an object"), source)
@@ -75,6 +152,7 @@ def load_arrivals(path: str | Path) -> Arrivals:
             raise InputError(Problem(f"[{i}].prompt_tokens/output_tokens", f"{row['prompt_tokens']}/{row['output_tokens']}",
                                      "both >= 1"), source)
         rows.append(row)
+        contents.append(_content(row, i, source))  # i: the row's position in the file, as the harness numbers it
     order = sorted(range(len(rows)), key=lambda i: (rows[i]["arrival_step"], i))
     specs, ids = [], []
     for rid, i in enumerate(order):
@@ -82,39 +160,737 @@ def load_arrivals(path: str | Path) -> Arrivals:
         abort = row.get("abort_step")
         specs.append(RequestSpec(rid=rid, arrival_us=row["arrival_step"] * STEP_US, prompt_len=row["prompt_tokens"],
                                  output_len=row["output_tokens"], max_output=row["output_tokens"],
-                                 priority=row.get("priority", 0), tenant=0, cls=0,
-                                 cancel_us=None if abort is None else abort * STEP_US))
+                                 priority=row.get("priority", 0) or 0, tenant=0, cls=0,
+                                 cancel_us=None if abort is None else abort * STEP_US, content=contents[i]))
         ids.append(row["id"])
     index = {key: rid for rid, key in enumerate(ids)}
     if len(index) != len(ids):
         raise InputError(Problem("id", "<duplicate>", "each request id once"), source)
-    return Arrivals(specs, ids, index)
+    by_name: dict[str, int] = {}
+    for rid, key in enumerate(ids):
+        by_name.setdefault(str(key), rid)
+    return Arrivals(specs, ids, index, by_name)
 
 
-def load_log(path: str | Path, arrivals: Arrivals) -> list[LogStep]:
-    source = str(path)
-    steps = []
-    for line_no, _, rec in json_lines(path):
+# ----------------------------------------------------------------------------------------- reading the log
+_LOG_KEY_SET = frozenset(LOG_KEYS)
+
+
+def parse_step(rec: Any, line_no: int, arrivals: Arrivals, source: str) -> LogStep:
+    """One log line, checked, with request ids turned into request numbers."""
+    if not isinstance(rec, dict) or not rec.keys() >= _LOG_KEY_SET:
         missing = [k for k in LOG_KEYS if not isinstance(rec, dict) or k not in rec]
-        if missing:
-            raise InputError(Problem(missing[0], "<missing>", "the keys " + ", ".join(LOG_KEYS), line_no), source)
+        raise InputError(Problem(missing[0], "<missing>", "the keys " + ", ".join(LOG_KEYS), line_no), source)
+    index = arrivals.index
 
-        def rid(key: Any, field_name: str, line_no: int = line_no) -> int:
-            if key not in arrivals.index and str(key) not in arrivals.index:
-                raise InputError(Problem(field_name, key, "a request id from the arrivals file", line_no), source)
-            return arrivals.index.get(key, arrivals.index.get(str(key)))  # type: ignore[return-value]
+    def rid(key: Any, field_name: str) -> int:
+        r = arrivals.rid(key)
+        if r is None:
+            raise InputError(Problem(field_name, key, "a request id from the arrivals file", line_no), source)
+        return r
 
-        scheduled = {}
-        for key, n in (rec["scheduled"] or {}).items():
-            if not isinstance(n, int) or n < 1:
-                raise InputError(Problem(f"scheduled.{key}", n, "a token count >= 1", line_no), source)
-            scheduled[rid(key, "scheduled")] = n
-        steps.append(LogStep(
-            step=rec["step"], scheduled=scheduled,
-            preempted=[rid(k, "preempted") for k in rec["preempted"] or []],
-            finished=[rid(k, "finished") for k in rec["finished"] or []],
-            aborted=[rid(k, "aborted") for k in rec["aborted"] or []],
-            running=rec["running"], waiting=rec["waiting"], free_blocks=rec["free_blocks"], line=line_no))
+    raw = rec["scheduled"] or {}
+    if raw.__class__ is not dict:
+        raise InputError(Problem("scheduled", raw, "an object: request id -> tokens scheduled", line_no), source)
+    scheduled = {}
+    for key, n in raw.items():
+        if not isinstance(n, int) or n < 1:
+            raise InputError(Problem(f"scheduled.{key}", n, "a token count >= 1", line_no), source)
+        r = index.get(key)
+        scheduled[rid(key, "scheduled") if r is None else r] = n
+    lists = []
+    for name in ("preempted", "finished", "aborted"):
+        ids = rec[name]
+        if not ids:
+            lists.append([])
+            continue
+        if ids.__class__ is not list:
+            raise InputError(Problem(name, ids, "a list of request ids", line_no), source)
+        lists.append([rid(k, name) for k in ids])
+    k, running, waiting, free = rec["step"], rec["running"], rec["waiting"], rec["free_blocks"]
+    if k.__class__ is not int or k < 0:
+        raise InputError(Problem("step", k, "a step number (a whole number >= 0)", line_no), source)
+    for name, value in (("running", running), ("waiting", waiting), ("free_blocks", free)):
+        if value.__class__ is not int:
+            raise InputError(Problem(name, value, "a whole number", line_no), source)
+    return LogStep(k, scheduled, lists[0], lists[1], lists[2], running, waiting, free, line_no)
+
+
+def _open(path: str | Path):
+    p = Path(path)
+    try:
+        return open(p, "rb")
+    except FileNotFoundError:
+        raise InputError(Problem("", str(p), "an existing file"), str(p)) from None
+    except IsADirectoryError:
+        raise InputError(Problem("", str(p), "a file, not a directory"), str(p)) from None
+    except OSError as exc:
+        raise InputError(Problem("", str(p), f"a readable file ({exc.strerror})"), str(p)) from None
+
+
+@dataclass
+class Follow:
+    """Follow a growing log (like ``tail -f``): wait for new lines, stop after ``idle_s`` without one."""
+
+    idle_s: float = 10.0
+    poll_s: float = 0.05
+    stopped: str | None = None  # "idle" once the reader gave up waiting
+
+
+def log_lines(path: str | Path, follow: Follow | None = None) -> Iterator[tuple[int, bytes]]:
+    """(line number, bytes) of each non-blank line of the log, read lazily. With ``follow``, lines are
+    yielded as they are appended (a line counts once it ends in a newline, or when the wait ends)."""
+    source = str(path)
+    if follow is None:
+        with _open(path) as f:
+            for line_no, raw in enumerate(f, start=1):
+                if not raw.isspace():
+                    yield line_no, raw
+        return
+    last = time.monotonic()
+    while not os.path.exists(path):  # the server may not have created it yet
+        if time.monotonic() - last >= follow.idle_s:
+            follow.stopped = "idle"
+            _open(path)  # the usual error: an existing file
+        time.sleep(follow.poll_s)
+    with _open(path) as f:
+        line_no, partial = 0, b""
+        while True:
+            chunk = f.readline()
+            if chunk:
+                last = time.monotonic()
+                partial += chunk
+                if partial.endswith(b"\n"):
+                    line_no += 1
+                    raw, partial = partial, b""
+                    if not raw.isspace():
+                        yield line_no, raw
+                continue
+            if time.monotonic() - last >= follow.idle_s:
+                follow.stopped = "idle"
+                if partial and not partial.isspace():  # a last line without its newline
+                    yield line_no + 1, partial
+                return
+            if os.fstat(f.fileno()).st_size < f.tell():
+                raise InputError(Problem("", f"{os.fstat(f.fileno()).st_size} bytes", f"a log that only grows "
+                                         f"(it was {f.tell()} bytes: truncated or replaced)"), source)
+            time.sleep(follow.poll_s)
+
+
+def parse_line(raw: bytes, line_no: int, source: str) -> Any:
+    if orjson is not None:
+        try:
+            return orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            pass  # json says what is wrong, as it always did (and reads what orjson does not: huge ints, NaN)
+    try:
+        text = raw.decode("utf-8").rstrip("\r\n")
+    except UnicodeDecodeError as exc:
+        raise InputError(Problem("", f"byte {exc.start} of the line", "UTF-8 text", line_no), source) from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(Problem(f"line {line_no}", text[:40], f"a JSON object ({exc.msg})", line_no),
+                         source) from None
+
+
+def stream_log(path: str | Path, arrivals: Arrivals, follow: Follow | None = None) -> Iterator[LogStep]:
+    """The log's steps, parsed and checked one line at a time (steps must be consecutive: the first gap is
+    an input error, raised at the end of the file, after every line has been checked, as load_log does;
+    at once when following)."""
+    source = str(path)
+    prev: LogStep | None = None
+    gap: Problem | None = None
+    count = 0
+    for line_no, raw in log_lines(path, follow):
+        entry = parse_step(parse_line(raw, line_no, source), line_no, arrivals, source)
+        count += 1
+        if prev is not None and entry.step != prev.step + 1 and gap is None:
+            gap = Problem("step", entry.step, f"consecutive steps ({prev.step + 1} after {prev.step})", entry.line)
+            if follow is not None:
+                raise InputError(gap, source)
+        prev = entry
+        if gap is None:
+            yield entry
+    if not count and (follow is None or follow.stopped is None):
+        raise InputError(Problem("lines", 0, "at least one step"), source)
+    if gap is not None:
+        raise InputError(gap, source)
+
+
+# ----------------------------------------------------------------------------------------- the observed state
+def _initial_slot() -> dict[str, int]:
+    return {**{f: 0 for f in FIELDS}, "status": PENDING, "release_step": -1}
+
+
+class Observed:
+    """The requests' state as the log shows it, advanced one step at a time; a step touches only the
+    requests its line names (and those whose arrival step it is). The same rules as observed_frames.
+
+    After ``apply``: ``status_changed``, ``blocks_changed`` (requests whose status / blocks changed in the
+    step), ``touched`` (every request whose fields changed or that the step scheduled, preempted, finished
+    or aborted, and those that arrived), ``produced``; sets of running, waiting and KV-holding requests,
+    the sum of blocks held, and how many requests are finished or aborted.
+
+    With ``keep`` >= 0 the slots are copy-on-write: a slot written in step t is a new dict, and the one it
+    replaces is kept for ``keep`` steps (``slot_at``), so frames of earlier steps stay valid."""
+
+    def __init__(self, policy: Policy, arrivals: Arrivals, keep: int | None = None):
+        specs = arrivals.specs
+        self.n = len(specs)
+        self.slots = [_initial_slot() for _ in specs]
+        self.prompt = [s.prompt_len for s in specs]
+        self.arrival_us = [s.arrival_us for s in specs]  # specs are in arrival order (load_arrivals)
+        self.next_arrival = 0
+        self.size = policy.kv.block_size
+        self.pool = policy.kv.num_blocks
+        self.running: set[int] = set()
+        self.waiting: set[int] = set()
+        self.holding: set[int] = set()  # blocks != 0
+        self.held = 0  # blocks summed over the requests
+        self.done = 0  # finished or aborted
+        self.seq = 1
+        self.t = -1  # position in the log of the last step applied
+        self.keep = keep
+        self.written = [-1] * self.n  # copy-on-write: the step in which a slot was last copied
+        self.history: dict[int, list[tuple[int, dict]]] = {}  # rid -> [(t, the slot before step t)]
+        self.entry: LogStep | None = None
+        self.status_changed: list[int] = []
+        self.blocks_changed: list[int] = []
+        self.produced: set[int] = set()
+        self.touched: set[int] = set()
+        self.kv_used = 0
+        self.now_us = 0
+
+    # the slot of request r, writable in this step
+    def _w(self, r: int) -> dict[str, int]:
+        s = self.slots[r]
+        if self.keep is not None and self.written[r] != self.t:
+            hist = self.history.setdefault(r, [])
+            while hist and hist[0][0] <= self.t - self.keep:
+                del hist[0]
+            hist.append((self.t, s))
+            s = self.slots[r] = dict(s)
+            self.written[r] = self.t
+        return s
+
+    def _status(self, r: int, s: dict[str, int], new: int) -> None:
+        old = s["status"]
+        if old == new:
+            return
+        s["status"] = new
+        self.status_changed.append(r)
+        if old == RUNNING:
+            self.running.discard(r)
+        elif old == WAITING:
+            self.waiting.discard(r)
+        elif old in DONE:
+            self.done -= 1
+        if new == RUNNING:
+            self.running.add(r)
+        elif new == WAITING:
+            self.waiting.add(r)
+        elif new in DONE:
+            self.done += 1
+
+    def _blocks(self, r: int, s: dict[str, int], b: int) -> None:
+        old = s["blocks"]
+        if old == b:
+            return
+        s["blocks"] = b
+        self.held += b - old
+        self.blocks_changed.append(r)
+        if b:
+            self.holding.add(r)
+        else:
+            self.holding.discard(r)
+
+    def apply(self, entry: LogStep) -> None:
+        self.t += 1
+        self.entry = entry
+        now = self.now_us = entry.step * STEP_US
+        self.status_changed, self.blocks_changed, self.produced = [], [], set()
+        touched = self.touched = set()
+        w, status, blocks = self._w, self._status, self._blocks
+        arrival = self.arrival_us
+        while self.next_arrival < self.n and arrival[self.next_arrival] <= now:
+            r = self.next_arrival
+            self.next_arrival += 1
+            touched.add(r)  # touched at its arrival step even when the log named it earlier
+            if self.slots[r]["status"] == PENDING:
+                status(r, w(r), WAITING)
+        for r in entry.aborted:
+            s = w(r)
+            status(r, s, CANCELLED)
+            s["reason"] = ABORTED
+            blocks(r, s, 0)
+            touched.add(r)
+        for r in entry.preempted:
+            s = w(r)
+            status(r, s, WAITING)
+            s["num_computed"] = 0
+            blocks(r, s, 0)
+            s["num_preemptions"] += 1
+            s["requeue_seq"] = self.seq
+            self.seq += 1
+            touched.add(r)
+        size, prompt, slots, cow = self.size, self.prompt, self.slots, self.keep is not None
+        for r, n in entry.scheduled.items():
+            s = w(r) if cow else slots[r]
+            if s["status"] != RUNNING:
+                status(r, s, RUNNING)
+                s["admitted_seq"] = self.seq
+                self.seq += 1
+            c = s["num_computed"] + n
+            s["num_computed"] = c
+            if c > s["blocks"] * size:  # blocks is 0 or blocks_for(computed before): it grows only past them
+                blocks(r, s, blocks_for(c, size))
+            if c >= prompt[r] + s["num_generated"]:
+                s["num_generated"] += 1
+                self.produced.add(r)
+        touched.update(entry.scheduled)
+        for r in entry.finished:
+            s = w(r)
+            status(r, s, FINISHED)
+            s["reason"] = STOPPED
+            blocks(r, s, 0)
+            touched.add(r)
+        self.kv_used = self.pool - entry.free_blocks
+
+    def note(self) -> str | None:
+        """Where the log's counts disagree with the arrivals and events (observed_frames' note)."""
+        e = self.entry
+        running, waiting = len(self.running), len(self.waiting)
+        if running == e.running and waiting == e.waiting:
+            return None
+        return (f"step {e.step}: the log counts running={e.running} waiting={e.waiting}, the arrivals and "
+                f"events give running={running} waiting={waiting}")
+
+    def slot_at(self, r: int, j: int) -> dict[str, int]:
+        """Request r's slot after the step at log position j (j >= t - keep)."""
+        for tc, old in self.history.get(r, ()):
+            if tc > j:
+                return old
+        return self.slots[r]
+
+    def live(self) -> set[int]:
+        return self.running | self.waiting
+
+
+# ----------------------------------------------------------------------------------------- frames, quickly
+_new = object.__new__
+
+
+def _frame(slots: tuple, scheduled: tuple, produced: tuple, preempted: tuple, kv_used: int, now_us: int) -> Frame:
+    """A Frame (the same frozen dataclass), built without its __init__: the frozen dataclass's
+    object.__setattr__ per field costs ~2.5 us, and check-log builds a few frames per log step."""
+    f = _new(Frame)
+    f.__dict__.update(slots=slots, scheduled=scheduled, produced=produced, preempted=preempted, kv_used=kv_used,
+                      now_us=now_us, counters=())
+    return f
+
+
+def _context(policy: Policy, params: tuple, frames: Any) -> TraceContext:
+    ctx = _new(TraceContext)
+    ctx.__dict__.update(policy=policy, params=params, frames=frames)
+    return ctx
+
+
+class _Frames:
+    """The frames an invariant may read at step t: positions base..t of the log, each restricted to the
+    same requests. Reading outside them is a bug in check-log's window table: said loudly."""
+
+    __slots__ = ("base", "frames")
+
+    def __init__(self, base: int, frames: list[Frame]):
+        self.base = base
+        self.frames = frames
+
+    def __getitem__(self, j: int) -> Frame:
+        i = j - self.base
+        if 0 <= i < len(self.frames):
+            return self.frames[i]
+        raise InternalError(f"check-log: an invariant read frame {j}; it keeps frames {self.base}.."
+                            f"{self.base + len(self.frames) - 1} (checker/checklog.py WINDOW is wrong)")
+
+    def __len__(self) -> int:
+        return self.base + len(self.frames)
+
+
+# ----------------------------------------------------------------------------------------- invariants, incrementally
+# How each catalogue invariant is evaluated on what changed. Each is decided by its own predicate, on a
+# frame restricted to the requests that can change its verdict (docs/check-log.md, "How it scales", says
+# why each restriction gives the verdict of the whole frame; tests/unit/test_checklog_stream.py compares
+# every invariant with the whole-frame path on several logs):
+#   globals       only the frame's globals (no request);
+#   scheduled     the requests scheduled in the step (every other one contributes 0 tokens);
+#   running       the running requests (every other one counts 0); the verdict can only change in a step
+#                 in which some request's status changed;
+#   conservation  the requests whose status or blocks changed in the step, with the KV in use less the
+#                 blocks of the others (each request's own conditions read only its own fields, which
+#                 held when they last changed; the sum is the same);
+#   preempted     the requests preempted in the step (the count only grows there).
+# The first step evaluates every request, so each request's initial state is checked once.
+INCREMENTAL: dict[Callable, str] = {
+    catalogue.kv_never_overcommitted: "globals",
+    catalogue.token_budget: "scheduled",
+    catalogue.seq_cap: "running",
+    catalogue.request_conservation: "conservation",
+    catalogue.bounded_preemptions: "preempted",
+}
+
+# Invariants that look back a bounded number of steps: how many (from their parameters). They are
+# evaluated on the frames of those steps restricted to the live requests (waiting or running), those
+# holding KV, and those touched within the window; any other request is dormant through the window
+# (pending, or ended and unchanged), which none of these predicates can fail on.
+WINDOW: dict[Callable, Callable[[dict[str, int]], int]] = {
+    catalogue.cancellation_releases: lambda p: p["steps"],
+    catalogue.decode_progress: lambda p: p["gap"],
+    catalogue.bounded_starvation: lambda p: p["steps"],
+    catalogue.no_deadlock: lambda p: p["steps"] - 1 if p["steps"] > 0 else 0,
+    catalogue.work_conserving: lambda p: 0,
+    catalogue.priority_inversion: lambda p: 1,
+    catalogue.degradation_order: lambda p: p["gap"],
+}
+# Anything else (tenant_fairness compares every earlier step; user invariants) runs on whole frames of
+# every request, all kept: the old path, memory growing with the log.
+
+
+@dataclass
+class Violation:
+    invariant: str
+    step: int
+    line: int
+    context: list[str] = field(default_factory=list)
+
+
+class Incremental:
+    """The chosen invariants, evaluated step by step on an Observed state."""
+
+    def __init__(self, policy: Policy, arrivals: Arrivals, invariants: list[tuple[Invariant, dict[str, int]]]):
+        self.policy = policy
+        self.arrivals = arrivals
+        self.params = tuple(SlotParams(s.arrival_us, s.prompt_len, s.output_len, s.max_output, s.priority, s.tenant)
+                            for s in arrivals.specs)
+        self.plans: list[tuple[Invariant, dict[str, int], str, int]] = []
+        window = -1
+        for inv, params in invariants:
+            full = {**inv.defaults, **params}
+            if inv.check in INCREMENTAL:
+                self.plans.append((inv, params, INCREMENTAL[inv.check], 0))
+                continue
+            if inv.check in WINDOW:
+                w = WINDOW[inv.check](full)
+                if w < 0:
+                    raise InputError(Problem("--invariant", f"{inv.name}:{params}", "a window of 0 steps or more "
+                                             "(check-log reads the log in order)"))
+                self.plans.append((inv, params, "window", w))
+                window = max(window, w)
+            else:
+                self.plans.append((inv, params, "whole", 0))
+                window = max(window, 0)
+        self.whole = any(kind == "whole" for _, _, kind, _ in self.plans)
+        self.window = window  # steps of history the windowed invariants read (-1: none)
+        keep = None if window < 0 and not self.whole else max(window, 0) + 1
+        self.obs = Observed(policy, arrivals, keep)
+        self.ring: deque = deque(maxlen=max(window, 0) + 1)  # per step: what the windowed frames need
+        self.frames: list[Frame] = []  # whole frames (only for "whole" invariants)
+        self.full = [{**inv.defaults, **params} for inv, params, _, _ in self.plans]
+        self.memo: list[Any] = [None] * len(self.plans)  # per invariant: what its last verdict was computed from
+
+    def _restricted(self, rids, kv_used: int) -> Frame:
+        obs, entry = self.obs, self.obs.entry
+        slots, sched = obs.slots, entry.scheduled
+        produced, preempted = obs.produced, entry.preempted
+        return _frame(tuple([slots[r] for r in rids]), tuple([sched.get(r, 0) for r in rids]),
+                      tuple([r in produced for r in rids]) if produced else (False,) * len(rids),
+                      tuple([r in preempted for r in rids]) if preempted else (False,) * len(rids),
+                      kv_used, obs.now_us)
+
+    def _one(self, full: dict[str, int], inv: Invariant, rids, frame: Frame, t: int) -> bool:
+        prm = self.params
+        ctx = _context(self.policy, tuple([prm[r] for r in rids]), _Frames(t, [frame]))
+        return bool(inv.check(IntOps, ctx, t, **full))  # what inv.holds does, its parameters merged once
+
+    def step(self, entry: LogStep) -> Violation | None:
+        """Advance by one log step; the first invariant (in the chosen order) that fails there."""
+        obs = self.obs
+        obs.apply(entry)
+        t = obs.t
+        if self.window >= 0:
+            self.ring.append((entry.scheduled, obs.produced, set(entry.preempted), obs.kv_used, obs.now_us,
+                              obs.touched))
+        if self.whole:
+            everyone = range(obs.n)
+            self.frames.append(self._restricted(everyone, obs.kv_used))
+        windowed = None
+        memo = self.memo
+        for i, (inv, params, kind, _) in enumerate(self.plans):
+            full = self.full[i]
+            if kind == "globals":
+                if t and obs.kv_used == memo[i]:
+                    continue  # it reads the KV in use only: unchanged since the last step
+                memo[i] = obs.kv_used
+                ok = self._one(full, inv, (), _frame((), (), (), (), obs.kv_used, obs.now_us), t)
+            elif kind == "scheduled":
+                key = tuple(entry.scheduled.values())
+                if t and key == memo[i]:
+                    continue  # it reads the tokens scheduled only: the same as in the last step
+                memo[i] = key
+                rids = list(entry.scheduled)
+                ok = self._one(full, inv, rids, self._restricted(rids, obs.kv_used), t)
+            elif kind == "running":
+                if t and not obs.status_changed:
+                    continue  # it reads statuses only, and none changed
+                rids = list(obs.running)
+                ok = self._one(full, inv, rids, self._restricted(rids, obs.kv_used), t)
+            elif kind == "conservation":
+                if t == 0:
+                    rids, kv = range(obs.n), obs.kv_used
+                else:
+                    changed = set(obs.status_changed)
+                    changed.update(obs.blocks_changed)
+                    if not changed and obs.kv_used == memo[i]:
+                        continue  # nothing it reads changed since the last step
+                    rids = list(changed)
+                    kv = obs.kv_used - (obs.held - sum([obs.slots[r]["blocks"] for r in rids]))
+                memo[i] = obs.kv_used
+                ok = self._one(full, inv, rids, self._restricted(rids, kv), t)
+            elif kind == "preempted":
+                if t and not entry.preempted:
+                    continue  # nobody's count of preemptions changed
+                rids = range(obs.n) if t == 0 else list(dict.fromkeys(entry.preempted))
+                ok = self._one(full, inv, rids, self._restricted(rids, obs.kv_used), t)
+            elif kind == "window":
+                if windowed is None:
+                    windowed = self._windowed(t)
+                ok = bool(inv.check(IntOps, windowed, t, **full))
+            else:
+                ctx = _context(self.policy, self.params, _Frames(0, self.frames))
+                ok = bool(inv.check(IntOps, ctx, t, **full))
+            if not ok:
+                return Violation(inv.name, entry.step, entry.line, violation_context(self.arrivals, entry, obs))
+        return None
+
+    def _windowed(self, t: int) -> TraceContext:
+        """Frames of the last window steps, restricted to the requests live at t, holding KV at t, or
+        touched within the window (the same requests in every frame)."""
+        obs = self.obs
+        rids = obs.live() | obs.holding
+        for rec in self.ring:
+            rids |= rec[5]
+        rids = sorted(rids)
+        base = t - len(self.ring) + 1
+        frames = []
+        for i, (sched, produced, preempted, kv_used, now_us, _) in enumerate(self.ring):
+            j = base + i
+            slots = tuple([obs.slot_at(r, j) for r in rids]) if j < t else tuple([obs.slots[r] for r in rids])
+            frames.append(_frame(slots, tuple([sched.get(r, 0) for r in rids]), tuple([r in produced for r in rids]),
+                                 tuple([r in preempted for r in rids]), kv_used, now_us))
+        return _context(self.policy, tuple([self.params[r] for r in rids]), _Frames(base, frames))
+
+
+def violation_context(arrivals: Arrivals, entry: LogStep, obs: Observed) -> list[str]:
+    ids = arrivals.ids
+    context = [f"log line {entry.line}: scheduled {{{', '.join(f'{ids[r]}: {n}' for r, n in entry.scheduled.items())}}}"
+               f", preempted {[ids[r] for r in entry.preempted]}, running {entry.running}, "
+               f"waiting {entry.waiting}, free_blocks {entry.free_blocks}"]
+    for r in sorted(obs.live()):
+        slot = obs.slots[r]
+        context.append(f"request {ids[r]}: {Status(slot['status']).name}, computed {slot['num_computed']}, "
+                       f"generated {slot['num_generated']}, preemptions {slot['num_preemptions']}")
+    return context
+
+
+# ----------------------------------------------------------------------------------------- conformance, in lockstep
+@dataclass
+class Conformance:
+    steps: int
+    agreeing: int
+    first_divergence: int | None
+    detail: str
+
+    @property
+    def share(self) -> float:
+        return self.agreeing / self.steps if self.steps else 1.0
+
+
+class _FixedClock:
+    """The fast-forward's durations on the fixed clock: every step STEP_US, as many as start before the
+    horizon (the Profile method stretch_durations calls)."""
+
+    @staticmethod
+    def decode_steps_us(seqs: int, context: int, max_steps: int, start_us: int, horizon_us: int | None) -> list[int]:
+        if horizon_us is not None:
+            max_steps = min(max_steps, max(0, -(-(horizon_us - start_us) // STEP_US)))
+        return [STEP_US] * max_steps
+
+
+MAX_STRETCH = 1 << 30
+
+
+class Lockstep:
+    """The engine on the log's arrivals under the policy, one step per log step (step k at k * STEP_US, as
+    replay_fixed_clock runs it), compared with the log as it is read. Quiet decode stretches (every
+    running request decodes one token, until an event) are applied at once, as the engine's simulate does
+    (checker/fastforward.py); each of their steps schedules one token per running request."""
+
+    def __init__(self, policy: Policy, arrivals: Arrivals, fast_forward: bool = True):
+        self.s = SchedulerState(policy, arrivals.specs, num_tenants=1)
+        self.clock = _Clock(self.s.requests)
+        self.ids = arrivals.ids
+        self.next = 0  # the engine's next step
+        self.quiet: dict[int, int] = {}
+        self.quiet_until = 0  # steps before this one are a quiet stretch already applied
+        self.fast_forward = fast_forward  # next_steps_are_quiet_decodes says no where it does not apply
+        self.steps = self.agreeing = 0
+        self.first: int | None = None
+        self.detail = ""
+
+    def _stretch(self, start: int) -> None:
+        s = self.s
+        now = start * STEP_US
+        times = [t for t in (self.clock.next_time(), _next_internal_event(s, now)) if t is not None]
+        k = len(stretch_durations(s, _FixedClock, now, min(times) if times else None, MAX_STRETCH))
+        if k:
+            self.quiet = {r.rid: 1 for r in s.running}
+            apply_stretch(s, k)
+            self.quiet_until = self.next = start + k
+
+    def engine(self, k: int) -> tuple[dict[int, int], list[int], list[int]]:
+        """What the engine scheduled, preempted and finished at step k (steps asked in order)."""
+        while True:
+            if k < self.quiet_until:
+                return self.quiet, [], []
+            j = self.next
+            if j > k:
+                raise InternalError(f"check-log: engine step {k} asked after step {j - 1}")
+            now = j * STEP_US
+            arrived, cancelled = self.clock.due(now)
+            d = step(self.s, arrived, cancelled, now)
+            self.next = j + 1
+            if self.fast_forward and d.scheduled and next_steps_are_quiet_decodes(self.s, d):
+                self._stretch(j + 1)
+            if j == k:
+                return dict(d.scheduled), sorted(d.preempted), sorted(d.finished)
+
+    def feed(self, entry: LogStep) -> bool:
+        """Compare one log step with the engine's; whether they agree."""
+        sched, preempted, finished = self.engine(entry.step)
+        self.steps += 1
+        if sched == entry.scheduled and preempted == sorted(entry.preempted) and finished == sorted(entry.finished):
+            self.agreeing += 1
+            return True
+        if self.first is None:
+            self.first = entry.step
+            self.detail = divergence_detail(self.ids, entry, (sched, preempted, finished))
+        return False
+
+    def result(self) -> Conformance:
+        return Conformance(self.steps, self.agreeing, self.first, self.detail)
+
+
+def divergence_detail(ids: list[Any], entry: LogStep, ours: tuple) -> str:
+    theirs = (entry.scheduled, sorted(entry.preempted), sorted(entry.finished))
+    name = lambda rids: [ids[r] for r in rids]  # noqa: E731
+    return (f"step {entry.step} (log line {entry.line}): engine scheduled "
+            f"{ {ids[r]: n for r, n in ours[0].items()} }, preempted {name(ours[1])}, finished "
+            f"{name(ours[2])}; log scheduled { {ids[r]: n for r, n in theirs[0].items()} }, "
+            f"preempted {name(theirs[1])}, finished {name(theirs[2])}")
+
+
+# ----------------------------------------------------------------------------------------- the streaming check
+@dataclass
+class CheckLogResult:
+    steps: int  # log steps read
+    invariants: list[tuple[Invariant, dict[str, int]]]
+    violation: Violation | None
+    notes: list[str]  # the first MAX_NOTES
+    notes_total: int
+    conformance: Conformance | None
+    requests: int
+    done: int  # requests finished or aborted in the log (when every step was observed)
+    stopped: str | None = None  # --follow: "violation", "finished" (every request done) or "idle"
+
+
+def check_stream(policy: Policy, arrivals: Arrivals, steps: Iterator[LogStep],
+                 invariants: list[tuple[Invariant, dict[str, int]]], with_conformance: bool = False,
+                 fast_forward: bool = True, stop_early: bool = False,
+                 progress: Callable[[CheckLogResult], None] | None = None,
+                 progress_every_s: float = 1.0) -> CheckLogResult:
+    """Check a stream of log steps: the first violation (as check_log finds it), the notes, and with
+    ``with_conformance`` the comparison with the engine (as conformance computes it). Without
+    ``stop_early`` every step is read (the notes and conformance cover the whole log, as the reference
+    path's do); with it (following a log) reading stops at a violation or once every request is done."""
+    checker = Incremental(policy, arrivals, invariants)
+    obs = checker.obs
+    lockstep = Lockstep(policy, arrivals, fast_forward) if with_conformance else None
+    result = CheckLogResult(0, invariants, None, [], 0, None, obs.n, 0)
+    observing = True
+    shown = time.monotonic()
+    diverged = False
+    for entry in steps:
+        result.steps += 1
+        if observing:
+            if result.violation is None:
+                result.violation = checker.step(entry)
+            else:
+                obs.apply(entry)
+            text = obs.note()
+            if text is not None:
+                result.notes_total += 1
+                if len(result.notes) < MAX_NOTES:
+                    result.notes.append(text)
+            observing = result.violation is None or len(result.notes) < MAX_NOTES
+        if lockstep is not None:
+            lockstep.feed(entry)
+        if stop_early:
+            result.done = obs.done
+            if result.violation is not None:
+                result.stopped = "violation"
+                break
+            if obs.done == obs.n:
+                result.stopped = "finished"
+                break
+            if progress is not None:
+                now = time.monotonic()
+                new_divergence = lockstep is not None and lockstep.first is not None and not diverged
+                if new_divergence or now - shown >= progress_every_s:
+                    diverged = diverged or new_divergence
+                    shown = now
+                    result.conformance = lockstep.result() if lockstep is not None else None
+                    progress(result)
+    result.done = obs.done
+    result.conformance = lockstep.result() if lockstep is not None else None
+    return result
+
+
+def run_check_log(policy: str | Path, log: str | Path, arrivals: str | Path, invariants: list[str] | None = None,
+                  with_conformance: bool = False, *, follow: bool = False, follow_idle_s: float = 10.0,
+                  progress: Callable[[CheckLogResult], None] | None = None,
+                  fast_forward: bool = True) -> CheckLogResult:
+    """Check invariants on a real scheduler's per-step log, read line by line; optionally compare it with
+    the engine. ``follow``: read the log as it grows, stop at a violation, when every request is done or
+    after ``follow_idle_s`` seconds without a new line (CheckLogResult.stopped says which)."""
+    from checker.inputfiles import load_policy
+    from checker.verify.run import parse_invariant
+
+    pol = load_policy(policy)
+    arr = load_arrivals(arrivals)
+    chosen = [parse_invariant(text) for text in (invariants or CHECK_LOG_INVARIANTS)]
+    waiter = Follow(idle_s=follow_idle_s) if follow else None
+    result = check_stream(pol, arr, stream_log(log, arr, waiter), chosen, with_conformance, fast_forward,
+                          stop_early=follow, progress=progress)
+    if waiter is not None and result.stopped is None:
+        result.stopped = waiter.stopped or "idle"
+    return result
+
+
+# ----------------------------------------------------------------------------------------- the reference path
+def load_log(path: str | Path, arrivals: Arrivals) -> list[LogStep]:
+    """The whole log in memory (the reference path; the CLI streams it with stream_log)."""
+    source = str(path)
+    steps = [parse_step(rec, line_no, arrivals, source) for line_no, _, rec in json_lines(path)]
     if not steps:
         raise InputError(Problem("lines", 0, "at least one step"), source)
     for prev, cur in zip(steps, steps[1:]):
@@ -172,17 +948,10 @@ def observed_frames(policy: Policy, arrivals: Arrivals, log: list[LogStep]) -> t
     return TraceContext(policy, params, frames), notes
 
 
-@dataclass
-class Violation:
-    invariant: str
-    step: int
-    line: int
-    context: list[str] = field(default_factory=list)
-
-
 def check_log(policy: Policy, arrivals: Arrivals, log: list[LogStep],
               invariants: list[tuple[Invariant, dict[str, int]]]) -> tuple[Violation | None, list[str]]:
-    """The first step at which an invariant fails on the observed states (and the log's inconsistencies)."""
+    """The first step at which an invariant fails on the observed states (and the log's inconsistencies):
+    the reference path, on whole frames."""
     ctx, notes = observed_frames(policy, arrivals, log)
     for t, entry in enumerate(log):
         for inv, params in invariants:
@@ -200,21 +969,9 @@ def check_log(policy: Policy, arrivals: Arrivals, log: list[LogStep],
     return None, notes
 
 
-@dataclass
-class Conformance:
-    steps: int
-    agreeing: int
-    first_divergence: int | None
-    detail: str
-
-    @property
-    def share(self) -> float:
-        return self.agreeing / self.steps if self.steps else 1.0
-
-
 def conformance(policy: Policy, arrivals: Arrivals, log: list[LogStep]) -> Conformance:
     """Run the engine on the same arrivals, step by step, and compare what each schedules, preempts and
-    finishes with the log."""
+    finishes with the log (the reference path: every engine decision recorded)."""
     first = log[0].step
     replay = replay_fixed_clock(policy, arrivals.specs, first + len(log), STEP_US, 1)
     agreeing, divergence, detail = 0, None, ""
@@ -226,11 +983,7 @@ def conformance(policy: Policy, arrivals: Arrivals, log: list[LogStep]) -> Confo
             agreeing += 1
         elif divergence is None:
             divergence = entry.step
-            name = lambda rids: [arrivals.ids[r] for r in rids]  # noqa: E731
-            detail = (f"step {entry.step} (log line {entry.line}): engine scheduled "
-                      f"{ {arrivals.ids[r]: n for r, n in ours[0].items()} }, preempted {name(ours[1])}, finished "
-                      f"{name(ours[2])}; log scheduled { {arrivals.ids[r]: n for r, n in theirs[0].items()} }, "
-                      f"preempted {name(theirs[1])}, finished {name(theirs[2])}")
+            detail = divergence_detail(arrivals.ids, entry, ours)
     return Conformance(len(log), agreeing, divergence, detail)
 
 

@@ -239,14 +239,28 @@ def _fuzz(args: argparse.Namespace) -> int:
 def _check_log(args: argparse.Namespace) -> int:
     from checker.api import run_check_log
 
-    steps, chosen, violation, notes, conf = run_check_log(args.policy, args.log, args.arrivals, args.invariant,
-                                                          args.conformance)
-    names = ", ".join(inv.name for inv, _ in chosen)
-    for note in notes[:5]:
+    def progress(r) -> None:  # --follow: the verdict so far, about once a second
+        conf = r.conformance
+        agree = "" if conf is None else f"; conformance {conf.agreeing}/{conf.steps} steps agree"
+        print(f"following {args.log}: {r.steps} steps, {r.done}/{r.requests} requests done, no violation{agree}"
+              + ("" if conf is None or conf.first_divergence is None else f"; first divergence at step "
+                 f"{conf.first_divergence}"), flush=True)
+
+    if args.follow_idle_s is not None and not args.follow:
+        from checker.errors import UsageError
+
+        raise UsageError("--follow-idle-s goes with --follow")
+    idle_s = 10.0 if args.follow_idle_s is None else args.follow_idle_s
+    r = run_check_log(args.policy, args.log, args.arrivals, args.invariant, args.conformance, follow=args.follow,
+                      follow_idle_s=idle_s,
+                      progress=progress if args.follow else None)
+    names = ", ".join(inv.name for inv, _ in r.invariants)
+    for note in r.notes[:5]:
         print(f"note: {note}")
     code = ExitCode.OK
+    violation, conf = r.violation, r.conformance
     if violation is None:
-        print(f"{args.log}: {steps} steps, no violation of {names}")
+        print(f"{args.log}: {r.steps} steps, no violation of {names}")
     else:
         print(f"{args.log}: {violation.invariant} VIOLATED at step {violation.step} (log line {violation.line})")
         for line in violation.context:
@@ -258,6 +272,11 @@ def _check_log(args: argparse.Namespace) -> int:
         if conf.first_divergence is not None:
             print(f"  first divergence: {conf.detail}")
             code = ExitCode.VIOLATED
+    if r.stopped == "idle":
+        print(f"stopped following {args.log}: no new line for {idle_s:g} s "
+              f"({r.done}/{r.requests} requests done)")
+    elif r.stopped == "finished":
+        print(f"stopped following {args.log}: all {r.requests} requests finished or aborted")
     return code
 
 
@@ -428,10 +447,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("policy", metavar="POLICY")
     p.add_argument("log", metavar="LOG.jsonl")
     p.add_argument("--arrivals", required=True, metavar="FILE", help="JSON list of {id, arrival_step, prompt_tokens, "
-                   "output_tokens, priority, abort_step?}")
+                   "output_tokens, priority, abort_step?, prefix_group? | hash_ids?, hash_block_tokens?}")
     p.add_argument("--invariant", action="append", metavar="NAME[:PARAMS]",
                    help="repeatable; default: the four safety invariants")
     p.add_argument("--conformance", action="store_true", help="also compare the log with the engine, step by step")
+    p.add_argument("--follow", action="store_true", help="follow the log as it grows (like tail -f): print the "
+                   "verdict so far; stop at a violation, when every request is done, or when idle")
+    p.add_argument("--follow-idle-s", type=float, metavar="S", help="with --follow: stop after S seconds without a "
+                   "new line (default 10)")
     p.set_defaults(run=_check_log)
 
     for module in VERB_MODULES:  # verbs in their own module (checker/commands): each has register(verbs)
