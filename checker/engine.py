@@ -79,12 +79,13 @@ class _Clock:
 
 
 def _next_timeout(s: SchedulerState, now_us: int) -> int | None:
-    """When the next waiting request passes the queue timeout."""
+    """When the next waiting request passes the queue timeout (now, if one has passed it and the next step's
+    expire phase has yet to reject it: a quiet-decode stretch must not run past that step)."""
     if s.policy.timeouts.queue_timeout_ms is None:
         return None
     limit = s.policy.timeouts.queue_timeout_ms * 1000
-    later = [r.arrival_us + limit + 1 for r in s.waiting if r.admitted_seq == 0 and r.arrival_us + limit + 1 > now_us]
-    return min(later) if later else None
+    due = [r.arrival_us + limit + 1 for r in s.waiting if r.admitted_seq == 0]
+    return max(min(due), now_us) if due else None
 
 
 def _next_aging_boundary(s: SchedulerState, now_us: int) -> int | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from checker.policy import Policy
+from checker.semantics.blockpool import PoolFacts
 from checker.semantics.decision import StepDecision
 from checker.semantics.state import FIELDS, SchedulerState
 from checker.smt.encode import SlotParams
@@ -25,6 +26,7 @@ class Frame:
     kv_used: Term
     now_us: Term  # when the step started
     counters: tuple[Term, ...] = ()  # per tenant (tenant_fair)
+    pool: PoolFacts | None = None  # with block identity (prefix caching): the pool as the block tables show it
 
 
 @dataclass(frozen=True)
@@ -54,4 +56,5 @@ def frame_from_engine(s: SchedulerState, d: StepDecision) -> Frame:
         scheduled=tuple(scheduled.get(r.rid, 0) for r in s.requests),
         produced=tuple(r.rid in produced for r in s.requests),
         preempted=tuple(r.rid in preempted for r in s.requests),
-        kv_used=s.kv_used, now_us=d.now_us, counters=tuple(s.tenant_counters))
+        kv_used=s.kv_used, now_us=d.now_us, counters=tuple(s.tenant_counters),
+        pool=None if s.pool is None else s.pool.facts(s.requests))

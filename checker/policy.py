@@ -198,6 +198,14 @@ class PrefixCaching(_Strict):
     enabled: bool = False
     """Full blocks are hashed as their tokens are scheduled; a freed block keeps its hash until it is
     reused (LRU); a waiting request starts from its longest cached prefix. Off: no block is shared."""
+    count_evictable_hits: bool = True
+    """Admission counts the hit blocks that are cached but free against the free blocks (adopting them
+    takes them off the free queue; vLLM's get_num_blocks_to_allocate). False models a scheduler that treats
+    every hit block as already held: it over-commits the pool when hits are free (a planted-bug knob)."""
+    chained_hashes: bool = True
+    """A block's hash covers the block's tokens and every token before it (vLLM's chained block hashes).
+    False models hashing a block's own tokens only: a block then matches another prompt's block with the
+    same tokens after a different prefix, a wrong hit (a planted-bug knob)."""
 
 
 class KV(_Strict):
@@ -344,6 +352,10 @@ class Policy(_Strict):
             raise _fail("kv.swap_blocks", 0, ">= 1 when preemption.mode is swap")
         if p.mode is not PreemptMode.SWAP and kv.swap_blocks:
             raise _fail("kv.swap_blocks", kv.swap_blocks, "0 unless preemption.mode is swap")
+        pc = kv.prefix_caching
+        if not pc.enabled and not (pc.count_evictable_hits and pc.chained_hashes):
+            bad = "count_evictable_hits" if not pc.count_evictable_hits else "chained_hashes"
+            raise _fail(f"kv.prefix_caching.{bad}", False, "true unless kv.prefix_caching.enabled is true")
         if kv.prefix_caching.enabled:
             for name, value, allowed in (("kv.allocation", kv.allocation.value, "on_demand"),
                                          ("kv.check_allocation", kv.check_allocation, "true"),

@@ -97,11 +97,49 @@ def request_conservation(o: Any, ctx: TraceContext, t: int) -> Term:
         return o.and_(s["status"] >= int(Status.PENDING), s["status"] <= int(Status.CANCELLED),
                       o.or_(holds_pool, s["blocks"] == 0), s["blocks"] >= 0,
                       o.or_(s["status"] == int(Status.SWAPPED), s["swapped_blocks"] == 0))
-    return o.and_(_all_slots(o, ctx, ok), frame.kv_used == sum_terms([s["blocks"] for s in frame.slots]))
+    shared = frame.pool.shared if frame.pool is not None else 0  # a block several requests list is used once
+    return o.and_(_all_slots(o, ctx, ok), frame.kv_used == sum_terms([s["blocks"] for s in frame.slots]) - shared)
 
 
 def _arrived(o: Any, ctx: TraceContext, t: int) -> Term:
     return _any_slot(o, ctx, lambda i: ctx.frames[t].slots[i]["status"] != int(Status.PENDING))
+
+
+# ----------------------------------------------------------------------------------------- the block pool
+# With prefix caching the frame carries the pool as the block tables show it (checker.semantics.blockpool
+# PoolFacts); without block identity there is no pool to check and these hold trivially (their situation, a
+# cached block, never occurs: VACUOUS).
+def block_pool_conservation(o: Any, ctx: TraceContext, t: int) -> Term:
+    """Free blocks (cached free ones included) plus the blocks requests hold, a shared block counted once,
+    make up the pool, and the KV in use is the blocks held."""
+    frame = ctx.frames[t]
+    if frame.pool is None:
+        return True
+    return o.and_(frame.pool.free + frame.pool.held == ctx.policy.kv.num_blocks, frame.kv_used == frame.pool.held)
+
+
+def no_referenced_block_reused(o: Any, ctx: TraceContext, t: int) -> Term:
+    """A block is never evicted or handed out while a request still lists it: every block's reference count
+    is the number of block tables that list it, and no listed block is on the free queue."""
+    frame = ctx.frames[t]
+    return True if frame.pool is None else frame.pool.ref_errors == 0
+
+
+def hit_only_on_identical_chain(o: Any, ctx: TraceContext, t: int) -> Term:
+    """A request reuses a cached block only if the block holds the same tokens after the same prefix (an
+    identical hash chain): every cached entry of a block table holds what the request's tokens say."""
+    frame = ctx.frames[t]
+    return True if frame.pool is None else frame.pool.chain_errors == 0
+
+
+def _blocks_cached(o: Any, ctx: TraceContext, t: int) -> Term:
+    frame = ctx.frames[t]
+    return False if frame.pool is None else frame.pool.cached > 0
+
+
+def _blocks_shared(o: Any, ctx: TraceContext, t: int) -> Term:
+    frame = ctx.frames[t]
+    return False if frame.pool is None else frame.pool.shared > 0
 
 
 # ----------------------------------------------------------------------------------------- cancellation
@@ -321,6 +359,9 @@ CATALOGUE: dict[str, Invariant] = {inv.name: inv for inv in (
     invariant(token_budget, _tokens_scheduled),
     invariant(seq_cap, _something_runs),
     invariant(request_conservation, _arrived),
+    invariant(block_pool_conservation, _blocks_cached),
+    invariant(no_referenced_block_reused, _blocks_cached),
+    invariant(hit_only_on_identical_chain, _blocks_shared),
     invariant(cancellation_releases, _cancelled_while_holding, steps=1),
     invariant(decode_progress, _someone_decodes, gap=1),
     invariant(bounded_starvation, _someone_waits, steps=8),

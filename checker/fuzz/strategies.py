@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from checker.policy import Policy
 from checker.requests import RequestSpec
 from checker.traces import RequestSet
-from checker.workload import Workload
+from checker.workload import TokenNames, Workload
 
 
 class Draw(NamedTuple):
@@ -280,6 +280,8 @@ def request_maker(w: Workload) -> Callable[[list[Draw], str], RequestSet]:
     tenants = ranges(w).tenants
     fields = [(c.priority, tenants[i], c.max_output) for i, c in enumerate(w.classes)]
     class_names, tenant_names = [c.name for c in w.classes], w.tenants
+    prefixes = [c.shared_prefix for c in w.classes]
+    names = TokenNames()
 
     def make(draws: list[Draw], source: str = "fuzz") -> RequestSet:
         specs, t = [], 0
@@ -287,8 +289,15 @@ def request_maker(w: Workload) -> Callable[[list[Draw], str], RequestSet]:
             t += d.gap_ms
             priority, tenant, max_output = fields[d.cls]
             arrival = t * 1000
-            specs.append(RequestSpec(rid, arrival, d.prompt, d.output, max(max_output, d.output), priority, tenant,
-                                     d.cls, None if d.cancel_after_ms is None else arrival + d.cancel_after_ms * 1000))
+            prompt, content = d.prompt, None
+            shared = prefixes[d.cls]
+            if shared is not None:  # the drawn prompt follows one of the class's system prompts, in turn by request
+                content = (names.run(("system", d.cls, rid % shared.system_prompts), shared.tokens),
+                           names.run(("own", rid), d.prompt))
+                prompt += shared.tokens
+            specs.append(RequestSpec(rid, arrival, prompt, d.output, max(max_output, d.output), priority, tenant,
+                                     d.cls, None if d.cancel_after_ms is None else arrival + d.cancel_after_ms * 1000,
+                                     content))
         return RequestSet(specs, class_names, tenant_names, source)
     return make
 

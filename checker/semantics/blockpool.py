@@ -23,7 +23,7 @@ module only through checker.semantics.kv.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from checker.requests import GREEDY_OUTPUT_TOKEN, PromptContent
 
@@ -64,9 +64,12 @@ class BlockPool:
     ``num_evictable`` ask; ``adopt``, ``take``, ``cache`` and ``release`` act."""
 
     __slots__ = ("block_size", "num_blocks", "uncached_free", "lru", "refs", "hash_of", "cached", "chains",
-                 "next_id", "evictions")
+                 "next_id", "evictions", "chained", "truth", "true_chains")
 
-    def __init__(self, num_blocks: int, block_size: int):
+    def __init__(self, num_blocks: int, block_size: int, chained: bool = True):
+        self.chained = chained  # False: a planted bug, a block's hash covers its own tokens only
+        self.truth: dict[int, int] = {}  # unchained only: cached block -> the true chain of the tokens it holds
+        self.true_chains: dict[tuple[int, Key], int] = {}  # unchained only: the true (chained) chains
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.uncached_free = num_blocks  # free blocks without a hash (interchangeable)
@@ -84,6 +87,7 @@ class BlockPool:
         c.lru, c.refs, c.hash_of = dict(self.lru), dict(self.refs), dict(self.hash_of)
         c.cached = {h: dict(blocks) for h, blocks in self.cached.items()}
         c.chains, c.next_id, c.evictions = self.chains, self.next_id, self.evictions  # chains: append-only, shared
+        c.chained, c.truth, c.true_chains = self.chained, dict(self.truth), self.true_chains
         return c
 
     @property
@@ -93,16 +97,27 @@ class BlockPool:
 
     # ------------------------------------------------------------------------------------- chains
     def chain(self, r: Request, n: int) -> list[int]:
-        """The chains of the request's first n full blocks (extended as its tokens grow)."""
+        """The chains (block hashes) of the request's first n full blocks, extended as its tokens grow."""
         chain = r.chain
-        size = self.block_size
-        content = r.spec.content
         while len(chain) < n:
-            k = len(chain)
-            key = ("own", r.rid, k) if content is None else block_tokens(content, r.prompt_len, k, size)
-            parent = chain[-1] if chain else NO_PARENT
-            chain.append(self.chains.setdefault((parent, key), len(self.chains)))
+            parent = chain[-1] if chain and self.chained else NO_PARENT
+            chain.append(self.chains.setdefault((parent, self._key(r, len(chain))), len(self.chains)))
         return chain
+
+    def _key(self, r: Request, k: int) -> Key:
+        content = r.spec.content
+        return ("own", r.rid, k) if content is None else block_tokens(content, r.prompt_len, k, self.block_size)
+
+    def true_chain(self, r: Request, n: int) -> list[int]:
+        """The chains of the request's first n full blocks as chained hashes would name them (what the
+        tokens are, whatever the hash says): the request's own chain when hashes are chained."""
+        if self.chained:
+            return self.chain(r, n)
+        out: list[int] = []
+        for k in range(n):
+            parent = out[-1] if out else NO_PARENT
+            out.append(self.true_chains.setdefault((parent, self._key(r, k)), len(self.true_chains)))
+        return out
 
     # ------------------------------------------------------------------------------------- ask
     def hit(self, r: Request) -> list[int]:
@@ -142,7 +157,7 @@ class BlockPool:
         ids = r.block_ids
         refs = self.refs
         for _ in range(n):
-            if self.uncached_free:
+            if self.uncached_free > 0 or not self.lru:  # below 0 only when an admission over-committed the pool
                 self.uncached_free -= 1
                 b = self.next_id
                 self.next_id += 1
@@ -159,6 +174,7 @@ class BlockPool:
         del blocks[b]
         if not blocks:
             del self.cached[h]
+        self.truth.pop(b, None)
         self.evictions += 1
 
     def cache(self, r: Request, num_tokens: int) -> None:
@@ -179,6 +195,10 @@ class BlockPool:
                 cached[h] = {b: None}
             else:
                 blocks[b] = None
+        if not self.chained:
+            truth = self.true_chain(r, full)
+            for i in range(start, full):
+                self.truth[ids[i]] = truth[i]
         r.num_cached_blocks = full
 
     def release(self, r: Request) -> None:
@@ -204,3 +224,33 @@ class BlockPool:
 
     def num_cached_free(self) -> int:
         return len(self.lru)
+
+    def facts(self, requests: list[Request]) -> PoolFacts:
+        """What the cache invariants read, recounted from the block tables (not from the counters the pool
+        keeps), so that a bookkeeping bug shows: O(blocks held), for checking, not for the hot path."""
+        listed: dict[int, int] = {}
+        chain_errors = 0
+        for r in requests:
+            for b in r.block_ids:
+                listed[b] = listed.get(b, 0) + 1
+            if r.num_cached_blocks:
+                truth = self.true_chain(r, r.num_cached_blocks)
+                for k in range(r.num_cached_blocks):
+                    b = r.block_ids[k]
+                    if self.truth.get(b, self.hash_of.get(b)) != truth[k]:
+                        chain_errors += 1
+        ref_errors = sum(1 for b, n in listed.items() if self.refs.get(b) != n or b in self.lru)
+        ref_errors += sum(1 for b in self.refs if b not in listed)
+        return PoolFacts(held=len(listed), free=self.num_free, shared=sum(listed.values()) - len(listed),
+                         cached=len(self.hash_of), ref_errors=ref_errors, chain_errors=chain_errors)
+
+
+class PoolFacts(NamedTuple):
+    """The pool's state as the cache invariants see it (checker.frames carries it per step)."""
+
+    held: int  # distinct blocks listed in some request's block table
+    free: int  # free blocks, cached free included
+    shared: int  # block-table entries beyond the first for a block (the blocks shared, counted again)
+    cached: int  # blocks with a hash (held or free)
+    ref_errors: int  # blocks whose reference count differs from the tables listing them, or listed yet free
+    chain_errors: int  # table entries whose block holds other tokens than the request's chain says

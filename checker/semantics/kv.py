@@ -69,7 +69,7 @@ def can_admit(s: SchedulerState, r: Request, n: int, hit: list[int] = NO_HIT) ->
     p = s.policy
     kv = p.kv
     free = free_blocks(s) - (kv.watermark_blocks if s.running else 0)
-    held = r.blocks + len(hit) - (s.pool.num_evictable(hit) if hit else 0)
+    held = r.blocks + len(hit) - (s.pool.num_evictable(hit) if hit and kv.prefix_caching.count_evictable_hits else 0)
     if p.admission.reserve_full_prompt:
         whole = max(target_blocks(s, r, 0), blocks_for(r.num_tokens, kv.block_size)) - held
         if whole > free:

@@ -125,7 +125,8 @@ class SchedulerState:
         self.step = 0  # index of the next step
         self.tenant_counters = [0] * max(num_tenants, 1 + max((s.tenant for s in specs), default=0))
         kv = policy.kv
-        self.pool = BlockPool(kv.num_blocks, kv.block_size) if kv.prefix_caching.enabled else None
+        cache = kv.prefix_caching
+        self.pool = BlockPool(kv.num_blocks, kv.block_size, cache.chained_hashes) if cache.enabled else None
 
     def copy(self) -> SchedulerState:
         """An independent state (requests copied; the policy shared), for stepping one state several ways."""

@@ -466,7 +466,7 @@ def _assert_budgets(s: SchedulerState, out: DecisionBuilder, total: int) -> None
         problems.append(f"scheduled {total} tokens > max_num_batched_tokens={p.batch.max_num_batched_tokens}")
     if len(s.running) > p.batch.max_num_seqs:
         problems.append(f"{len(s.running)} running > max_num_seqs={p.batch.max_num_seqs}")
-    if p.kv.check_allocation and s.kv_used > p.kv.num_blocks:
+    if p.kv.check_allocation and p.kv.prefix_caching.count_evictable_hits and s.kv_used > p.kv.num_blocks:
         problems.append(f"{s.kv_used} blocks used > num_blocks={p.kv.num_blocks}")
     if s.swap_used > p.kv.swap_blocks:
         problems.append(f"{s.swap_used} swap blocks used > swap_blocks={p.kv.swap_blocks}")

@@ -27,7 +27,7 @@ STATUS_NAMES = {int(s): s.name for s in Status}
 # Fields added after policies were first hashed, with the value that leaves the semantics as before: left out
 # of the hash at that value, so files recorded earlier (counterexamples, certificates) keep their hash.
 LATER_FIELDS = (("chunking", "threshold_when_alone", True), ("chunking", "threshold_adaptive", False),
-                ("kv", "prefix_caching", {"enabled": False}))
+                ("kv", "prefix_caching", {"enabled": False, "count_evictable_hits": True, "chained_hashes": True}))
 
 
 def policy_hash(policy: Policy) -> str:
