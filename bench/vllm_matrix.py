@@ -31,8 +31,8 @@ def main(argv: list[str] | None = None) -> int:
     if harness_python() is None:
         print("the vLLM harness venv is absent (see shared/tools/vllm-scheduler/README.md): nothing to compare")
         return 0
-    print("| case | caching | policy | steps | preemptions | agree | share | first divergence |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| case | caching | policy | steps | preemptions | steps agree | share | free blocks agree | first divergence |")
+    print("|---|---|---|---|---|---|---|---|---|")
     worst = 1.0
     started = time.perf_counter()
     cases = [c for c in CASES if not args.only or c.name in args.only]
@@ -41,7 +41,8 @@ def main(argv: list[str] | None = None) -> int:
         worst = min(worst, conf.share)
         first = "-" if conf.first_divergence is None else f"step {conf.first_divergence}"
         print(f"| {case.name} | {'on' if case.caching else 'off'} | {case.policy} | {conf.steps} | "
-              f"{result.preemptions} | {conf.agreeing} | {100 * conf.share:.1f} % | {first} |", flush=True)
+              f"{result.preemptions} | {conf.agreeing} | {100 * conf.share:.1f} % | {result.free_blocks_agree} | {first} |",
+              flush=True)
         if conf.first_divergence is not None:
             print(f"<!-- {case.name}: {conf.detail} -->", flush=True)
     print(f"\nworst agreement: {100 * worst:.1f} % ({len(cases)} logs, {time.perf_counter() - started:.0f} s)")

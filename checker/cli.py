@@ -105,7 +105,9 @@ def _simulate(args: argparse.Namespace) -> int:
         print(json.dumps(summary, indent=2))
     else:
         print(format_summary(summary))
-    return ExitCode.OK
+    engine = summary["engine"]
+    # requests left that nothing could finish (a deadlock) or a suspected livelock: the run failed (exit 1)
+    return ExitCode.VIOLATED if engine["stuck_requests"] or engine["livelock_suspected"] else ExitCode.OK
 
 
 def _audit(args: argparse.Namespace) -> int:

@@ -16,9 +16,10 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from checker.checklog import Conformance, conformance, load_arrivals, load_log
+from checker.checklog import STEP_US, Conformance, conformance, load_arrivals, load_log
 from checker.importers import import_policy
 from checker.policy import Policy
+from checker.verify.replay import replay_fixed_clock
 
 ROOT = Path(__file__).resolve().parent.parent
 HARNESS = ROOT.parent / "shared" / "tools" / "vllm-scheduler" / "drive_vllm_scheduler.py"
@@ -141,6 +142,7 @@ class CaseResult:
     conformance: Conformance
     preemptions: int
     steps: int
+    free_blocks_agree: int  # steps whose free-block count (cached free blocks included) the engine matches
 
 
 def drive(jobs: list[tuple[Path, list[str], Path]]) -> None:
@@ -171,28 +173,11 @@ def compare(case: Case, trace: Path, log: Path, policy_path: Path) -> CaseResult
 
     policy = load_model(Policy, policy_path)
     arrivals = load_arrivals(trace)
-    _fill_content(arrivals, json.loads(trace.read_text()))
     steps = list(load_log(log, arrivals))
     conf = conformance(policy, arrivals, steps)
-    return CaseResult(case, conf, sum(len(s.preempted) for s in steps), len(steps))
-
-
-def _fill_content(arrivals, rows: list[dict]) -> None:  # TEMPORARY until load_arrivals reads the prefix fields
-    from dataclasses import replace
-
-    from checker.requests import content_from_hash_ids, content_from_prefix_group
-    for rid, key in enumerate(arrivals.ids):
-        i = next(j for j, r in enumerate(rows) if r["id"] == key)
-        row, spec = rows[i], arrivals.specs[rid]
-        if spec.content is not None:
-            continue
-        if "hash_ids" in row:
-            content = content_from_hash_ids(row["hash_ids"], row.get("hash_block_tokens", 512), row["prompt_tokens"], i)
-        elif "prefix_group" in row:
-            content = content_from_prefix_group(row["prefix_group"], row["prompt_tokens"])
-        else:
-            continue
-        arrivals.specs[rid] = replace(spec, content=content)
+    replay = replay_fixed_clock(policy, arrivals.specs, len(steps), STEP_US)
+    free_agree = sum(d.kv_blocks_free == s.free_blocks for d, s in zip(replay.decisions, steps))
+    return CaseResult(case, conf, sum(len(s.preempted) for s in steps), len(steps), free_agree)
 
 
 def run_cases(cases: list[Case], keep: Path | None = None) -> list[CaseResult]:

@@ -33,6 +33,7 @@ def test_a_kept_real_log_agrees_with_the_engine_on_every_step(name, tmp_path):
     assert result.steps >= 500
     assert result.conformance.first_divergence is None, result.conformance.detail
     assert result.conformance.share == 1.0
+    assert result.free_blocks_agree == result.steps  # the pool's free count, cached free blocks included
 
 
 def test_the_kept_logs_cover_the_cache_preemptions_and_aborts():
