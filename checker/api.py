@@ -133,6 +133,8 @@ def run_replay(counterexample: str | Path, policy: str | Path | None = None) -> 
         return "\n".join([head, r.table, verdict]), r.violated
     report = replay_counterexample(counterexample, pol)
     head = f"replaying {counterexample} under policy {report.policy.name}"
+    if report.overrides:
+        head += f" with the overrides it was found with ({', '.join(report.overrides)})"
     name = report.invariant.name
     verdict = (f"{name} holds on this trace: the policy no longer fails it" if report.violation is None else
                f"{name} VIOLATED at iteration {report.violation} (recorded: iteration {report.recorded_violation})")

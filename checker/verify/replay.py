@@ -78,6 +78,7 @@ class ReplayReport:
     replay: Replay
     violation: int | None  # first iteration at which the property fails, or None
     recorded_violation: int
+    overrides: tuple[str, ...] = ()  # the recorded --set overrides applied to a policy given for the replay
 
 
 def replay_counterexample(path, policy: Policy | None = None) -> ReplayReport:
@@ -95,15 +96,22 @@ def replay_counterexample(path, policy: Policy | None = None) -> ReplayReport:
     if prop.get("kind") not in ("invariant", "liveness") or prop.get("name") not in table:
         raise InputError(Problem("property", prop.get("name"), "an invariant of the catalogue (load user invariants "
                                  "first), a liveness property or an SLO property"), str(path))
-    if policy is None:
+    overrides: tuple[str, ...] = ()
+    if policy is None:  # the stored spec already has the overrides it was found with
         policy = Policy.model_validate(doc["policy"]["spec"])
+    else:  # the file was found with --set overrides: a given policy is checked with them too
+        from checker.inputfiles import apply_overrides
+
+        overrides = tuple(doc.get("environment", {}).get("policy_overrides") or ())
+        policy = apply_overrides(policy, list(overrides)) if overrides else policy
     specs = cex.specs_from_json(doc["requests"])
     inv = table[prop["name"]]
     params = {k: v for k, v in prop.get("params", {}).items() if k in inv.defaults}
     steps = doc["violation"]["iteration"] + 1
     tenants = max((s.tenant for s in specs), default=0) + 1
     replay = replay_fixed_clock(policy, specs, steps, doc["clock"]["step_us"], tenants)
-    return ReplayReport(policy, inv, params, replay, first_violation(inv, params, replay), doc["violation"]["iteration"])
+    return ReplayReport(policy, inv, params, replay, first_violation(inv, params, replay), doc["violation"]["iteration"],
+                        overrides)
 
 
 def replay_table(report: ReplayReport) -> str:
