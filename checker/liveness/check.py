@@ -10,21 +10,22 @@ from pathlib import Path
 from checker.errors import InputError, InternalError, Problem
 from checker.exitcodes import ExitCode
 from checker.inputfiles import apply_overrides, load_policy
-from checker.liveness.canon import Canon
+from checker.liveness.canon import FIELDS_PER_REQUEST, Canon
 from checker.liveness.explore import (DEFAULT_MAX_STATES, Choice, LivenessEnv, StateGraph, Transition, explore,
                                       live_positions)
 from checker.liveness.lasso import EVENTUALLY_SERVED, PROPERTIES, STATEMENTS, Lasso, StarvationBound, find_lasso, \
     starvation_bound
 from checker.liveness.properties import LIVENESS
 from checker.policy import Policy
-from checker.semantics.state import FIELDS
+from checker.semantics.state import FIELDS, Status
 from checker.requests import RequestSpec
 from checker.verify import counterexample as cex
 from checker.verify.replay import Replay, first_violation, replay_fixed_clock
 from invariants.catalogue import CATALOGUE
 
-VIOLATED, PROVED, NO_COUNTEREXAMPLE = "VIOLATED", "PROVED", "NO_COUNTEREXAMPLE"
-EXIT = {VIOLATED: ExitCode.VIOLATED, PROVED: ExitCode.OK, NO_COUNTEREXAMPLE: ExitCode.INCONCLUSIVE}
+VIOLATED, PROVED, NO_COUNTEREXAMPLE, VACUOUS = "VIOLATED", "PROVED", "NO_COUNTEREXAMPLE", "VACUOUS"
+EXIT = {VIOLATED: ExitCode.VIOLATED, PROVED: ExitCode.OK, NO_COUNTEREXAMPLE: ExitCode.INCONCLUSIVE,
+        VACUOUS: ExitCode.INCONCLUSIVE}
 FOUND_BY = "batchcheck liveness: explicit state graph (networkx), canonical states, lasso search"
 
 
@@ -34,9 +35,12 @@ class PropertyResult:
     verdict: str
     lasso: Lasso | None = None
     counterexample: Path | None = None
+    why: str = ""  # VACUOUS: what the instance never reaches
 
     def line(self, sg: StateGraph) -> str:
-        if self.verdict == VIOLATED:
+        if self.verdict == VACUOUS:
+            detail = f"no lasso in the complete graph, but {self.why}"
+        elif self.verdict == VIOLATED:
             l = self.lasso
             detail = (f"lasso: {len(l.prefix)} iteration(s) to a cycle of {len(l.cycle)} that repeats forever "
                       f"({_cycle_story(self.prop)}); replayed on the engine (prefix + two turns): {self.counterexample}")
@@ -224,7 +228,43 @@ def check_liveness(policy: Policy, policy_file: str | None, env: LivenessEnv, pr
     served = next((r for r in report.results if r.prop == EVENTUALLY_SERVED), None)
     if served is not None and sg.complete:
         report.bound = confirm_bound(policy, sg, starvation_bound(sg))
+    if sg.complete and not _someone_waits(sg) and not _someone_rejected(sg):
+        why = untouched_limits(policy, env)
+        report.results = [replace(r, verdict=VACUOUS, why=why) if r.verdict == PROVED else r for r in report.results]
     return report
+
+
+def _someone_waits(sg: StateGraph) -> bool:
+    """Whether some reachable state has a request waiting after a step (not admitted in the iteration it
+    arrived, or preempted back to the queue): only then do the policy's limits decide anything."""
+    waiting = (int(Status.WAITING), int(Status.SWAPPED))
+    for key in sg.keys:
+        for i in range(key[0]):
+            if key[1 + i * FIELDS_PER_REQUEST + 1] in waiting:
+                return True
+    return False
+
+
+def _someone_rejected(sg: StateGraph) -> bool:
+    """Whether some iteration of the graph rejects an arrival (admission control is a limit reached). Called
+    only for graphs in which nobody waits, which are small: each edge's choice is stepped again."""
+    trans = Transition(sg.canon, sg.env)
+    for key in sg.keys:
+        if key[0] >= sg.env.requests:
+            continue  # no room for an arrival
+        for cid in range(len(sg.canon.classes)):  # one request of each class arriving now
+            if trans.apply(key, ((cid,), ()))[1].rejected:
+                return True
+    return False
+
+
+def untouched_limits(policy: Policy, env: LivenessEnv) -> str:
+    """Why a complete graph without waiting proves nothing about the policy: what the instance never reaches."""
+    return (f"no request ever waits in this instance ({env.requests} request(s) in flight, every arrival admitted "
+            f"in its iteration, none rejected): the policy's limits (batch.max_num_seqs={policy.batch.max_num_seqs}, "
+            f"batch.max_num_batched_tokens={policy.batch.max_num_batched_tokens}, "
+            f"kv.num_blocks={policy.kv.num_blocks}) are never reached, so the property holds trivially; give more "
+            "--requests, or smaller limits with --set (e.g. --set batch.max_num_seqs=1)")
 
 
 def run_liveness(policy: str | Path, properties: list[str] | None = None, requests: int = 2,

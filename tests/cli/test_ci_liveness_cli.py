@@ -69,9 +69,10 @@ def test_a_liveness_lasso_gates_with_its_lasso_file_at_the_queue_rule(capsys, pr
 
 
 def test_proved_liveness_passes_in_parallel_and_says_for_which_instance(capsys, project):
-    folder = project(AGING + '[[liveness]]\npolicies = ["spec/policies/vllm_v1.yaml"]\nrequests = 1\n').parent
+    folder = project(AGING + '[[liveness]]\npolicies = ["spec/policies/vllm_v1.yaml"]\nrequests = 2\n'
+                             'set = ["batch.max_num_seqs=1"]\n').parent
     code, out, _ = run(capsys, "ci", "--jobs", "2", *OUTPUTS)
-    assert code == 0
+    assert code == 0, out
     assert out.splitlines()[-1].startswith("4 checks, 0 gating violation(s); 2 local process(es), ")
     aging = out.splitlines()[0]
     assert aging.startswith("spec/policies/priority_aging.yaml: PROVED             eventually_served  no lasso in the "
@@ -132,3 +133,13 @@ def test_bad_liveness_values_exit_2_located_with_nothing_written(capsys, project
     assert (code, out) == (2, "")
     assert err == f"batchcheck: error: {message}\n"
     assert not (folder / "out").exists() and not (folder / "counterexamples").exists()
+
+
+def test_an_instance_that_never_reaches_the_limits_is_vacuous_not_proved(capsys, project):
+    # vLLM v1 with one request in flight: nobody ever waits, so the pool and slot limits decide nothing
+    project('[[liveness]]\npolicies = ["spec/policies/vllm_v1.yaml"]\nrequests = 1\n')
+    code, out, _ = run(capsys, "ci", "--jobs", "1", *OUTPUTS)
+    assert code == 3
+    assert "VACUOUS            eventually_served  no lasso in the complete graph, but no request ever waits in this " \
+           "instance (1 request(s) in flight, every arrival admitted in its iteration, none rejected)" in out
+

@@ -44,9 +44,12 @@ def test_finds_the_starvation_lasso_and_replay_runs_two_turns(capsys, tmp_path):
     assert out.splitlines()[-1] == "eventually_served VIOLATED at iteration 2 (recorded: iteration 2)"
     assert len(out.splitlines()) == 1 + 1 + 3 + 1  # head, table header, prefix + two turns, verdict
 
-    code, out, _ = run(capsys, "replay", str(path), "--policy", STRICT)  # 256 running slots: no starvation
-    assert code == 0
-    assert out.splitlines()[-1] == "eventually_served holds on this trace: the policy no longer fails it"
+    # the policy file has 256 running slots, but the lasso was found with --set batch.max_num_seqs=1: the
+    # replay re-applies the recorded override (it used to drop it and call the starvation fixed)
+    code, out, _ = run(capsys, "replay", str(path), "--policy", STRICT)
+    assert code == 1
+    assert out.splitlines()[0].endswith("with the overrides it was found with (batch.max_num_seqs=1)")
+    assert out.splitlines()[-1] == "eventually_served VIOLATED at iteration 2 (recorded: iteration 2)"
 
 
 def test_proves_aging_and_prints_the_starvation_bound(capsys, tmp_path):
