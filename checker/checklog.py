@@ -29,7 +29,7 @@ import os
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -176,28 +176,29 @@ def load_arrivals(path: str | Path) -> Arrivals:
 _LOG_KEY_SET = frozenset(LOG_KEYS)
 
 
+def _unknown(key: Any, field_name: str, line_no: int, source: str) -> InputError:
+    return InputError(Problem(field_name, key, "a request id from the arrivals file", line_no), source)
+
+
 def parse_step(rec: Any, line_no: int, arrivals: Arrivals, source: str) -> LogStep:
     """One log line, checked, with request ids turned into request numbers."""
-    if not isinstance(rec, dict) or not rec.keys() >= _LOG_KEY_SET:
+    if rec.__class__ is not dict or not rec.keys() >= _LOG_KEY_SET:
         missing = [k for k in LOG_KEYS if not isinstance(rec, dict) or k not in rec]
         raise InputError(Problem(missing[0], "<missing>", "the keys " + ", ".join(LOG_KEYS), line_no), source)
-    index = arrivals.index
-
-    def rid(key: Any, field_name: str) -> int:
-        r = arrivals.rid(key)
-        if r is None:
-            raise InputError(Problem(field_name, key, "a request id from the arrivals file", line_no), source)
-        return r
-
+    index, find = arrivals.index, arrivals.rid
     raw = rec["scheduled"] or {}
     if raw.__class__ is not dict:
         raise InputError(Problem("scheduled", raw, "an object: request id -> tokens scheduled", line_no), source)
     scheduled = {}
     for key, n in raw.items():
-        if not isinstance(n, int) or n < 1:
+        if n.__class__ is not int and not isinstance(n, int) or n < 1:
             raise InputError(Problem(f"scheduled.{key}", n, "a token count >= 1", line_no), source)
         r = index.get(key)
-        scheduled[rid(key, "scheduled") if r is None else r] = n
+        if r is None:
+            r = find(key)
+            if r is None:
+                raise _unknown(key, "scheduled", line_no, source)
+        scheduled[r] = n
     lists = []
     for name in ("preempted", "finished", "aborted"):
         ids = rec[name]
@@ -206,13 +207,20 @@ def parse_step(rec: Any, line_no: int, arrivals: Arrivals, source: str) -> LogSt
             continue
         if ids.__class__ is not list:
             raise InputError(Problem(name, ids, "a list of request ids", line_no), source)
-        lists.append([rid(k, name) for k in ids])
+        rids = []
+        for key in ids:
+            r = find(key)
+            if r is None:
+                raise _unknown(key, name, line_no, source)
+            rids.append(r)
+        lists.append(rids)
     k, running, waiting, free = rec["step"], rec["running"], rec["waiting"], rec["free_blocks"]
     if k.__class__ is not int or k < 0:
         raise InputError(Problem("step", k, "a step number (a whole number >= 0)", line_no), source)
-    for name, value in (("running", running), ("waiting", waiting), ("free_blocks", free)):
-        if value.__class__ is not int:
-            raise InputError(Problem(name, value, "a whole number", line_no), source)
+    if running.__class__ is not int or waiting.__class__ is not int or free.__class__ is not int:
+        name, value = next((n, v) for n, v in (("running", running), ("waiting", waiting), ("free_blocks", free))
+                           if v.__class__ is not int)
+        raise InputError(Problem(name, value, "a whole number", line_no), source)
     return LogStep(k, scheduled, lists[0], lists[1], lists[2], running, waiting, free, line_no)
 
 
@@ -409,8 +417,9 @@ class Observed:
         self.t += 1
         self.entry = entry
         now = self.now_us = entry.step * STEP_US
-        self.status_changed, self.blocks_changed, self.produced = [], [], set()
-        touched = self.touched = set()
+        self.status_changed, self.blocks_changed = [], []
+        produced = self.produced = set()
+        touched = self.touched = set(entry.scheduled)
         w, status, blocks = self._w, self._status, self._blocks
         arrival = self.arrival_us
         while self.next_arrival < self.n and arrival[self.next_arrival] <= now:
@@ -419,42 +428,45 @@ class Observed:
             touched.add(r)  # touched at its arrival step even when the log named it earlier
             if self.slots[r]["status"] == PENDING:
                 status(r, w(r), WAITING)
-        for r in entry.aborted:
-            s = w(r)
-            status(r, s, CANCELLED)
-            s["reason"] = ABORTED
-            blocks(r, s, 0)
-            touched.add(r)
-        for r in entry.preempted:
-            s = w(r)
-            status(r, s, WAITING)
-            s["num_computed"] = 0
-            blocks(r, s, 0)
-            s["num_preemptions"] += 1
-            s["requeue_seq"] = self.seq
-            self.seq += 1
-            touched.add(r)
-        size, prompt, slots, cow = self.size, self.prompt, self.slots, self.keep is not None
+        if entry.aborted:
+            for r in entry.aborted:
+                s = w(r)
+                status(r, s, CANCELLED)
+                s["reason"] = ABORTED
+                blocks(r, s, 0)
+                touched.add(r)
+        if entry.preempted:
+            for r in entry.preempted:
+                s = w(r)
+                status(r, s, WAITING)
+                s["num_computed"] = 0
+                blocks(r, s, 0)
+                s["num_preemptions"] += 1
+                s["requeue_seq"] = self.seq
+                self.seq += 1
+                touched.add(r)
+        size, prompt, slots = self.size, self.prompt, self.slots
+        cow = self.keep is not None
         for r, n in entry.scheduled.items():
             s = w(r) if cow else slots[r]
             if s["status"] != RUNNING:
                 status(r, s, RUNNING)
                 s["admitted_seq"] = self.seq
                 self.seq += 1
-            c = s["num_computed"] + n
-            s["num_computed"] = c
+            c = s["num_computed"] = s["num_computed"] + n
             if c > s["blocks"] * size:  # blocks is 0 or blocks_for(computed before): it grows only past them
                 blocks(r, s, blocks_for(c, size))
-            if c >= prompt[r] + s["num_generated"]:
-                s["num_generated"] += 1
-                self.produced.add(r)
-        touched.update(entry.scheduled)
-        for r in entry.finished:
-            s = w(r)
-            status(r, s, FINISHED)
-            s["reason"] = STOPPED
-            blocks(r, s, 0)
-            touched.add(r)
+            g = s["num_generated"]
+            if c >= prompt[r] + g:
+                s["num_generated"] = g + 1
+                produced.add(r)
+        if entry.finished:
+            for r in entry.finished:
+                s = w(r)
+                status(r, s, FINISHED)
+                s["reason"] = STOPPED
+                blocks(r, s, 0)
+                touched.add(r)
         self.kv_used = self.pool - entry.free_blocks
 
     def note(self) -> str | None:
@@ -481,12 +493,17 @@ class Observed:
 _new = object.__new__
 
 
+_FRAME_DEFAULTS = {f.name: f.default for f in fields(Frame) if f.default is not MISSING}  # counters, pool (None: a
+# log shows no block tables)
+
+
 def _frame(slots: tuple, scheduled: tuple, produced: tuple, preempted: tuple, kv_used: int, now_us: int) -> Frame:
-    """A Frame (the same frozen dataclass), built without its __init__: the frozen dataclass's
-    object.__setattr__ per field costs ~2.5 us, and check-log builds a few frames per log step."""
+    """A Frame (the same frozen dataclass, its other fields at their defaults), built without its __init__:
+    the frozen dataclass's object.__setattr__ per field costs ~2.5 us, and check-log builds a few per step."""
     f = _new(Frame)
-    f.__dict__.update(slots=slots, scheduled=scheduled, produced=produced, preempted=preempted, kv_used=kv_used,
-                      now_us=now_us, counters=())
+    d = f.__dict__
+    d.update(_FRAME_DEFAULTS)
+    d.update(slots=slots, scheduled=scheduled, produced=produced, preempted=preempted, kv_used=kv_used, now_us=now_us)
     return f
 
 
@@ -522,17 +539,23 @@ class _Frames:
 # frame restricted to the requests that can change its verdict (docs/check-log.md, "How it scales", says
 # why each restriction gives the verdict of the whole frame; tests/unit/test_checklog_stream.py compares
 # every invariant with the whole-frame path on several logs):
-#   globals       only the frame's globals (no request);
+#   globals       only the frame's globals (no request); it reads the KV in use only: re-evaluated when
+#                 that changes;
+#   pool          only the frame's globals; it reads the frame's block pool only, None in every frame of a
+#                 log (a log shows no block tables): evaluated at the first step;
 #   scheduled     the requests scheduled in the step (every other one contributes 0 tokens);
 #   running       the running requests (every other one counts 0); the verdict can only change in a step
 #                 in which some request's status changed;
 #   conservation  the requests whose status or blocks changed in the step, with the KV in use less the
 #                 blocks of the others (each request's own conditions read only its own fields, which
-#                 held when they last changed; the sum is the same);
+#                 held when they last changed; the sum is the same; no pool, so no shared blocks);
 #   preempted     the requests preempted in the step (the count only grows there).
 # The first step evaluates every request, so each request's initial state is checked once.
 INCREMENTAL: dict[Callable, str] = {
     catalogue.kv_never_overcommitted: "globals",
+    catalogue.block_pool_conservation: "pool",
+    catalogue.no_referenced_block_reused: "pool",
+    catalogue.hit_only_on_identical_chain: "pool",
     catalogue.token_budget: "scheduled",
     catalogue.seq_cap: "running",
     catalogue.request_conservation: "conservation",
@@ -631,6 +654,10 @@ class Incremental:
                 if t and obs.kv_used == memo[i]:
                     continue  # it reads the KV in use only: unchanged since the last step
                 memo[i] = obs.kv_used
+                ok = self._one(full, inv, (), _frame((), (), (), (), obs.kv_used, obs.now_us), t)
+            elif kind == "pool":
+                if t:
+                    continue  # it reads the frame's pool only, None in every step of a log
                 ok = self._one(full, inv, (), _frame((), (), (), (), obs.kv_used, obs.now_us), t)
             elif kind == "scheduled":
                 key = tuple(entry.scheduled.values())
@@ -776,14 +803,20 @@ class Lockstep:
 
     def feed(self, entry: LogStep) -> bool:
         """Compare one log step with the engine's; whether they agree."""
-        sched, preempted, finished = self.engine(entry.step)
         self.steps += 1
-        if sched == entry.scheduled and preempted == sorted(entry.preempted) and finished == sorted(entry.finished):
+        if entry.step < self.quiet_until:  # in a quiet stretch: one token per running request, nothing else
+            ours = (self.quiet, [], [])
+            agree = entry.scheduled == self.quiet and not entry.preempted and not entry.finished
+        else:
+            ours = self.engine(entry.step)
+            agree = (ours[0] == entry.scheduled and ours[1] == sorted(entry.preempted)
+                     and ours[2] == sorted(entry.finished))
+        if agree:
             self.agreeing += 1
             return True
         if self.first is None:
             self.first = entry.step
-            self.detail = divergence_detail(self.ids, entry, (sched, preempted, finished))
+            self.detail = divergence_detail(self.ids, entry, ours)
         return False
 
     def result(self) -> Conformance:
@@ -826,22 +859,19 @@ def check_stream(policy: Policy, arrivals: Arrivals, steps: Iterator[LogStep],
     obs = checker.obs
     lockstep = Lockstep(policy, arrivals, fast_forward) if with_conformance else None
     result = CheckLogResult(0, invariants, None, [], 0, None, obs.n, 0)
-    observing = True
     shown = time.monotonic()
     diverged = False
     for entry in steps:
         result.steps += 1
-        if observing:
-            if result.violation is None:
-                result.violation = checker.step(entry)
-            else:
-                obs.apply(entry)
-            text = obs.note()
-            if text is not None:
-                result.notes_total += 1
-                if len(result.notes) < MAX_NOTES:
-                    result.notes.append(text)
-            observing = result.violation is None or len(result.notes) < MAX_NOTES
+        if result.violation is None:
+            result.violation = checker.step(entry)
+        else:
+            obs.apply(entry)  # the notes cover the whole log
+        text = obs.note()
+        if text is not None:
+            result.notes_total += 1
+            if len(result.notes) < MAX_NOTES:
+                result.notes.append(text)
         if lockstep is not None:
             lockstep.feed(entry)
         if stop_early:

@@ -1,0 +1,271 @@
+"""check-log's streaming checker is pinned to the whole-frame reference path (checker/checklog.py): for every
+catalogue invariant, alone and together, the same first violation (invariant, step, log line, context) and
+the same notes; and the engine in lockstep (with and without fast-forward) gives the same conformance as
+recording every decision. The logs: engine logs of several policies, each mutated to break invariants, and
+two real vLLM logs (tests/data/checklog), mutated too."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import random
+
+import pytest
+
+from checker import checklog as cl
+from checker.inputfiles import apply_overrides, load_policy
+from checker.verify.run import parse_invariant
+from invariants.catalogue import CATALOGUE
+from tests.helpers import POLICIES, ROOT
+
+DATA = ROOT / "tests" / "data" / "checklog"
+
+# every catalogue invariant, at its defaults and with other parameters (tenant_fairness: short logs only)
+SPECS = ["kv_never_overcommitted", "kv_never_overcommitted:headroom=3", "token_budget", "seq_cap",
+         "request_conservation", "cancellation_releases", "cancellation_releases:steps=3", "decode_progress",
+         "decode_progress:gap=3", "bounded_starvation", "bounded_starvation:steps=2", "no_deadlock",
+         "no_deadlock:steps=1", "no_deadlock:steps=3", "bounded_preemptions", "bounded_preemptions:times=0",
+         "work_conserving", "priority_inversion", "priority_inversion:bound=1", "degradation_order",
+         "degradation_order:gap=2,protected=1", "block_pool_conservation", "no_referenced_block_reused",
+         "hit_only_on_identical_chain"]
+
+POLICY_CASES = {
+    "vllm_small_pool": ("broken/vllm_v1_small_pool.yaml", []),
+    "vllm_v1": ("vllm_v1.yaml", ["kv.num_blocks=40"]),
+    "strict_priority": ("strict_priority.yaml", ["kv.num_blocks=40"]),
+    "sarathi": ("sarathi_serve.yaml", ["kv.num_blocks=40"]),
+    "v0_no_chunking": ("vllm_v0_no_chunking.yaml", ["kv.num_blocks=48"]),
+}
+
+
+def test_the_specs_cover_the_catalogue():
+    assert {s.partition(":")[0] for s in SPECS} | {"tenant_fairness"} >= set(CATALOGUE)
+
+
+def random_rows(seed: int, n: int = 14) -> list[dict]:
+    rng = random.Random(seed)
+    rows, step = [], 0
+    for i in range(n):
+        step += rng.choice([0, 1, 1, 2, 4])
+        row = {"id": f"r{i}", "arrival_step": step, "prompt_tokens": rng.randint(10, 200),
+               "output_tokens": rng.randint(3, 40), "priority": rng.randint(0, 3)}
+        if rng.random() < 0.15:
+            row["abort_step"] = step + rng.randint(0, 25)
+        rows.append(row)
+    return rows
+
+
+def _busy(lines: list[dict]) -> int:
+    """A step in the middle of the log with at least two requests scheduled."""
+    busy = [k for k, line in enumerate(lines) if len(line["scheduled"]) >= 2]
+    return busy[len(busy) // 2] if busy else len(lines) // 2
+
+
+def _drop(lines: list[dict], rid: str) -> None:
+    for line in lines:
+        line["scheduled"].pop(rid, None)
+        for key in ("preempted", "finished", "aborted"):
+            line[key] = [x for x in line[key] if x != rid]
+
+
+def m_over_budget(lines, rows):
+    k = _busy(lines)
+    lines[k]["scheduled"][next(iter(lines[k]["scheduled"]))] = 10**5
+
+
+def m_kv_negative(lines, rows):
+    lines[_busy(lines)]["free_blocks"] = -3
+
+
+def m_free_off_by_one(lines, rows):
+    lines[_busy(lines) + 1]["free_blocks"] += 1
+
+
+def m_seq_storm(lines, rows):
+    k = _busy(lines)
+    arrived = [r["id"] for r in rows if r["arrival_step"] <= lines[k]["step"]]
+    for rid in arrived:
+        lines[k]["scheduled"].setdefault(rid, 1)
+
+
+def m_preempt_thrice(lines, rows):
+    k = _busy(lines)
+    rid = next(iter(lines[k]["scheduled"]))
+    for j in (k, k + 2, k + 4):
+        if j < len(lines):
+            lines[j]["scheduled"].pop(rid, None)
+            lines[j]["preempted"].append(rid)
+
+
+def m_finish_before_arrival(lines, rows):
+    last = max(rows, key=lambda r: r["arrival_step"])["id"]
+    _drop(lines, last)
+    lines[0]["finished"].append(last)
+
+
+def m_abort_before_arrival(lines, rows):
+    last = max(rows, key=lambda r: r["arrival_step"])["id"]
+    _drop(lines, last)
+    lines[0]["aborted"].append(last)
+
+
+def m_stall(lines, rows):
+    k = _busy(lines)
+    rid = next((x for x, n in lines[k]["scheduled"].items() if n == 1), next(iter(lines[k]["scheduled"])))
+    for j in range(k + 1, min(k + 5, len(lines))):
+        lines[j]["scheduled"].pop(rid, None)
+
+
+def m_idle(lines, rows):
+    k = _busy(lines)
+    for j in (k, k + 1, k + 2):
+        if j < len(lines):
+            lines[j]["scheduled"] = {}
+
+
+def m_late_start(lines, rows):
+    del lines[:7]
+
+
+def m_counts(lines, rows):
+    for j in range(3, min(10, len(lines))):
+        lines[j]["running"] += 1
+
+
+def m_reschedule_finished(lines, rows):
+    done = next(((k, line["finished"][0]) for k, line in enumerate(lines) if line["finished"]), None)
+    if done is not None and done[0] + 2 < len(lines):
+        lines[done[0] + 2]["scheduled"][done[1]] = 5
+
+
+MUTATIONS = {f.__name__[2:]: f for f in (m_over_budget, m_kv_negative, m_free_off_by_one, m_seq_storm,
+                                         m_preempt_thrice, m_finish_before_arrival, m_abort_before_arrival,
+                                         m_stall, m_idle, m_late_start, m_counts, m_reschedule_finished)}
+
+
+def write_log(tmp_path, rows, lines, name="log"):
+    arrivals = tmp_path / f"{name}.arrivals.json"
+    arrivals.write_text(json.dumps(rows))
+    log = tmp_path / f"{name}.jsonl"
+    log.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return arrivals, log
+
+
+def assert_same(policy, arrivals, steps, specs):
+    """Each spec alone, then all together: the streaming verdict is the reference's."""
+    for group in [[s] for s in specs] + [specs]:
+        chosen = [parse_invariant(s) for s in group]
+        violation, notes = cl.check_log(policy, arrivals, steps, chosen)
+        got = cl.check_stream(policy, arrivals, iter(steps), chosen)
+        assert got.violation == violation, group
+        assert (got.notes, got.notes_total) == (notes[:cl.MAX_NOTES], len(notes)), group
+        assert got.steps == len(steps)
+
+
+def engine_case(tmp_path, policy_case, mutation, seed=3):
+    path, overrides = POLICY_CASES[policy_case]
+    policy = apply_overrides(load_policy(POLICIES / path), overrides)
+    rows = random_rows(seed)
+    arrivals_path, _ = write_log(tmp_path, rows, [])
+    lines = cl.engine_log(policy, cl.load_arrivals(arrivals_path), 90)
+    if mutation:
+        MUTATIONS[mutation](lines, rows)
+    arrivals_path, log = write_log(tmp_path, rows, lines)
+    arrivals = cl.load_arrivals(arrivals_path)
+    return policy, arrivals, cl.load_log(log, arrivals)
+
+
+@pytest.mark.parametrize("policy_case", sorted(POLICY_CASES))
+@pytest.mark.parametrize("mutation", [None, *MUTATIONS])
+def test_engine_logs_give_the_reference_verdicts(tmp_path, policy_case, mutation):
+    policy, arrivals, steps = engine_case(tmp_path, policy_case, mutation)
+    assert_same(policy, arrivals, steps, SPECS)
+
+
+@pytest.mark.parametrize("mutation", [None, "over_budget", "idle", "stall"])
+def test_tenant_fairness_reads_the_whole_history_and_agrees(tmp_path, mutation):
+    policy, arrivals, steps = engine_case(tmp_path, "vllm_small_pool", mutation)
+    assert_same(policy, arrivals, steps[:25], ["tenant_fairness", "tenant_fairness:bound=10,tenants=1",
+                                               "seq_cap", "decode_progress:gap=2"])
+
+
+def real_case(tmp_path, name, mutation=None):
+    policy = load_policy(DATA / f"vllm_{name}.yaml")
+    rows = json.loads((DATA / "arrivals.json").read_text())
+    lines = [json.loads(line) for line in gzip.decompress((DATA / f"vllm_{name}.log.jsonl.gz").read_bytes()).splitlines()]
+    if mutation:
+        MUTATIONS[mutation](lines, rows)
+    arrivals_path, log = write_log(tmp_path, rows, lines, name)
+    arrivals = cl.load_arrivals(arrivals_path)
+    return policy, arrivals, cl.load_log(log, arrivals)
+
+
+@pytest.mark.parametrize("name", ["fcfs", "priority"])
+@pytest.mark.parametrize("mutation", [None, "over_budget", "free_off_by_one", "preempt_thrice", "stall", "idle",
+                                      "finish_before_arrival", "late_start"])
+def test_real_vllm_logs_give_the_reference_verdicts(tmp_path, name, mutation):
+    policy, arrivals, steps = real_case(tmp_path, name, mutation)
+    # priority_inversion's whole-frame reference costs ~5 s on these logs (pairs of 48 requests, every step):
+    # on the unmutated logs only (the engine logs check it under every mutation)
+    assert_same(policy, arrivals, steps, [s for s in SPECS if mutation is None or not s.startswith("priority_")])
+
+
+def assert_same_conformance(policy, arrivals, steps):
+    reference = cl.conformance(policy, arrivals, steps)
+    for fast_forward in (True, False):
+        lockstep = cl.Lockstep(policy, arrivals, fast_forward)
+        for entry in steps:
+            lockstep.feed(entry)
+        assert lockstep.result() == reference, fast_forward
+    return reference
+
+
+@pytest.mark.parametrize("policy_case", sorted(POLICY_CASES))
+@pytest.mark.parametrize("mutation", [None, "over_budget", "preempt_thrice", "stall", "late_start", "idle"])
+def test_lockstep_conformance_is_the_recorded_replays(tmp_path, policy_case, mutation):
+    policy, arrivals, steps = engine_case(tmp_path, policy_case, mutation, seed=11)
+    reference = assert_same_conformance(policy, arrivals, steps)
+    assert (reference.first_divergence is None) == (mutation in (None, "late_start"))
+
+
+@pytest.mark.parametrize("name", ["fcfs", "priority"])
+@pytest.mark.parametrize("mutation", [None, "stall", "preempt_thrice"])
+def test_lockstep_conformance_on_real_logs(tmp_path, name, mutation):
+    policy, arrivals, steps = real_case(tmp_path, name, mutation)
+    reference = assert_same_conformance(policy, arrivals, steps)
+    if mutation is None:
+        assert reference.agreeing == reference.steps
+
+
+def test_the_fast_forward_covers_most_steps_of_a_decode_heavy_log(tmp_path):
+    policy, arrivals, steps = real_case(tmp_path, "fcfs")
+    lockstep = cl.Lockstep(policy, arrivals)
+    stepped = 0
+    for entry in steps:
+        stepped += entry.step >= lockstep.quiet_until
+        lockstep.feed(entry)
+    assert lockstep.agreeing == len(steps) and stepped < 0.6 * len(steps)
+
+
+def test_memory_does_not_grow_with_the_log(tmp_path):
+    """What the checker keeps is bounded by the requests and the windows, not by the steps read."""
+    policy, arrivals, steps = real_case(tmp_path, "fcfs")
+    chosen = [parse_invariant(s) for s in SPECS]
+    checker = cl.Incremental(policy, arrivals, chosen)
+    for entry in steps:
+        assert checker.step(entry) is None or True
+    assert checker.frames == [] and len(checker.ring) == checker.window + 1 <= 9
+    assert all(len(h) <= checker.window + 1 for h in checker.obs.history.values())
+    lean = cl.Incremental(policy, arrivals, [parse_invariant(s) for s in cl.CHECK_LOG_INVARIANTS])
+    for entry in steps:
+        lean.step(entry)
+    assert lean.obs.keep is None and lean.obs.history == {} and len(lean.ring) == 0
+
+
+def test_a_window_read_beyond_the_table_is_an_internal_error(tmp_path, monkeypatch):
+    policy, arrivals, steps = engine_case(tmp_path, "vllm_small_pool", None)
+    monkeypatch.setitem(cl.WINDOW, CATALOGUE["decode_progress"].check, lambda p: 0)  # it reads gap = 2 back
+    checker = cl.Incremental(policy, arrivals, [parse_invariant("decode_progress:gap=2")])
+    with pytest.raises(cl.InternalError, match="read frame"):
+        for entry in steps:
+            checker.step(entry)
