@@ -68,9 +68,13 @@ class BoundResult:
     bound: StarvationBound
     engine_iteration: int | None = None  # where the witness violates bounded_starvation(bound - 1) on the engine
     witness_requests: int = 0
+    after_lasso: bool = False  # eventually_served has a lasso: a request (maybe admitted before) waits forever
 
     def line(self) -> str:
         b = self.bound
+        if self.after_lasso:
+            return ("starvation bound: none (the eventually_served lasso keeps a request waiting forever, "
+                    "after a preemption or before its first admission)")
         if b.iterations is None:
             return "starvation bound: none (a request can wait for its first admission forever)"
         if b.iterations == 0:
@@ -226,7 +230,9 @@ def check_liveness(policy: Policy, policy_file: str | None, env: LivenessEnv, pr
             if out_dir is not None else None
         report.results.append(PropertyResult(prop, VIOLATED, lasso, path))
     served = next((r for r in report.results if r.prop == EVENTUALLY_SERVED), None)
-    if served is not None and sg.complete:
+    if served is not None and served.verdict == VIOLATED:  # a request stays live forever: no bound, whatever
+        report.bound = BoundResult(StarvationBound(None, [], 0, 0), after_lasso=True)  # first admission says
+    elif served is not None and sg.complete:
         report.bound = confirm_bound(policy, sg, starvation_bound(sg))
     if sg.complete and not _someone_waits(sg) and not _someone_rejected(sg):
         why = untouched_limits(policy, env)

@@ -34,7 +34,8 @@ def test_finds_the_starvation_lasso_and_replay_runs_two_turns(capsys, tmp_path):
     assert lines[5] == ("VIOLATED           eventually_served  lasso: 1 iteration(s) to a cycle of 1 that repeats "
                         "forever (a request stays live on it); replayed on the engine (prefix + two turns): "
                         f"{path}")
-    assert lines[6] == "starvation bound: none (a request can wait for its first admission forever)"
+    assert lines[6] == ("starvation bound: none (the eventually_served lasso keeps a request waiting forever, "
+                        "after a preemption or before its first admission)")
     doc = json.loads(path.read_text())
     assert doc["property"]["kind"] == "liveness" and doc["lasso"]["replayed_iterations"] == 3
     assert doc["environment"]["policy_overrides"] == ["batch.max_num_seqs=1"] and doc["graph"]["complete"]
