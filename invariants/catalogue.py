@@ -214,22 +214,35 @@ def _work_exists(o: Any, ctx: TraceContext, t: int, steps: int = 2) -> Term:
 
 
 def work_conserving(o: Any, ctx: TraceContext, t: int) -> Term:
-    """A step that preempted nobody never ends with a free slot, unused budget and free KV blocks while a
-    request that arrived before it waits and would fit them (its whole sequence's blocks, and its whole
-    prompt when chunking is off)."""
+    """A step never leaves a free slot, unused budget and free KV blocks, as the scheduler saw them (requests
+    finishing in the step still hold their slot and blocks), while a request that arrived before it waits
+    and would fit them (its whole sequence's blocks, and its whole prompt when chunking is off); a request
+    preempted in the step is not counted as waiting, and a step that preempted is not excused."""
     frame, p = ctx.frames[t], ctx.policy
-    running = sum_terms([o.b2i(s["status"] == int(Status.RUNNING)) for s in frame.slots])
+    finishing = [o.and_(s["status"] == int(Status.FINISHED), frame.produced[i]) for i, s in enumerate(frame.slots)]
+    running = sum_terms([o.b2i(s["status"] == int(Status.RUNNING)) for s in frame.slots] + [o.b2i(f) for f in finishing])
     used = sum_terms(list(frame.scheduled))
-    free = p.kv.num_blocks - frame.kv_used - p.kv.watermark_blocks
-    preempted = o.or_(*frame.preempted)
+    finishing_blocks = sum_terms([o.ite(f, _blocks_when_scheduled(o, ctx, t, i), 0) for i, f in enumerate(finishing)])
+    free = p.kv.num_blocks - frame.kv_used - finishing_blocks - p.kv.watermark_blocks
 
     def idle_for(i: int) -> Term:
         s, prm = frame.slots[i], ctx.params[i]
         tokens = prm.prompt_len + s["num_generated"]
         need_budget = tokens if not p.chunking.enabled else 1
-        return o.and_(s["status"] == int(Status.WAITING), prm.arrival_us <= frame.now_us,
+        return o.and_(s["status"] == int(Status.WAITING), o.not_(frame.preempted[i]), prm.arrival_us <= frame.now_us,
                       o.ceil_div(tokens, p.kv.block_size) <= free, used + need_budget <= p.batch.max_num_batched_tokens)
-    return o.or_(preempted, running >= p.batch.max_num_seqs, o.not_(_any_slot(o, ctx, idle_for)))
+    return o.or_(running >= p.batch.max_num_seqs, o.not_(_any_slot(o, ctx, idle_for)))
+
+
+def _blocks_when_scheduled(o: Any, ctx: TraceContext, t: int, i: int) -> Term:
+    """The blocks a request that finished in step t held while the step was scheduled (freed at completion):
+    those of the tokens it computed, or its whole reservation under full reservation."""
+    p, s, prm = ctx.policy, ctx.frames[t].slots[i], ctx.params[i]
+    blocks = o.ceil_div(s["num_computed"], p.kv.block_size)
+    if p.kv.allocation.value == "full_reservation":
+        reserved = o.ceil_div(o.min(prm.prompt_len + prm.max_output, p.max_model_len) - 1, p.kv.block_size)
+        blocks = o.max(blocks, reserved)
+    return blocks
 
 
 def _slot_free_while_waiting(o: Any, ctx: TraceContext, t: int) -> Term:
