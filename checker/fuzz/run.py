@@ -7,12 +7,16 @@ first. A time budget stops generating new examples; the verdict counts only the 
 
 from __future__ import annotations
 
+import contextlib
+import shutil
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from hypothesis import HealthCheck, Phase, example, given, seed, settings
+from hypothesis import configuration as hypothesis_configuration
 from hypothesis.database import DirectoryBasedExampleDatabase
 
 from checker.engine import simulate
@@ -81,6 +85,26 @@ class Hunt:
 Judge = Callable[[list[Draw]], "tuple[bool, object, float]"]  # (fails, what to report, badness for progress)
 
 
+@contextlib.contextmanager
+def _hypothesis_home(database_dir: Path | None):
+    """Where Hypothesis keeps its own files (a cache of constants it reads from source files) while it runs:
+    beside the example database, or a temporary folder removed afterwards when there is none (``--database
+    none`` must leave nothing in the working directory)."""
+    previous = getattr(hypothesis_configuration, "__hypothesis_home_directory", None)
+    temporary = None
+    if database_dir is not None:
+        home = Path(database_dir).parent / "hypothesis-home"
+    else:
+        home = temporary = Path(tempfile.mkdtemp(prefix="batchcheck-hypothesis-"))
+    hypothesis_configuration.set_hypothesis_home_dir(home)
+    try:
+        yield
+    finally:
+        hypothesis_configuration.set_hypothesis_home_dir(previous)
+        if temporary is not None:
+            shutil.rmtree(temporary, ignore_errors=True)
+
+
 def hunt(strategy, judge: Judge, max_examples: int, time_budget_s: float, seed_value: int,
          database_dir: Path | None, label: str = "", progress: Callable[[str], None] | None = None,
          seeds: list[list[Draw]] = (), seed_shrinker: Callable[[list[Draw], Judge], tuple[list[Draw], object]]
@@ -119,7 +143,8 @@ def hunt(strategy, judge: Judge, max_examples: int, time_budget_s: float, seed_v
     test = seed(seed_value)(test(given(strategy)(check)))
     found = None
     try:
-        test()
+        with _hypothesis_home(database_dir):
+            test()
     except _Violation:
         found = state["last_failure"]
     seed_found = state["seed_found"]
