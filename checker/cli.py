@@ -39,12 +39,22 @@ def _schema(args: argparse.Namespace) -> int:
 
 
 def _validate(args: argparse.Namespace) -> int:
+    """Every file is checked (a bad one does not hide the ones after it); exit 2 if any is bad."""
     from checker.api import validate_file
+    from checker.errors import InputError, UsageError
 
+    bad = 0
     for path in args.files:
-        kind = validate_file(path, args.kind)
+        try:
+            kind = validate_file(path, args.kind)
+        except (InputError, UsageError) as exc:
+            bad += 1
+            print(f"batchcheck: error: {exc}", file=sys.stderr)
+            continue
         print(f"{path}: valid {kind}")
-    return ExitCode.OK
+    if bad and len(args.files) > 1:
+        print(f"batchcheck: {bad} of {len(args.files)} files are not valid", file=sys.stderr)
+    return ExitCode.INPUT_ERROR if bad else ExitCode.OK
 
 
 def _bounds(text: str) -> tuple[int, ...]:

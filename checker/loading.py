@@ -6,6 +6,8 @@ wrong types and cross-field inconsistencies all become one :class:`~checker.erro
 
 from __future__ import annotations
 
+import difflib
+
 import json
 from pathlib import Path
 from collections.abc import Callable, Iterator
@@ -170,7 +172,9 @@ def _problem(err: dict[str, Any], lines: LineMap, model: type[BaseModel], data: 
     if kind == "extra_forbidden":
         allowed = _allowed_keys(model, loc[:-1], data)
         if allowed:
-            expected = "a known key; allowed here: " + ", ".join(allowed)
+            close = difflib.get_close_matches(str(loc[-1]), allowed, n=1, cutoff=0.75) if loc else []
+            hint = f"did you mean {close[0]}? " if close else ""
+            expected = f"a known key; {hint}allowed here: " + ", ".join(allowed)
     return Problem(format_path(loc), value, expected, _line_for(loc, lines))
 
 

@@ -120,7 +120,7 @@ BAD = [
     ('[[liveness]]\npolicies = ["spec/policies/vllm_v1.yaml"]\nmax_states = 0\noutputs = [0]\nrequest = 2\n',
      ("batchcheck.toml:4: liveness[0].outputs[0]=0 (expected a number >= 1)\n"
       "batchcheck.toml:3: liveness[0].max_states=0 (expected a number >= 1)\n"
-      "batchcheck.toml:5: liveness[0].request=2 (expected a known key; allowed here: arrivals_per_step, "
+      "batchcheck.toml:5: liveness[0].request=2 (expected a known key; did you mean requests? allowed here: arrivals_per_step, "
       "cancellations, level, max_states, outputs, policies, priorities, prompts, properties, requests, set, "
       "step_ms, tenants, timeout_s)")),
 ]

@@ -70,8 +70,21 @@ def test_unknown_key_names_file_line_path_and_allowed_keys(capsys, tmp_path):
     path = write(tmp_path, "p.yaml", "max_model_len: 4096\nkv:\n  num_blocks: 100\n  blok_size: 16\n")
     code, _, err = run(capsys, "validate", path)
     assert code == 2
-    assert err == (f"batchcheck: error: {path}:4: kv.blok_size=16 (expected a known key; allowed here: "
-                   "allocation, block_size, check_allocation, num_blocks, prefix_caching, swap_blocks, watermark)\n")
+    assert err == (f"batchcheck: error: {path}:4: kv.blok_size=16 (expected a known key; did you mean block_size? "
+                   "allowed here: allocation, block_size, check_allocation, num_blocks, prefix_caching, swap_blocks, "
+                   "watermark)\n")
+
+
+def test_validate_checks_every_file_given(capsys, tmp_path):
+    bad = write(tmp_path, "bad.yaml", "max_model_len: 4096\nkv:\n  num_blocks: 100\n  blok_size: 16\n")
+    worse = write(tmp_path, "worse.yaml", "max_model_len: 4096\nkv:\n  num_blocks: -1\n")
+    code, out, err = run(capsys, "validate", bad, str(POLICIES / "vllm_v1.yaml"), worse)
+    assert code == 2
+    assert out == f"{POLICIES / 'vllm_v1.yaml'}: valid policy\n"
+    lines = err.splitlines()
+    assert lines[0].startswith(f"batchcheck: error: {bad}:4: kv.blok_size=16")
+    assert lines[1].startswith(f"batchcheck: error: {worse}:3: kv.num_blocks=-1")
+    assert lines[2] == "batchcheck: 2 of 3 files are not valid"
 
 
 def test_wrong_type_and_negative_size(capsys, tmp_path):
