@@ -166,7 +166,7 @@ def run_import(system: str, args: list[str] | tuple[str, ...] = (), config: str 
 
 
 # ----------------------------------------------------------------------------------------- CI gating
-def run_ci(config: str | Path = "batchcheck.toml", jobs: int | None = None, scheduler=None,
+def run_ci(config: str | Path | None = None, jobs: int | None = None, scheduler=None,
            junit: str | None = None, sarif: str | None = None, summary: str | None = None,
            policies: list[str] | None = None, done=None):
     """Run the checks a project config (batchcheck.toml, docs/ci.md) names, in parallel (``jobs`` local

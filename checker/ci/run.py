@@ -49,15 +49,30 @@ def _output(flag: str | None, configured: str | None, root: Path) -> str | None:
     return os.path.relpath(root / configured) if configured is not None else None
 
 
-def run_ci(config: str | Path = DEFAULT_CONFIG, jobs: int | None = None, scheduler: Any = None,
+def find_config(start: Path | None = None) -> Path:
+    """The project config: ``batchcheck.toml`` in the working directory or the nearest folder above it that
+    has one (as pytest and ruff find theirs); the working directory's name when none has one (the error then
+    names it)."""
+    here = (start or Path.cwd()).resolve()
+    for folder in (here, *here.parents):
+        candidate = folder / DEFAULT_CONFIG
+        if candidate.is_file():
+            return candidate if folder != here else Path(DEFAULT_CONFIG)
+    return Path(DEFAULT_CONFIG)
+
+
+def run_ci(config: str | Path | None = None, jobs: int | None = None, scheduler: Any = None,
            junit: str | None = None, sarif: str | None = None, summary: str | None = None,
            policies: list[str] | None = None, done: Callable[[int, int, Check, Result], None] | None = None
            ) -> CiOutcome:
     """Run the checks a project config names (``policies``: only those of these policy files). ``jobs``:
     local worker processes (default: the config's ``jobs``, else the CPU count); ``scheduler``: a Dask
     scheduler address or distributed.Client instead. Bad input raises InputError before anything runs;
-    files are written only after every check has finished."""
+    files are written only after every check has finished. Without ``config``, the nearest batchcheck.toml
+    from the working directory up is used."""
     started = time.monotonic()
+    if config is None:
+        config = find_config()
     cfg, lines = load_config(config)
     plan = build_plan(cfg, lines, str(config), policies)
     checks = plan.checks

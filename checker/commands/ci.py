@@ -50,7 +50,8 @@ def register(verbs) -> None:
     p = verbs.add_parser("ci", help="run the checks batchcheck.toml names; write JUnit XML, SARIF and a summary",
                          description="Exit 0: no gating finding; 1: a gating check is violated; 3: a gating check "
                                      "was inconclusive (and none violated); 2: bad config or input. docs/ci.md.")
-    p.add_argument("--config", default="batchcheck.toml", metavar="FILE", help="project config (default batchcheck.toml)")
+    p.add_argument("--config", default=None, metavar="FILE",
+                   help="project config (default: batchcheck.toml here or in the nearest folder above)")
     p.add_argument("--jobs", type=_jobs, metavar="N", help="parallel checks on this machine (default: config's jobs, "
                    "else the CPU count)")
     p.add_argument("--scheduler", metavar="ADDRESS", help="run on a Dask cluster instead (tcp://HOST:PORT); "

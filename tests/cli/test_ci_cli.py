@@ -157,3 +157,15 @@ def test_a_diff_entry_gates_on_a_regression_located_at_the_new_policy(capsys, pr
              text.splitlines().index("  release_lag_steps: 1") + 1)]
     witness = json.loads((folder / sarif[0]["properties"]["counterexample"]).read_text())
     assert witness["policy"]["file"] == "spec/policies/tgi_router.yaml"
+
+
+def test_ci_from_a_sub_folder_finds_the_project_config_above(capsys, project, monkeypatch):
+    folder = project('policies = ["spec/policies/vllm_v1.yaml"]\n[[verify]]\ninvariants = ["seq_cap"]\n'
+                     'requests = 2\ndepth = 1\n').parent
+    sub = folder / "deploy" / "canary"
+    sub.mkdir(parents=True)
+    monkeypatch.chdir(sub)
+    code, out, err = run(capsys, "ci", "--jobs", "1")
+    assert code == 0, err
+    assert out.splitlines()[0].startswith("spec/policies/vllm_v1.yaml: ")
+    assert out.splitlines()[-1].startswith("1 checks, 0 gating violation(s)")
