@@ -93,9 +93,23 @@ NO_EFFECT = {
     "enable-auto-tool-choice": "bool", "tool-call-parser": "str", "load-format": "str",
     "disable-custom-all-reduce": "bool", "distributed-executor-backend": "str", "max-seq-len-to-capture": "int",
     "response-role": "str", "stream-interval": "int", "disable-chunked-mm-input": "bool",
+    # production flags that change speed or memory outside the KV pool, never which request is scheduled
+    "cuda-graph-sizes": "str", "max-cudagraph-capture-size": "int", "compilation-config": "str",
+    "reasoning-parser": "str", "tokenizer-mode": "str", "enable-expert-parallel": "bool",
+    "cpu-offload-gb": "float", "limit-mm-per-prompt": "str", "enable-prompt-tokens-details": "bool",
+}
+# Production flags that can change scheduling and that the policy model does not have: refused with the reason.
+REFUSED = {
+    "enable-lora": ("bool", "LoRA adapters: the scheduler skips a request whose adapter would exceed --max-loras, "
+                    "which the policy model does not do"),
+    "max-loras": ("int", "the scheduler skips requests beyond this many LoRA adapters per batch (not modelled)"),
+    "kv-transfer-config": ("str", "a KV connector (offloading, disaggregated prefill/decode): KV held outside the "
+                           "running batch is not modelled yet"),
+    "kv-offloading-size": ("float", "KV offloading to CPU (a connector): not modelled yet"),
 }
 OPTIONS += [Opt(name, kind, aliases=("q",) if name == "quantization" else (), tags=ALL | {"no-effect"})
             for name, kind in NO_EFFECT.items()]
+OPTIONS += [Opt(name, kind, tags=ALL | {"refused"}) for name, (kind, _) in REFUSED.items()]
 TABLE = Table("vLLM", OPTIONS, fold_underscores=True)
 ENV = {"VLLM_USE_V1": "VLLM_USE_V1"}
 
@@ -195,9 +209,10 @@ def import_vllm(args: list[str], config: str | None, machine: Machine, version: 
             raise refuse(arg, "1: the policy model is one engine running one batch at a time (pipeline stages "
                          "and data-parallel engines are not modelled)")
     for name, why in (("speculative-config", "speculative decoding (draft tokens per step) is not modelled"),
-                      ("scheduler-cls", "a custom scheduler class cannot be imported")):
+                      ("scheduler-cls", "a custom scheduler class cannot be imported"),
+                      *((name, why) for name, (_, why) in REFUSED.items())):
         arg = given.take(name)
-        if arg is not None:
+        if arg is not None and arg.value is not False:
             raise refuse(arg, f"no {arg.shown}: {why}")
     _unsupported_old(given, draft, era)
     _unsupported_new(given, draft)
@@ -282,7 +297,11 @@ def import_vllm(args: list[str], config: str | None, machine: Machine, version: 
         draft.assume("kv.block_size", 16, "--block-size not given: vLLM's CUDA default")
     else:
         draft.set("kv.block_size", block, block_arg.shown)
-    dtype_bytes = _kv_dtype(given)
+    dtype_arg = given.take("kv-cache-dtype")
+    dtype_bytes = _kv_dtype(dtype_arg)
+    if dtype_arg is not None and given.peek("num-gpu-blocks-override") is not None:
+        draft.ignore(dtype_arg, "--num-gpu-blocks-override fixes the pool: the KV dtype would only change how "
+                     "many blocks fit in the GPU's memory")
     blocks, comment = _pool(given, draft, era, label, machine, block, tp, dtype_bytes, mml)
     draft.set("kv.num_blocks", blocks, comment)
     draft.set("kv.allocation", "on_demand", "blocks for the tokens scheduled in the step")
@@ -435,8 +454,7 @@ def _budgets(given: Given, draft: Draft, era: str, label: str, machine: Machine,
         draft.set("batch.max_num_batched_tokens", budget, budget_note)
 
 
-def _kv_dtype(given: Given) -> int | None:
-    arg = given.take("kv-cache-dtype")
+def _kv_dtype(arg) -> int | None:
     if arg is None:
         return None
     if arg.value not in KV_DTYPES:

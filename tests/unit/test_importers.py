@@ -551,3 +551,20 @@ def test_every_error_is_a_batchcheck_error():
     for system in SYSTEMS:
         with pytest.raises(BatchcheckError):
             import_policy(system, ["--definitely-not-an-option", "1"])
+
+
+def test_vllm_production_flags_are_mapped_ignored_or_refused_by_name():
+    base = ["--max-model-len", "4096", "--num-gpu-blocks-override", "101"]
+    result = import_policy("vllm", base + ["--kv-cache-dtype", "fp8", "--cuda-graph-sizes", "8,16",
+                                           "--compilation-config", "{}", "--reasoning-parser", "deepseek_r1",
+                                           "--tokenizer-mode", "auto", "--enable-expert-parallel",
+                                           "--cpu-offload-gb", "4", "--limit-mm-per-prompt", "image=2"])
+    # fp8 KV never vanishes silently: with a fixed pool it is reported as not changing it
+    assert ("--kv-cache-dtype=fp8 (--num-gpu-blocks-override fixes the pool: the KV dtype would only change how "
+            "many blocks fit in the GPU's memory)") in result.ignored
+    assert "--cuda-graph-sizes=8,16 (no effect on scheduling)" in result.ignored
+    assert len([line for line in result.ignored if "(no effect on scheduling)" in line]) == 7
+    for flags, name in ((["--enable-lora", "--max-loras", "4"], "--enable-lora"), (["--max-loras", "4"], "--max-loras"),
+                        (["--kv-transfer-config", "{}"], "--kv-transfer-config")):
+        with pytest.raises(InputError, match=f"expected no {name}: "):
+            import_policy("vllm", base + flags)
