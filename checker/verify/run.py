@@ -127,6 +127,9 @@ def parse_invariant(text: str) -> tuple[Invariant, dict[str, int]]:
 def check_one(policy: Policy, policy_file: str | None, inv: Invariant, params: dict[str, int], env: Environment,
               timeout_s: float, out_dir: Path | None, unbounded: bool = False,
               proof_dir: Path | None = None, progress: Callable[[str], None] | None = None) -> Checked:
+    if policy.kv.prefix_caching.enabled:  # no block identity in the z3 encoding: explicit-state search instead
+        from checker.verify.explicit import check_many
+        return check_many(policy, policy_file, [(inv, params)], env, timeout_s, out_dir, unbounded, progress)[0]
     started = time.monotonic()
     if unbounded:
         proved = _try_actionwise(policy, inv, params, env, timeout_s, proof_dir, progress)
@@ -278,7 +281,8 @@ def run_verify(policy: str | Path, invariants: list[str] | None = None, requests
                cancellations: bool = True, step_ms: float = 10.0, unbounded: bool = False,
                proof_dir: str | Path | None = "proofs", invariant_modules: list[str] | None = None,
                progress=None):
-    """Check invariants of a policy with z3 (bounded model checking); returns (environment, results)."""
+    """Check invariants of a policy with z3 (bounded model checking), or by explicit-state search on the engine
+    for a policy with prefix caching (checker/verify/explicit.py); returns (environment, results)."""
     load_entry_points()
     for module in invariant_modules or []:
         load_module(module)
@@ -288,5 +292,9 @@ def run_verify(policy: str | Path, invariants: list[str] | None = None, requests
     env = default_environment(pol, requests, depth, wl, prompt, output, cancellations, round(step_ms * 1000))
     out = Path(out_dir) if out_dir is not None else None
     proofs = Path(proof_dir) if proof_dir is not None else None
+    if pol.kv.prefix_caching.enabled:  # one explicit-state search on the engine for all of them (explicit.py)
+        from checker.verify import explicit
+        env = explicit.explicit_environment(pol, env, [inv for inv, _ in chosen])
+        return env, explicit.check_many(pol, str(policy), chosen, env, timeout_s, out, unbounded, progress)
     return env, [check_one(pol, str(policy), inv, params, env, timeout_s, out, unbounded, proofs, progress)
                  for inv, params in chosen]
