@@ -176,44 +176,32 @@ def load_arrivals(path: str | Path) -> Arrivals:
 _LOG_KEY_SET = frozenset(LOG_KEYS)
 
 
-def _unknown(key: Any, field_name: str, line_no: int, source: str) -> InputError:
-    return InputError(Problem(field_name, key, "a request id from the arrivals file", line_no), source)
-
-
 def parse_step(rec: Any, line_no: int, arrivals: Arrivals, source: str) -> LogStep:
     """One log line, checked, with request ids turned into request numbers."""
     if rec.__class__ is not dict or not rec.keys() >= _LOG_KEY_SET:
         missing = [k for k in LOG_KEYS if not isinstance(rec, dict) or k not in rec]
         raise InputError(Problem(missing[0], "<missing>", "the keys " + ", ".join(LOG_KEYS), line_no), source)
-    index, find = arrivals.index, arrivals.rid
+    index = arrivals.index
     raw = rec["scheduled"] or {}
-    if raw.__class__ is not dict:
-        raise InputError(Problem("scheduled", raw, "an object: request id -> tokens scheduled", line_no), source)
-    scheduled = {}
-    for key, n in raw.items():
-        if n.__class__ is not int and not isinstance(n, int) or n < 1:
-            raise InputError(Problem(f"scheduled.{key}", n, "a token count >= 1", line_no), source)
-        r = index.get(key)
-        if r is None:
-            r = find(key)
-            if r is None:
-                raise _unknown(key, "scheduled", line_no, source)
-        scheduled[r] = n
+    try:  # the common case at C speed: known ids, whole token counts >= 1 (a float or a string sums to no int)
+        counts = raw.values()
+        if counts and (sum(counts).__class__ is not int or min(counts) < 1):
+            raise TypeError
+        scheduled = {index[key]: n for key, n in raw.items()}
+    except (TypeError, KeyError, AttributeError):
+        scheduled = _scheduled_slowly(raw, line_no, arrivals, source)
     lists = []
     for name in ("preempted", "finished", "aborted"):
         ids = rec[name]
         if not ids:
             lists.append([])
             continue
-        if ids.__class__ is not list:
-            raise InputError(Problem(name, ids, "a list of request ids", line_no), source)
-        rids = []
-        for key in ids:
-            r = find(key)
-            if r is None:
-                raise _unknown(key, name, line_no, source)
-            rids.append(r)
-        lists.append(rids)
+        try:
+            if ids.__class__ is not list:
+                raise TypeError
+            lists.append([index[key] for key in ids])
+        except (TypeError, KeyError):
+            lists.append(_ids_slowly(ids, name, line_no, arrivals, source))
     k, running, waiting, free = rec["step"], rec["running"], rec["waiting"], rec["free_blocks"]
     if k.__class__ is not int or k < 0:
         raise InputError(Problem("step", k, "a step number (a whole number >= 0)", line_no), source)
@@ -222,6 +210,33 @@ def parse_step(rec: Any, line_no: int, arrivals: Arrivals, source: str) -> LogSt
                            if v.__class__ is not int)
         raise InputError(Problem(name, value, "a whole number", line_no), source)
     return LogStep(k, scheduled, lists[0], lists[1], lists[2], running, waiting, free, line_no)
+
+
+def _scheduled_slowly(raw: Any, line_no: int, arrivals: Arrivals, source: str) -> dict[int, int]:
+    """``scheduled`` entry by entry: the first bad one is the error (a count, then its id)."""
+    if raw.__class__ is not dict:
+        raise InputError(Problem("scheduled", raw, "an object: request id -> tokens scheduled", line_no), source)
+    scheduled = {}
+    for key, n in raw.items():
+        if not isinstance(n, int) or n < 1:
+            raise InputError(Problem(f"scheduled.{key}", n, "a token count >= 1", line_no), source)
+        r = arrivals.rid(key)
+        if r is None:
+            raise InputError(Problem("scheduled", key, "a request id from the arrivals file", line_no), source)
+        scheduled[r] = n
+    return scheduled
+
+
+def _ids_slowly(ids: Any, name: str, line_no: int, arrivals: Arrivals, source: str) -> list[int]:
+    if ids.__class__ is not list:
+        raise InputError(Problem(name, ids, "a list of request ids", line_no), source)
+    rids = []
+    for key in ids:
+        r = arrivals.rid(key)
+        if r is None:
+            raise InputError(Problem(name, key, "a request id from the arrivals file", line_no), source)
+        rids.append(r)
+    return rids
 
 
 def _open(path: str | Path):
@@ -327,6 +342,14 @@ def stream_log(path: str | Path, arrivals: Arrivals, follow: Follow | None = Non
 
 
 # ----------------------------------------------------------------------------------------- the observed state
+class _Ignore:
+    """Stands in for the set of touched requests when nothing reads it (no windowed invariant)."""
+
+    @staticmethod
+    def add(r: int) -> None:
+        pass
+
+
 def _initial_slot() -> dict[str, int]:
     return {**{f: 0 for f in FIELDS}, "status": PENDING, "release_step": -1}
 
@@ -419,7 +442,7 @@ class Observed:
         now = self.now_us = entry.step * STEP_US
         self.status_changed, self.blocks_changed = [], []
         produced = self.produced = set()
-        touched = self.touched = set(entry.scheduled)
+        touched = self.touched = set(entry.scheduled) if self.keep is not None else _Ignore
         w, status, blocks = self._w, self._status, self._blocks
         arrival = self.arrival_us
         while self.next_arrival < self.n and arrival[self.next_arrival] <= now:
@@ -445,12 +468,12 @@ class Observed:
                 s["requeue_seq"] = self.seq
                 self.seq += 1
                 touched.add(r)
-        size, prompt, slots = self.size, self.prompt, self.slots
+        size, prompt, slots, running, produce = self.size, self.prompt, self.slots, RUNNING, produced.add
         cow = self.keep is not None
         for r, n in entry.scheduled.items():
             s = w(r) if cow else slots[r]
-            if s["status"] != RUNNING:
-                status(r, s, RUNNING)
+            if s["status"] != running:
+                status(r, s, running)
                 s["admitted_seq"] = self.seq
                 self.seq += 1
             c = s["num_computed"] = s["num_computed"] + n
@@ -459,7 +482,7 @@ class Observed:
             g = s["num_generated"]
             if c >= prompt[r] + g:
                 s["num_generated"] = g + 1
-                produced.add(r)
+                produce(r)
         if entry.finished:
             for r in entry.finished:
                 s = w(r)
@@ -587,6 +610,14 @@ class Violation:
     context: list[str] = field(default_factory=list)
 
 
+MEMO_LIMIT = 4096  # verdicts remembered per invariant (then forgotten all at once): memory stays bounded
+
+
+def _bound(seen: dict) -> None:
+    if len(seen) > MEMO_LIMIT:
+        seen.clear()
+
+
 class Incremental:
     """The chosen invariants, evaluated step by step on an Observed state."""
 
@@ -618,8 +649,10 @@ class Incremental:
         self.obs = Observed(policy, arrivals, keep)
         self.ring: deque = deque(maxlen=max(window, 0) + 1)  # per step: what the windowed frames need
         self.frames: list[Frame] = []  # whole frames (only for "whole" invariants)
-        self.full = [{**inv.defaults, **params} for inv, params, _, _ in self.plans]
-        self.memo: list[Any] = [None] * len(self.plans)  # per invariant: what its last verdict was computed from
+        self.failed: Violation | None = None
+        self._windowed_at = -1
+        self._windowed_ctx: TraceContext | None = None
+        self.checks = [getattr(self, "_" + kind)(inv, {**inv.defaults, **params}) for inv, params, kind, _ in self.plans]
 
     def _restricted(self, rids, kv_used: int) -> Frame:
         obs, entry = self.obs, self.obs.entry
@@ -630,73 +663,149 @@ class Incremental:
                       tuple([r in preempted for r in rids]) if preempted else (False,) * len(rids),
                       kv_used, obs.now_us)
 
-    def _one(self, full: dict[str, int], inv: Invariant, rids, frame: Frame, t: int) -> bool:
-        prm = self.params
-        ctx = _context(self.policy, tuple([prm[r] for r in rids]), _Frames(t, [frame]))
-        return bool(inv.check(IntOps, ctx, t, **full))  # what inv.holds does, its parameters merged once
+    def _evaluator(self, inv: Invariant, full: dict[str, int]) -> Callable[[Any, int, Frame], bool]:
+        """Evaluates the invariant's own predicate at step t on one frame restricted to some requests (what
+        inv.holds does, its parameters merged once)."""
+        check, policy, prm = inv.check, self.policy, self.params
+        frames = _Frames(0, [None])  # type: ignore[list-item]
+        ctx = _context(policy, (), frames)
+        state = ctx.__dict__
+
+        def holds(rids, t: int, frame: Frame) -> bool:
+            state["params"] = tuple([prm[r] for r in rids]) if rids else ()
+            frames.base = t
+            frames.frames[0] = frame
+            return bool(check(IntOps, ctx, t, **full))
+        return holds
+
+    # One function per kind of INCREMENTAL / WINDOW / whole: each says whether the invariant holds at step t.
+    # The incremental ones remember their verdicts by what the predicate reads of the restricted frame (a
+    # pure function of those values, the policy and the parameters, which are fixed): a step whose
+    # restricted frame reads the same as an earlier one gets that step's verdict, computed by the predicate.
+    def _globals(self, inv: Invariant, full: dict[str, int]) -> Callable[[int], bool]:
+        holds, obs = self._evaluator(inv, full), self.obs
+        seen: dict[int, bool] = {}  # KV in use -> verdict: it reads the KV in use only
+
+        def check(t: int) -> bool:
+            ok = seen.get(obs.kv_used)
+            if ok is None:
+                ok = seen[obs.kv_used] = holds((), t, _frame((), (), (), (), obs.kv_used, obs.now_us))
+                _bound(seen)
+            return ok
+        return check
+
+    def _pool(self, inv: Invariant, full: dict[str, int]) -> Callable[[int], bool]:
+        holds, obs = self._evaluator(inv, full), self.obs
+        first: list[bool] = []
+
+        def check(t: int) -> bool:
+            if not first:  # it reads the frame's pool only: None in every step
+                first.append(holds((), t, _frame((), (), (), (), obs.kv_used, obs.now_us)))
+            return first[0]
+        return check
+
+    def _scheduled(self, inv: Invariant, full: dict[str, int]) -> Callable[[int], bool]:
+        holds, obs = self._evaluator(inv, full), self.obs
+        seen: dict[tuple, bool] = {}  # tokens scheduled (in order) -> verdict: it reads those only
+
+        def check(t: int) -> bool:
+            sched = obs.entry.scheduled
+            key = tuple(sched.values())
+            ok = seen.get(key)
+            if ok is None:
+                rids = list(sched)
+                ok = seen[key] = holds(rids, t, self._restricted(rids, obs.kv_used))
+                _bound(seen)
+            return ok
+        return check
+
+    def _running(self, inv: Invariant, full: dict[str, int]) -> Callable[[int], bool]:
+        holds, obs = self._evaluator(inv, full), self.obs
+        seen: dict[int, bool] = {}  # running requests -> verdict: it reads statuses only, all RUNNING here
+
+        def check(t: int) -> bool:
+            key = len(obs.running)
+            ok = seen.get(key)
+            if ok is None:
+                rids = list(obs.running)
+                ok = seen[key] = holds(rids, t, self._restricted(rids, obs.kv_used))
+            return ok
+        return check
+
+    def _conservation(self, inv: Invariant, full: dict[str, int]) -> Callable[[int], bool]:
+        holds, obs = self._evaluator(inv, full), self.obs
+        seen: dict[tuple, bool] = {}  # (status, blocks, swapped, release step) of each request, KV -> verdict
+
+        def check(t: int) -> bool:
+            if t == 0:
+                return holds(range(obs.n), t, self._restricted(range(obs.n), obs.kv_used))
+            if obs.status_changed:
+                changed = set(obs.status_changed)
+                changed.update(obs.blocks_changed)
+                rids = list(changed)
+            elif obs.blocks_changed:
+                rids = obs.blocks_changed  # each once: a request's blocks change twice only with its status
+            else:  # nobody changed: no request in the frame, the KV in use less all the blocks held
+                key = obs.kv_used - obs.held
+                ok = seen.get(key)
+                if ok is None:
+                    ok = seen[key] = holds((), t, self._restricted((), key))
+                return ok
+            slots = obs.slots
+            fields = tuple([(s["status"], s["blocks"], s["swapped_blocks"], s["release_step"])
+                            for s in [slots[r] for r in rids]])
+            kv = obs.kv_used - obs.held + sum([f[1] for f in fields])
+            key = (fields, kv)
+            ok = seen.get(key)
+            if ok is None:
+                ok = seen[key] = holds(rids, t, self._restricted(rids, kv))
+                _bound(seen)
+            return ok
+        return check
+
+    def _preempted(self, inv: Invariant, full: dict[str, int]) -> Callable[[int], bool]:
+        holds, obs = self._evaluator(inv, full), self.obs
+
+        def check(t: int) -> bool:
+            if t and not obs.entry.preempted:
+                return True  # nobody's count of preemptions changed (and every earlier step passed)
+            rids = range(obs.n) if t == 0 else list(dict.fromkeys(obs.entry.preempted))
+            return holds(rids, t, self._restricted(rids, obs.kv_used))
+        return check
+
+    def _window(self, inv: Invariant, full: dict[str, int]) -> Callable[[int], bool]:
+        check = inv.check
+
+        def window(t: int) -> bool:
+            if self._windowed_at != t:  # the windowed frames, built once per step for all that read them
+                self._windowed_ctx, self._windowed_at = self._windowed(t), t
+            return bool(check(IntOps, self._windowed_ctx, t, **full))
+        return window
+
+    def _whole(self, inv: Invariant, full: dict[str, int]) -> Callable[[int], bool]:
+        check = inv.check
+        ctx = _context(self.policy, self.params, _Frames(0, self.frames))
+        return lambda t: bool(check(IntOps, ctx, t, **full))
 
     def step(self, entry: LogStep) -> Violation | None:
-        """Advance by one log step; the first invariant (in the chosen order) that fails there."""
+        """Advance by one log step; the first invariant (in the chosen order) that fails there. After a
+        violation the state still advances, and the first violation is returned again (what is evaluated
+        on what changed relies on every earlier step having passed)."""
         obs = self.obs
         obs.apply(entry)
+        if self.failed is not None:
+            return self.failed
         t = obs.t
         if self.window >= 0:
             self.ring.append((entry.scheduled, obs.produced, set(entry.preempted), obs.kv_used, obs.now_us,
                               obs.touched))
-        if self.whole:
-            everyone = range(obs.n)
-            self.frames.append(self._restricted(everyone, obs.kv_used))
-        windowed = None
-        memo = self.memo
-        for i, (inv, params, kind, _) in enumerate(self.plans):
-            full = self.full[i]
-            if kind == "globals":
-                if t and obs.kv_used == memo[i]:
-                    continue  # it reads the KV in use only: unchanged since the last step
-                memo[i] = obs.kv_used
-                ok = self._one(full, inv, (), _frame((), (), (), (), obs.kv_used, obs.now_us), t)
-            elif kind == "pool":
-                if t:
-                    continue  # it reads the frame's pool only, None in every step of a log
-                ok = self._one(full, inv, (), _frame((), (), (), (), obs.kv_used, obs.now_us), t)
-            elif kind == "scheduled":
-                key = tuple(entry.scheduled.values())
-                if t and key == memo[i]:
-                    continue  # it reads the tokens scheduled only: the same as in the last step
-                memo[i] = key
-                rids = list(entry.scheduled)
-                ok = self._one(full, inv, rids, self._restricted(rids, obs.kv_used), t)
-            elif kind == "running":
-                if t and not obs.status_changed:
-                    continue  # it reads statuses only, and none changed
-                rids = list(obs.running)
-                ok = self._one(full, inv, rids, self._restricted(rids, obs.kv_used), t)
-            elif kind == "conservation":
-                if t == 0:
-                    rids, kv = range(obs.n), obs.kv_used
-                else:
-                    changed = set(obs.status_changed)
-                    changed.update(obs.blocks_changed)
-                    if not changed and obs.kv_used == memo[i]:
-                        continue  # nothing it reads changed since the last step
-                    rids = list(changed)
-                    kv = obs.kv_used - (obs.held - sum([obs.slots[r]["blocks"] for r in rids]))
-                memo[i] = obs.kv_used
-                ok = self._one(full, inv, rids, self._restricted(rids, kv), t)
-            elif kind == "preempted":
-                if t and not entry.preempted:
-                    continue  # nobody's count of preemptions changed
-                rids = range(obs.n) if t == 0 else list(dict.fromkeys(entry.preempted))
-                ok = self._one(full, inv, rids, self._restricted(rids, obs.kv_used), t)
-            elif kind == "window":
-                if windowed is None:
-                    windowed = self._windowed(t)
-                ok = bool(inv.check(IntOps, windowed, t, **full))
-            else:
-                ctx = _context(self.policy, self.params, _Frames(0, self.frames))
-                ok = bool(inv.check(IntOps, ctx, t, **full))
-            if not ok:
-                return Violation(inv.name, entry.step, entry.line, violation_context(self.arrivals, entry, obs))
+            if self.whole:
+                self.frames.append(self._restricted(range(obs.n), obs.kv_used))
+        for i, check in enumerate(self.checks):
+            if not check(t):
+                self.failed = Violation(self.plans[i][0].name, entry.step, entry.line,
+                                        violation_context(self.arrivals, entry, obs))
+                return self.failed
         return None
 
     def _windowed(self, t: int) -> TraceContext:
@@ -863,15 +972,11 @@ def check_stream(policy: Policy, arrivals: Arrivals, steps: Iterator[LogStep],
     diverged = False
     for entry in steps:
         result.steps += 1
-        if result.violation is None:
-            result.violation = checker.step(entry)
-        else:
-            obs.apply(entry)  # the notes cover the whole log
-        text = obs.note()
-        if text is not None:
+        result.violation = checker.step(entry)  # after a violation: only the state advances (for the notes)
+        if len(obs.running) != entry.running or len(obs.waiting) != entry.waiting:
             result.notes_total += 1
             if len(result.notes) < MAX_NOTES:
-                result.notes.append(text)
+                result.notes.append(obs.note())
         if lockstep is not None:
             lockstep.feed(entry)
         if stop_early:
