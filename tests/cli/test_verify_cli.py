@@ -75,7 +75,7 @@ def test_json_output(capsys, tmp_path):
 def test_unknown_invariant_and_unbounded_are_usage_errors(capsys):
     code, _, err = run(capsys, "verify", str(BROKEN), "--invariant", "kv_safety")
     assert code == 2
-    assert err.startswith("batchcheck: error: --invariant='kv_safety' (expected one of: bounded_preemptions, ")
+    assert err.startswith("batchcheck: error: --invariant='kv_safety' (expected one of: block_pool_conservation, bounded_preemptions, ")
     code, _, err = run(capsys, "verify", str(BROKEN), "--invariant", "decode_progress:speed=3")
     assert code == 2
     assert err == "batchcheck: error: --invariant='decode_progress:speed=3' (expected parameters of decode_progress: gap)\n"

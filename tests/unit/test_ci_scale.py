@@ -46,7 +46,8 @@ def test_a_dask_local_cluster_gives_the_serial_verdicts(tmp_path):
         tasks_per_worker = client.run(lambda dask_worker: len(dask_worker.data) + dask_worker.state.executed_count)
     assert len(tasks_per_worker) == 2 and all(n > 0 for n in tasks_per_worker.values())  # both workers ran checks
     assert _verdicts(distributed) == _verdicts(serial)
-    assert {v for _, _, v in _verdicts(serial)} == {"VIOLATED", "HOLDS_UP_TO", "NO_COUNTEREXAMPLE", "PROVED"}
+    # one request in flight never reaches vLLM's limits: the liveness findings are VACUOUS, not PROVED
+    assert {v for _, _, v in _verdicts(serial)} == {"VIOLATED", "HOLDS_UP_TO", "NO_COUNTEREXAMPLE", "VACUOUS"}
     assert [label for _, label, _ in _verdicts(serial)][-3:] == [  # one liveness task, three findings
         "eventually_served(requests=1)", "no_livelock(requests=1)", "no_deadlock(requests=1)"]
     assert distributed.exit_code == serial.exit_code == 1
