@@ -79,9 +79,10 @@ WAITING_STATES = (Status.WAITING, Status.SWAPPED)
 def require_encodable(policy: Policy) -> None:
     """Refuse (exit 2) a policy with a rule the encoding does not cover yet, rather than check a different one."""
     if policy.kv.prefix_caching.enabled:
-        raise InputError(Problem("kv.prefix_caching.enabled", True, "false for verify, diff and liveness: the Z3 "
-                                 "encoding and the state-graph explorer do not model block identity yet; check the "
-                                 "policy with simulate, fuzz or check-log, which run the engine with the cache"))
+        raise InputError(Problem("kv.prefix_caching.enabled", True, "false for the Z3 encoding (diff, proofs): it "
+                                 "does not model block identity yet; `verify` checks a caching policy by explicit "
+                                 "search on the engine, and simulate, fuzz and check-log run the engine with the "
+                                 "cache"))
 
 
 class SymbolicStep:
