@@ -260,37 +260,28 @@ def state_fingerprint(s: SchedulerState, forget: frozenset[int] = frozenset()) -
     """Everything the step reads from the state, exactly (see the module docstring); the fixed parameters
     of the requests in ``forget`` (dead long enough for every checked invariant) are left out."""
     if _FAST and set(vars(s)) - _STATE_SKIP == set(_FAST_STATE):
-        # Block ids are renamed in the order the block tables (by request) and then the free queue list them:
-        # the step uses an id only as a name (dict keys; fresh ones from next_id, never reused or compared), so
-        # states equal up to renaming step alike. Only the free queue and each hash's blocks are read in order
-        # (the head is taken, a hit takes the first block cached); the other dicts are looked up, so they are
-        # sorted. next_id and evictions are left out: the step never reads them but to make a fresh id and to
-        # count (the frames read neither).
-        ren: dict[int, int] = {}
-        name = ren.setdefault
-        reqs = tuple((None if r.rid in forget else _spec_key(r.spec), r.status, r.reason, r.num_computed,
-                      r.num_generated, r.blocks, r.swapped_blocks, r.admitted_seq, r.requeue_seq, r.num_preemptions,
-                      r.release_step, tuple([name(b, len(ren)) for b in r.block_ids]), r.num_cached_blocks)
-                     for r in s.requests)
-        rest = (tuple(r.rid for r in s.running), tuple(r.rid for r in s.waiting), tuple(r.rid for r in s.holding),
-                s.kv_used, s.swap_used, s.next_seq, s.step, tuple(s.tenant_counters))
-        p = s.pool
-        if p is None:
-            return reqs, rest, None
-        lru = tuple([name(b, len(ren)) for b in p.lru])
-        for table in (p.refs, p.hash_of, p.truth):  # ids no table lists (only a broken pool has them)
-            for b in table:
-                name(b, len(ren))
-        pool = (p.uncached_free, lru, tuple(sorted([(ren[b], n) for b, n in p.refs.items()])),
-                tuple(sorted([(ren[b], h) for b, h in p.hash_of.items()])),
-                tuple(sorted([(h, tuple([name(b, len(ren)) for b in blocks])) for h, blocks in p.cached.items()])),
-                tuple(sorted([(ren[b], h) for b, h in p.truth.items()])))
-        return reqs, rest, pool
+        return fast_fingerprint(s, forget)
     reqs = tuple((None if r.rid in forget else _spec_key(r.spec), *(_freeze(getattr(r, a)) for a in _REQ_FIELDS))
                  for r in s.requests)
     rest = tuple((k, _freeze(v)) for k, v in vars(s).items() if k not in _STATE_SKIP)
     pool = None if s.pool is None else tuple(_freeze(getattr(s.pool, a)) for a in _POOL_FIELDS)
     return reqs, rest, pool
+
+
+def fast_fingerprint(s: SchedulerState, forget: frozenset[int] = frozenset()) -> tuple:
+    """state_fingerprint for the fields the semantics has today, by name (the same information)."""
+    reqs = tuple((None if r.rid in forget else _spec_key(r.spec), r.status, r.reason, r.num_computed,
+                  r.num_generated, r.blocks, r.swapped_blocks, r.admitted_seq, r.requeue_seq, r.num_preemptions,
+                  r.release_step, tuple(r.block_ids), r.num_cached_blocks) for r in s.requests)
+    rest = (tuple([r.rid for r in s.running]), tuple([r.rid for r in s.waiting]),
+            tuple([r.rid for r in s.holding]), s.kv_used, s.swap_used, s.next_seq, s.step, tuple(s.tenant_counters))
+    p = s.pool
+    if p is None:
+        return reqs, rest, None
+    # evictions is left out: the step only counts it (the frames do not read it either)
+    return reqs, rest, (p.uncached_free, tuple(p.lru), tuple(p.refs.items()), tuple(p.hash_of.items()),
+                        tuple([(h, tuple(blocks)) for h, blocks in p.cached.items()]), p.next_id,
+                        tuple(p.truth.items()))
 
 
 def frame_key(f: Frame) -> tuple:
@@ -343,6 +334,7 @@ class SearchResult:
 # A request's open choices (lazy): (its identity still open, its output's lower bound): the output is one of
 # the domain's outputs above the bound; -1: decided. Decided, all of them: (False, -1).
 DECIDED = (False, -1)
+NEUTRAL: Identity = None  # the identity a request has until the step reads its tokens: its own
 
 
 class Search:
@@ -364,14 +356,14 @@ class Search:
         self.back: int | None = None if None in backs else max(b for b in backs if b is not None)
         vetted = reduce and self.back is not None
         self.forget_dead = vetted
-        self.lazy_identity = vetted and len(env.identities) > 1
+        self.lazy_identity = vetted and len(env.identities) > 1 and NEUTRAL in env.identities
         self.lazy_output = vetted and len(env.outputs) > 1 and env.max_outputs == ("output",)
         self.longest = max(env.outputs)
         self.outputs = frozenset(env.outputs)
         eager = []
         for ch in env.choices():
             ch = dataclasses.replace(
-                ch, identity=IDENTITIES[0] if self.lazy_identity else ch.identity,
+                ch, identity=NEUTRAL if self.lazy_identity else ch.identity,
                 output=self.longest if self.lazy_output else ch.output,
                 max_output=self.longest if self.lazy_output else ch.max_output)
             if ch not in eager:
@@ -379,6 +371,7 @@ class Search:
         self.choices = eager
         self.arrive_lazy = (self.lazy_identity, 0 if self.lazy_output else -1)
         self._specs: dict[tuple[int, int, int], RequestSpec] = {}
+        self._replaced: dict[tuple, RequestSpec] = {}
         self.started = time.monotonic()
 
     def describe_lazy(self) -> str:
@@ -437,11 +430,11 @@ class Search:
                 r = reqs[rid]
                 ident_open, lb = lz[rid]
                 if what == "identity":
-                    r.spec = dataclasses.replace(r.spec, content=identity_content(value, r.prompt_len, block_size))
+                    r.spec = self._with(r.spec, "content", identity_content(value, r.prompt_len, block_size))
                     r.chain = []
                     lz[rid] = (False, lb)
                 elif what == "output":
-                    r.spec = dataclasses.replace(r.spec, output_len=value, max_output=value)
+                    r.spec = self._with(self._with(r.spec, "output_len", value), "max_output", value)
                     r.output_len = r.max_output = value
                     lz[rid] = (ident_open, -1)
                 else:  # "above": longer than value
@@ -451,10 +444,12 @@ class Search:
                     reqs[rid].chain = []  # so that a read shows (Request.copy shares the list)
             d = step(s, arrived, [reqs[i] for i in cancels], now)
             seen = [rid for rid, (ident_open, _) in enumerate(lz) if ident_open and reqs[rid].chain]
-            if seen:  # the step read these requests' tokens: run it again with each identity
+            if seen:  # the step read these requests' tokens: run it again with each other identity
                 for combo in itertools.product(self.env.identities, repeat=len(seen)):
-                    todo.append({**assign, **{(rid, "identity"): ident for rid, ident in zip(seen, combo)}})
-                continue
+                    if any(ident != NEUTRAL for ident in combo):
+                        todo.append({**assign, **{(rid, "identity"): ident for rid, ident in zip(seen, combo)}})
+                for rid in seen:  # this run is the one in which they all have the neutral identity (own tokens)
+                    lz[rid] = (False, lz[rid][1])
             ends = [rid for rid in d.produced if lz[rid][1] != -1 and reqs[rid].num_generated in self.outputs
                     and lz[rid][1] < reqs[rid].num_generated < self.longest]
             for mask in itertools.product((True, False), repeat=len(ends)):
@@ -465,6 +460,13 @@ class Search:
                 lz[rid] = (lz[rid][0], self._bound(reqs[rid].num_generated))
             yield s, d, tuple(lz)
 
+    def _with(self, spec: RequestSpec, name: str, value: object) -> RequestSpec:
+        key = (spec, name, value)
+        out = self._replaced.get(key)
+        if out is None:
+            out = self._replaced[key] = dataclasses.replace(spec, **{name: value})
+        return out
+
     def _bound(self, above: int) -> int:
         """The open-output marker for 'longer than above' (-1 once only the longest output is left)."""
         return above if any(above < o < self.longest for o in self.outputs) else -1
@@ -473,6 +475,8 @@ class Search:
         """Search with at most n requests, depth by depth; record the first violation of each target."""
         env, policy, back = self.env, self.policy, self.back
         root = SchedulerState(policy, self.placeholders(n), num_tenants=env.tenants)
+        fingerprint = fast_fingerprint if _FAST and set(vars(root)) - _STATE_SKIP == set(_FAST_STATE) else \
+            state_fingerprint
         layer = [_Node(None, (), (), (), root, 0, (), (-1,) * n, (DECIDED,) * n)]
         for k in range(env.depth):
             now = k * env.step_us
@@ -493,13 +497,13 @@ class Search:
                         if not count & 63 and time.monotonic() > self.deadline:
                             self.transitions += count
                             raise _Timeout
-                        reqs = s.requests
-                        died = tuple(at if at != -1 or not is_dead(reqs[i]) else k for i, at in enumerate(dead_at))
-                        open_ = tuple(DECIDED if i in forget else x for i, x in enumerate(lz))
-                        sig = (state_fingerprint(s, forget), open_, d.scheduled, d.produced, d.preempted)
+                        open_ = tuple([DECIDED if i in forget else x for i, x in enumerate(lz)]) if forget else lz
+                        sig = (fingerprint(s, forget), open_, d.scheduled, d.produced, d.preempted)
                         key = (sig, history)
                         if key in nxt:
                             continue
+                        reqs = s.requests
+                        died = tuple([at if at != -1 or not is_dead(reqs[i]) else k for i, at in enumerate(dead_at)])
                         frames = node.frames + (frame_from_engine(s, d),)
                         nxt[key] = _Node(node, arrivals, cancels, frames, s, node.arrived + len(arrivals), sig, died,
                                          lz)
@@ -508,6 +512,9 @@ class Search:
             self.states += len(nxt)
             layer = list(nxt.values())
             self.evaluate(layer, k)
+            if self.forget_dead:  # every request arrived and none is live: nothing changes any more, and no
+                # invariant of _LOOKBACK can newly fail or fire on the same frame again (pruned once evaluated)
+                layer = [x for x in layer if x.arrived < n or not all(is_dead(r) for r in x.state.requests)]
             on_depth(n, k + 1)
             if all(t.found is not None for t in self.targets):
                 return
