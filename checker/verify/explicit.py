@@ -114,7 +114,7 @@ class ExplicitEnvironment(Environment):
 
     def domains(self) -> str:
         prompts = ", ".join(f"{p} ({why})" for p, why in zip(self.prompts, self.prompt_why))
-        caps = " or ".join("the output" if c == "output" else str(self.max_output_cap) for c in self.max_outputs)
+        caps = " or ".join("= output" if c == "output" else str(self.max_output_cap) for c in self.max_outputs)
         return (f"prompts {{{prompts}}} tokens, outputs {{{', '.join(map(str, self.outputs))}}} tokens, "
                 f"declared max output {caps}, prompt identities {{{', '.join(map(identity_name, self.identities))}}}, "
                 f"priorities {{{', '.join(map(str, self.search_priorities))}}}, {self.search_tenants} tenant(s)")
@@ -155,7 +155,8 @@ def explicit_environment(policy: Policy, env: Environment, invariants: list[Inva
     kv = policy.kv
     size, pool, top = kv.block_size, kv.num_blocks, policy.max_model_len - 1
     named = [(size, "1 block"), (size + 1, "1 block + 1 token"), (2 * size, "2 blocks"),
-             ((pool // env.requests) * size, f"fills the pool with {env.requests} requests"),
+             ((pool // env.requests) * size,
+              f"fills the pool with {env.requests} request{'s' if env.requests > 1 else ''}"),
              (pool * size - 1, "the pool less 1 token"), (pool * size + 1, "the pool + 1 token")]
     if any(p > top for p, _ in named):
         named.append((top, "the longest prompt the model takes"))
@@ -317,6 +318,7 @@ class _Target:
     found: _Node | None = None
     found_specs: list[RequestSpec] = field(default_factory=list)
     found_at_s: float = 0.0
+    found_after: tuple[int, int] = (0, 0)  # states and steps searched when it was found
 
 
 @dataclass
@@ -530,6 +532,7 @@ class Search:
                     target.found = node
                     target.found_specs = [r.spec for r in s.requests[:node.arrived]]
                     target.found_at_s = time.monotonic() - self.started
+                    target.found_after = (self.states, self.transitions)
                 if not target.triggered and target.inv.triggered(IntOps, ctx, t, target.params):
                     target.triggered = True
 
@@ -631,6 +634,7 @@ def check_many(policy: Policy, policy_file: str | None, invariants: list[tuple[I
             frames = [_frame_dict(f, len(specs)) for f in _replay_frames(policy, xenv, specs, step_at + 1)]
             path = save_counterexample(policy, policy_file, inv, params, xenv, specs, step_at, frames, True, "",
                                        METHOD, out_dir)
+            common.update(states=target.found_after[0], transitions=target.found_after[1])
             out.append(ExplicitChecked(inv, params, Verdict.VIOLATED, xenv,
                                        target.found_at_s + time.monotonic() - started, depth=step_at + 1,
                                        requests=len(specs), violation_step=step_at, counterexample=path, specs=specs,
