@@ -729,6 +729,7 @@ class Incremental:
             if ok is None:
                 rids = list(obs.running)
                 ok = seen[key] = holds(rids, t, self._restricted(rids, obs.kv_used))
+                _bound(seen)
             return ok
         return check
 

@@ -269,3 +269,45 @@ def test_a_window_read_beyond_the_table_is_an_internal_error(tmp_path, monkeypat
     with pytest.raises(cl.InternalError, match="read frame"):
         for entry in steps:
             checker.step(entry)
+
+
+def sequential_log(n: int) -> tuple[list[dict], list[dict]]:
+    """Request i arrives at step 10 i, is prefilled (16 tokens) there, decodes 6 more tokens and finishes:
+    one live request at a time, however many the arrivals file holds."""
+    rows = [{"id": f"s{i}", "arrival_step": 10 * i, "prompt_tokens": 16, "output_tokens": 7} for i in range(n)]
+    lines = []
+    for k in range(10 * n):
+        i, j = divmod(k, 10)
+        live = j < 7
+        lines.append({"step": k, "scheduled": {f"s{i}": 16 if j == 0 else 1} if live else {}, "preempted": [],
+                      "finished": [f"s{i}"] if j == 6 else [], "aborted": [], "running": int(j < 6),
+                      "waiting": 0, "free_blocks": 32 - (1 if j == 0 else 2) if j < 6 else 32})
+    return rows, lines
+
+
+def test_the_work_per_step_follows_the_events_not_the_requests(tmp_path, monkeypatch):
+    """With one live request at a time, the requests the invariants look at per step (after the first,
+    which checks every request once) do not grow with the arrivals file: 50 or 500 requests alike. (No
+    remembered verdicts here, so that every step evaluates.)"""
+    policy = load_policy(POLICIES / "broken" / "vllm_v1_small_pool.yaml")
+    monkeypatch.setattr(cl, "MEMO_LIMIT", -1)
+    looked_at = {}
+    for n in (50, 500):
+        rows, lines = sequential_log(n)
+        arrivals_path, log = write_log(tmp_path, rows, lines, f"seq{n}")
+        arrivals = cl.load_arrivals(arrivals_path)
+        counted = [0]
+        restricted = cl.Incremental._restricted
+
+        def counting(self, rids, kv_used, counted=counted):
+            if self.obs.t > 0:
+                counted[0] += len(rids)
+            return restricted(self, rids, kv_used)
+
+        monkeypatch.setattr(cl.Incremental, "_restricted", counting)
+        result = cl.check_stream(policy, arrivals, cl.stream_log(log, arrivals),
+                                 [parse_invariant(s) for s in cl.CHECK_LOG_INVARIANTS + ("bounded_preemptions",)])
+        assert result.violation is None and result.notes == [] and result.steps == 10 * n
+        looked_at[n] = counted[0] / result.steps
+        monkeypatch.setattr(cl.Incremental, "_restricted", restricted)
+    assert looked_at[500] <= looked_at[50] * 1.05 and looked_at[50] < 2, looked_at
