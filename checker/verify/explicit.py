@@ -281,7 +281,7 @@ def fast_fingerprint(s: SchedulerState, forget: frozenset[int] = frozenset()) ->
         return reqs, rest, None
     # evictions is left out: the step only counts it (the frames do not read it either)
     return reqs, rest, (p.uncached_free, tuple(p.lru), tuple(p.refs.items()), tuple(p.hash_of.items()),
-                        tuple([(h, tuple(blocks)) for h, blocks in p.cached.items()]), p.next_id,
+                        tuple(p.cached), tuple(map(tuple, p.cached.values())), p.next_id,
                         tuple(p.truth.items()))
 
 
