@@ -15,11 +15,17 @@ N-request search covers every smaller number too.
 
 States reached by different choices are merged when they are equal: the fingerprint holds every mutable
 field of every request (block table included), the queues in order, the counters, and the block pool's
-content (free queue in order, reference counts, hashes, cached blocks per hash in order, block ids handed
-out), plus each arrived request's fixed parameters and prompt identity, plus the frames the checked
-invariants can still look back at. Equal fingerprints step identically under every later choice, so the
-merge is exact; invariants whose look-back is not known here (user invariants, tenant_fairness) keep the
-whole history in the fingerprint (no merging across histories).
+content (free queue in order, reference counts, hashes, cached blocks per hash in order, the next block id),
+plus each arrived request's fixed parameters and prompt identity, plus what the step scheduled, produced and
+preempted, plus the frames the checked invariants can still look back at. Equal fingerprints step identically
+under every later choice and give the same frames, so the merge is exact; invariants whose look-back is not
+known here (user invariants, tenant_fairness) keep the whole history in the fingerprint.
+
+With the catalogue's invariants (``_LOOKBACK``) three more reductions apply, each exact for them: identities and
+output lengths are chosen lazily, when the step first reads them (``Search``); a request dead for longer than
+the invariants look back is fingerprinted without its parameters; a state in which every request has arrived
+and none is live is not expanded further. tests/quality/test_cache_verify.py pins the search, with and without
+them, to replaying every instance of a small domain on the engine.
 
 The search runs for n = 1, 2, ... N requests, each depth by depth, so the first violation found is minimal
 (fewest requests, then fewest iterations). It is replayed on the engine with the verifier's fixed clock and
@@ -30,8 +36,8 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections import deque
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from enum import IntEnum
@@ -175,7 +181,7 @@ def explicit_environment(policy: Policy, env: Environment, invariants: list[Inva
     full = kv.allocation is Allocation.FULL_RESERVATION or policy.admission.reject_never_fits
     caps = ("output", "cap") if full and env.max_output_cap > min(outputs) else ("output",)
     known = {inv.name for inv in invariants if CATALOGUE.get(inv.name) is inv}
-    user = len(known) < len(invariants)
+    user = any(CATALOGUE.get(inv.name) is not inv for inv in invariants)
     priorities = env.priorities if reads_priority(policy) or user or known & _READ_PRIORITY else (0,)
     tenants = env.tenants if policy.queue.order is QueueOrder.TENANT_FAIR or user or known & _READ_TENANT else 1
     ordered = sorted(prompts)
@@ -186,11 +192,15 @@ def explicit_environment(policy: Policy, env: Environment, invariants: list[Inva
 
 
 # ----------------------------------------------------------------------------------------- look-back
-# An invariant is in this table only if (read off invariants/catalogue.py) its check and its trigger read
-# frames t-L..t and t itself and nothing earlier, and read a request's fixed parameters (prompt, output,
-# priority, tenant, arrival) only while the request is live (waiting, running, holding KV) at a frame they
-# read: a request that has been finished, rejected or cancelled, holding nothing, for more than L frames
-# then no longer needs its parameters in the fingerprint.
+# An invariant is in this table only if (read off invariants/catalogue.py) its check and its trigger
+# - read frames t-L..t and nothing earlier (t itself they may read: the fingerprint holds the step number);
+# - read a request's fixed parameters (prompt, priority, tenant, arrival) only while it is live (waiting,
+#   running, holding KV) or in the frame where it stops being live: a request finished, rejected or cancelled,
+#   holding nothing, for more than L frames then needs no parameters in the fingerprint;
+# - never read its output length, its declared max output (but under full reservation, where choices are not
+#   lazy) or its prompt identity (the pool's facts read that, once the step has read it): lazy choices;
+# - cannot change value on a state in which every request is dead and none can arrive (nothing changes there
+#   but the clock): such states are not expanded.
 _LOOKBACK: dict[str, Callable[[dict[str, int]], int]] = {
     "kv_never_overcommitted": lambda p: 0, "token_budget": lambda p: 0, "seq_cap": lambda p: 0,
     "request_conservation": lambda p: 0, "block_pool_conservation": lambda p: 0,
@@ -621,7 +631,8 @@ def check_many(policy: Policy, policy_file: str | None, invariants: list[tuple[I
                progress: Callable[[str], None] | None = None) -> list[Checked]:
     """Verdicts for the invariants of a policy with prefix caching, from one shared search (``timeout_s`` per
     invariant: the search gets timeout_s times their number)."""
-    xenv = env if isinstance(env, ExplicitEnvironment) else explicit_environment(policy, env, [i for i, _ in invariants])
+    xenv = env if isinstance(env, ExplicitEnvironment) else \
+        explicit_environment(policy, env, [i for i, _ in invariants])
     result = search(policy, xenv, invariants, timeout_s * max(1, len(invariants)), progress)
     domains = xenv.domains() + (f"; {result.lazy}" if result.lazy else "")
     out: list[Checked] = []

@@ -75,9 +75,9 @@ def test_holds_up_to_names_the_method_and_the_domains_and_unbounded_proves_nothi
     lines = verdicts(out)
     assert [line.split()[:2] for line in lines] == [["HOLDS_UP_TO", "token_budget"], ["HOLDS_UP_TO", "seq_cap"]]
     for line in lines:
-        assert "1 requests, 3 iterations (bounded check, not a proof; explicit-state search on the engine: prompts {4 " \
-               "(1 block), 5 (1 block + 1 token), 8 (2 blocks), 31 (the pool less 1 token), 32 (fills the pool with 1 " \
-               "request), 33 (the pool + 1 token)} tokens, outputs {1, 2, 6} tokens" in line
+        assert "1 requests, 3 iterations (bounded check, not a proof; explicit-state search on the engine: " \
+               "prompts {4 (1 block), 5 (1 block + 1 token), 8 (2 blocks), 31 (the pool less 1 token), 32 (fills " \
+               "the pool with 1 request), 33 (the pool + 1 token)} tokens, outputs {1, 2, 6} tokens" in line
     assert "safe" not in out.lower()
 
     code, out, _ = run(capsys, "verify", str(small_pool(tmp_path)), "--invariant", "token_budget", "--requests", "1",
