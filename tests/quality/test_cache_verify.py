@@ -183,3 +183,19 @@ def test_the_search_finds_exactly_what_replaying_every_instance_finds(path):
         got = [None if t.found is None else (len(t.found_specs), len(t.found.frames) - 1) for t in found.targets]
         assert got == best, (reduce, list(zip(EXACTNESS, got, best)))
         assert [t.triggered for t in found.targets] == fired
+
+
+def test_without_the_reductions_the_whole_history_is_kept_and_still_exact():
+    # tenant_fairness looks back to frame 0 and reads finished requests' prompts: no lazy choices, no forgotten
+    # requests, the whole history in the fingerprint; tenants become a choice (it reads them)
+    policy = load_policy(UNCOUNTED)
+    invariants = [parse_invariant("tenant_fairness:bound=16"), parse_invariant("kv_never_overcommitted")]
+    env = explicit.explicit_environment(policy, default_environment(policy, 2, 2, cancellations=False),
+                                        [i for i, _ in invariants])
+    env = dataclasses.replace(env, prompts=(16, 257), prompt_why=("a",) * 2, outputs=(1, 3))
+    assert env.search_tenants == 2 and explicit.lookback(*invariants[0]) is None
+    best, fired = brute_force(policy, env, invariants)
+    found = explicit.search(policy, env, invariants, 120)
+    got = [None if t.found is None else (len(t.found_specs), len(t.found.frames) - 1) for t in found.targets]
+    assert got == best and [t.triggered for t in found.targets] == fired
+    assert best[1] == (2, 1)  # the over-commit: a cached 1-block prompt, then one the pool + 1 token long
