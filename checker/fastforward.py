@@ -1,26 +1,49 @@
 """Fast-forward over quiet decode stretches: the closed form of iterating the step.
 
-After a step in which every running request decoded one token and nothing else happened, the next
-steps do the same until an event: a request reaches its last token, the pool runs out of blocks, or
-an external or internal event is due. Those steps change the state in a way that has a closed form
-(every running request gains k tokens; block counts follow), so the engine applies them at once.
+After a step in which every running request decoded one token and nothing else happened to the batch,
+the next steps do the same until an event: a request reaches its last token, the pool runs out of
+blocks, or an external or internal event is due. Those steps change the state in a way that has a
+closed form (every running request gains k tokens; block counts follow), so the engine applies them
+at once.
 
 Why the waiting queue stays blocked: in the quiet step the waiting pass admitted nothing, and during
 the stretch every admission condition can only get harder (free blocks fall, the budget left and the
-running count stay the same). Orders whose keys change while requests wait (aging, tenant counters)
-are excluded when anyone waits. With nobody waiting and every running request one token behind, the
-stretch can start right after any step. tests/conformance/test_fastforward.py pins this module to plain
-stepping: same final state, same metrics.
+running count stay the same). Arrivals, rejections, cancellations and releases in that step do not
+matter: they happen before its schedule phase, so its waiting pass already saw the queue and the pool
+they left. Admissions, preemptions and finishes do (the batch or the pool changes after the waiting pass).
+Orders whose keys change while requests wait (aging, tenant counters) are excluded when anyone waits.
+With nobody waiting and every running request one token behind, the stretch can start right after any
+step.
+
+With prefix caching (block identity, ``s.pool``) the decodes also take blocks from the head of the free
+queue (evicting cached free blocks) and cache each block as it fills; the stretch replays exactly those
+pool operations, in the order plain stepping does them (step by step, in the order the batch is served,
+take before cache; under the mixed pass that is queue order, so time-varying orders are left to plain
+stepping there).
+A waiting request's admission then also depends on its prefix-cache hit, which the stretch could change
+in two ways: a take evicts one of the hit's blocks, or a decode caches the block that extends the hit.
+The stretch stops before the first step that would do either (the hit stays as the quiet step saw it,
+and the argument above holds again). That needs the quiet step's waiting pass to have run after its
+decodes (decode-first); under prefill-first and mixed passes, with someone waiting, plain stepping goes on.
+tests/conformance/test_fastforward.py pins this module to plain
+stepping: same final state, same pool, same metrics.
 """
 
 from __future__ import annotations
 
+from checker.policy import HeadOfLine, PhaseMode, QueueOrder
 from checker.profile import Profile
+from checker.semantics.blockpool import NO_PARENT, BlockPool, block_tokens
 from checker.semantics.decision import StepDecision
 from checker.semantics.kv import blocks_for
-from checker.semantics.order import time_varying
-from checker.semantics.state import SchedulerState
-from checker.policy import QueueOrder
+from checker.semantics.order import key_function, time_varying
+from checker.semantics.state import Request, SchedulerState
+
+
+# Passes that try waiting requests before (some of) the step's decodes take and cache their blocks: the
+# quiet step's waiting pass then saw a hit that its own decodes may have changed since (a block cached that
+# extends it, one evicted that shortens it), so with block identity only plain stepping knows the next step.
+_TRY_BEFORE_DECODES = frozenset({PhaseMode.PREFILL_FIRST, PhaseMode.MIXED})
 
 
 def next_steps_are_quiet_decodes(s: SchedulerState, d: StepDecision) -> bool:
@@ -29,20 +52,25 @@ def next_steps_are_quiet_decodes(s: SchedulerState, d: StepDecision) -> bool:
     Either d itself was such a step (then the waiting queue is blocked and stays blocked), or nobody
     waits and every running request is one token behind (then there is nothing else to schedule).
     """
-    if not s.running or s.holding or s.pool is not None:  # with block identity decodes cache and evict blocks
+    if not s.running or s.holding:
         return False
+    if s.pool is not None and s.policy.batch.phase_mode is PhaseMode.MIXED and time_varying(s):
+        return False  # the mixed pass serves the batch in queue order, which such orders change: so does the pool's
     if not s.waiting:
         return all(r.num_generated and r.num_computed + 1 == r.prompt_len + r.num_generated for r in s.running)
+    pool = s.pool
+    if pool is not None and (not pool.chained or s.policy.batch.phase_mode in _TRY_BEFORE_DECODES):
+        return False  # unchained hashes (a planted bug): hits are not prefixes; see _TRY_BEFORE_DECODES
     return bool(
         len(d.scheduled) == len(s.running) and not d.num_prefill_tokens
-        and not (d.arrived or d.admitted or d.preempted or d.finished or d.rejected or d.cancelled or d.released)
-        and not time_varying(s))
+        and not (d.admitted or d.preempted or d.finished) and not time_varying(s))
 
 
 def stretch_durations(s: SchedulerState, profile: Profile, start_us: int, horizon_us: int | None,
                       max_steps: int) -> list[int]:
     """Durations of the quiet decode steps that follow, each starting before horizon_us, while no
-    request reaches its last token and the pool has the blocks the decodes need."""
+    request reaches its last token, the pool has the blocks the decodes need and (with prefix caching)
+    the prefix-cache hits of the waiting requests the step would try stay as they are."""
     p = s.policy
     running = s.running
     max_len = p.max_model_len
@@ -53,13 +81,21 @@ def stretch_durations(s: SchedulerState, profile: Profile, start_us: int, horizo
     durations = profile.decode_steps_us(len(running), sum(r.num_computed for r in running), k, start_us, horizon_us)
     k = len(durations)
     if k and p.kv.check_allocation:
-        free = p.kv.num_blocks - s.kv_used
         size = p.kv.block_size
+        free = p.kv.num_blocks - s.kv_used
+        pool = s.pool
+        if pool is not None and s.waiting:
+            tried = _tried(s)
+            if tried:
+                k = min(k, _steps_before_extension(pool, s, tried, k))
+                if k and free > 0:
+                    free = min(free, _takes_before_eviction(pool, s, tried, k))
+                del durations[k:]
 
         def need(j: int) -> int:
             return sum(max(0, blocks_for(r.num_computed + j, size) - r.blocks) for r in running)
 
-        if need(k) > free:
+        if k and need(k) > free:
             lo, hi = 0, k  # need(lo) <= free < need(hi)
             while hi - lo > 1:
                 mid = (lo + hi) // 2
@@ -75,17 +111,141 @@ def apply_stretch(s: SchedulerState, k: int) -> None:
     """The state after k quiet decode steps."""
     p = s.policy
     size = p.kv.block_size
-    added = 0
-    for r in s.running:
-        r.num_computed += k
-        r.num_generated += k
-        target = blocks_for(r.num_computed, size)
-        if target > r.blocks:
-            added += target - r.blocks
-            r.blocks = target
-    s.kv_used += added
+    if s.pool is not None:
+        _apply_pool(s, s.pool, k)
+    else:
+        added = 0
+        for r in s.running:
+            r.num_computed += k
+            r.num_generated += k
+            target = blocks_for(r.num_computed, size)
+            if target > r.blocks:
+                added += target - r.blocks
+                r.blocks = target
+        s.kv_used += added
     if p.queue.order is QueueOrder.TENANT_FAIR:
         weight = p.queue.vtc_weights.output_weight
         for r in s.running:
             s.tenant_counters[r.tenant] += weight * k
     s.step += k
+
+
+# ----------------------------------------------------------------------------------------- prefix caching
+def _apply_pool(s: SchedulerState, pool: BlockPool, k: int) -> None:
+    """k decode steps with block identity: what kv.allocate does for each decode, step by step."""
+    size = pool.block_size
+    running = s.running
+    if s.policy.batch.phase_mode is PhaseMode.MIXED:  # served in queue order (a static one: see above)
+        running = sorted(running, key=key_function(s, 0))
+    events: list[tuple[int, int, int]] = []  # (step, place in serving order, 0 take / 1 cache), as plain stepping
+    for m, r in enumerate(running):
+        c0 = r.num_computed  # step j computes token c0 + j - 1: it needs blocks_for(c0 + j) blocks and caches
+        j = r.blocks * size - c0 + 1  # the full blocks among the first c0 + j tokens
+        while j <= k:
+            events.append((j, m, 0))
+            j += size
+        j = max(1, (r.num_cached_blocks + 1) * size - c0)
+        while j <= k:
+            events.append((j, m, 1))
+            j = ((c0 + j) // size + 1) * size - c0
+    events.sort()
+    for j, m, kind in events:
+        r = running[m]
+        if kind:
+            pool.cache(r, r.num_computed + j)
+        else:
+            pool.take(r, 1)
+            r.blocks += 1
+    for r in running:
+        r.num_computed += k
+        r.num_generated += k
+    s.kv_used = pool.num_blocks - pool.num_free
+
+
+def _tried(s: SchedulerState) -> list[Request]:
+    """The waiting requests whose prefix-cache hit the next steps' waiting pass reads: every waiting request
+    (the head only under strict head-of-line blocking, where the pass stops at the first that does not fit),
+    none under static batching while a batch runs. Only those with a hit to look up (nothing computed), and
+    only those the quiet step itself tried: a request the waiting pass reached has its chain computed to its
+    hit limit (BlockPool.hit), and the passes of the stretch reach the same requests as the quiet step's."""
+    p = s.policy
+    if p.batch.phase_mode is PhaseMode.STATIC:
+        return []
+    candidates = s.waiting[:1] if p.queue.head_of_line is HeadOfLine.STRICT else s.waiting
+    size = p.kv.block_size
+    return [r for r in candidates
+            if not r.num_computed and 0 < (r.prompt_len + r.num_generated - 1) // size <= len(r.chain)]
+
+
+def _hit(pool: BlockPool, r: Request) -> tuple[list[int], int]:
+    """BlockPool.hit without extending the chain (it is long enough: see _tried), and the chain that would
+    extend the hit (-1 when the hit is as long as it can be)."""
+    limit = (r.prompt_len + r.num_generated - 1) // pool.block_size
+    cached = pool.cached
+    chain = r.chain
+    found = []
+    for i in range(limit):
+        blocks = cached.get(chain[i])
+        if not blocks:
+            return found, chain[i]
+        found.append(next(iter(blocks)))
+    return found, -1
+
+
+def _steps_before_extension(pool: BlockPool, s: SchedulerState, tried: list[Request], k: int) -> int:
+    """The most steps (<= k) before a decode caches a block with the chain that would extend a tried
+    request's hit. Running requests with their own tokens (no content) never do (their chains are theirs);
+    for the others, the chains of the blocks they will cache are read from their chain, or looked up in the
+    interning table without adding to it (a chain not there yet is new, and so are its children)."""
+    wanted = set()
+    for r in tried:
+        if r.spec.content is not None:
+            nxt = _hit(pool, r)[1]
+            if nxt >= 0:
+                wanted.add(nxt)
+    if not wanted:
+        return k
+    size = pool.block_size
+    chains = pool.chains
+    limit = k
+    for q in s.running:
+        content = q.spec.content
+        if content is None:
+            continue
+        c0 = q.num_computed
+        last = (c0 + limit) // size  # blocks [num_cached_blocks, last) get cached within the steps left
+        chain = q.chain
+        i = q.num_cached_blocks
+        parent = chain[i - 1] if i else NO_PARENT
+        while i < last:
+            if i < len(chain):
+                h = chain[i]
+            else:
+                h = chains.get((parent, block_tokens(content, q.prompt_len, i, size)))
+                if h is None:
+                    break  # a new chain: not one a waiting request has
+            if h in wanted:
+                limit = min(limit, max(1, (i + 1) * size - c0) - 1)  # stop before the step that caches it
+                break
+            parent = h
+            i += 1
+    return max(0, limit)
+
+
+def _takes_before_eviction(pool: BlockPool, s: SchedulerState, tried: list[Request], k: int) -> int:
+    """How many blocks the decodes may take before one of them evicts a block of a tried request's hit:
+    takes use the uncached free blocks first, then the cached free ones in LRU order."""
+    protected = set()
+    for r in tried:
+        protected.update(_hit(pool, r)[0])
+    fresh = max(0, pool.uncached_free)
+    if not protected:
+        return fresh + len(pool.lru)
+    size = pool.block_size
+    evictions = sum(max(0, blocks_for(r.num_computed + k, size) - r.blocks) for r in s.running) - fresh
+    for position, b in enumerate(pool.lru):
+        if position >= evictions:
+            break
+        if b in protected:
+            return fresh + position
+    return fresh + len(pool.lru)

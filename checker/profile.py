@@ -12,7 +12,7 @@ from itertools import accumulate
 from pathlib import Path
 from typing import Annotated, Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from checker.loading import load_model
 
@@ -105,6 +105,19 @@ class Profile(_Strict):
     fit_error: dict[str, float] | None = None
     source: str | None = None
     calibration: Calibration | None = None
+    # step_us's copy of the pieces as plain tuples (max_batched_tokens, overhead, per prefill token, per prefill
+    # attention, per decode sequence, per decode KV token), with the list it was made from (model_copy with
+    # new pieces makes it again): the engine calls step_us once per step.
+    _table: tuple[object, list[tuple[int | None, float, float, float, float, float]]] = PrivateAttr(
+        default=(None, []))
+
+    def _pieces_table(self) -> list[tuple[int | None, float, float, float, float, float]]:
+        made_from, table = self._table
+        if made_from is not self.pieces:
+            table = [(p.max_batched_tokens, p.overhead_us, p.per_prefill_token_us, p.per_prefill_attention_us,
+                      p.per_decode_seq_us, p.per_decode_kv_token_us) for p in self.pieces]
+            self._table = (self.pieces, table)
+        return table
 
     @model_validator(mode="after")
     def _pieces_ordered(self) -> Profile:
@@ -160,7 +173,18 @@ class Profile(_Strict):
         return durations
 
     def step_us(self, d: BatchShape) -> int:
-        return self.iteration_us(d.num_prefill_tokens, d.prefill_attention, d.num_decode_seqs, d.decode_kv_tokens)
+        """iteration_us(d.num_prefill_tokens, d.prefill_attention, d.num_decode_seqs, d.decode_kv_tokens), the
+        same float operations in the same order (so the same integer), without the pydantic attribute reads."""
+        prefill, attention, seqs, kv = d.num_prefill_tokens, d.prefill_attention, d.num_decode_seqs, d.decode_kv_tokens
+        tokens = prefill + seqs
+        made_from, table = self._table
+        if made_from is not self.pieces:
+            table = self._pieces_table()
+        for end, overhead, per_prefill, per_attention, per_seq, per_kv in table:
+            if end is None or tokens <= end:
+                break
+        t = overhead + per_prefill * prefill + per_attention * attention + per_seq * seqs + per_kv * kv
+        return max(1, round(t))
 
 
 def load_profile(path: str | Path | None) -> Profile:

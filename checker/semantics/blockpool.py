@@ -31,16 +31,24 @@ if TYPE_CHECKING:
     from checker.semantics.state import Request
 
 NO_PARENT = -1
+# The LRU queue is a dict used as a queue (taken from the head, freed to the tail). A dict keeps the entries it
+# deleted until it is resized, and finding its first key skips them: after many evictions ``next(iter(lru))``
+# costs microseconds. Copying the dict every this many evictions drops them (order and contents unchanged).
+LRU_COMPACT_EVERY = 256
 Key = tuple  # the tokens of one block, as maximal runs (first id, count) of consecutive ids, or ("own", rid, k)
 
 
 def block_tokens(content: PromptContent, prompt_len: int, k: int, block_size: int) -> Key:
     """The tokens of block k of a sequence whose prompt is ``content`` followed by output tokens, as the
     maximal runs of consecutive ids (a canonical form: equal tokens give equal keys)."""
-    lo, hi = k * block_size, (k + 1) * block_size
+    return _tokens_from(content, 0, 0, prompt_len, k * block_size, (k + 1) * block_size)
+
+
+def _tokens_from(content: PromptContent, i: int, pos: int, prompt_len: int, lo: int, hi: int) -> Key:
+    """block_tokens of the block [lo, hi), reading the content from run i on (which starts at token pos <= lo:
+    the runs before it end at or before lo, so they add nothing)."""
     runs: list[list[int]] = []
-    pos = 0
-    for first, n in content:
+    for first, n in content[i:]:
         a, b = max(lo, pos), min(hi, pos + n)
         if a < b:
             _add_run(runs, first + a - pos, b - a)
@@ -57,6 +65,17 @@ def _add_run(runs: list[list[int]], first: int, n: int) -> None:
         runs[-1][1] += n
     else:
         runs.append([first, n])
+
+
+class Chains(dict):
+    """(parent chain, block tokens) -> chain: a chain is its index in order of first use, so equal chains are
+    equal ints. ``runs`` is a memo for BlockPool._run_chains (not part of the table: len() counts chains only)."""
+
+    __slots__ = ("runs",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.runs: dict[tuple[int, int], list[int]] = {}  # (parent, first token id) -> chains of consecutive blocks
 
 
 class BlockPool:
@@ -77,7 +96,7 @@ class BlockPool:
         self.refs: dict[int, int] = {}  # held block -> reference count (>= 1)
         self.hash_of: dict[int, int] = {}  # cached block (held or free) -> its chain
         self.cached: dict[int, dict[int, None]] = {}  # chain -> its cached blocks, first cached first
-        self.chains: dict[tuple[int, Key], int] = {}  # (parent chain, block tokens) -> chain
+        self.chains = Chains()  # (parent chain, block tokens) -> chain
         self.next_id = 0  # block ids are handed out fresh; a free uncached block has no identity
         self.evictions = 0  # cached blocks whose hash was dropped to reuse them
 
@@ -97,12 +116,84 @@ class BlockPool:
 
     # ------------------------------------------------------------------------------------- chains
     def chain(self, r: Request, n: int) -> list[int]:
-        """The chains (block hashes) of the request's first n full blocks, extended as its tokens grow."""
+        """The chains (block hashes) of the request's first n full blocks, extended as its tokens grow.
+
+        Block k's chain is ``chains.setdefault((parent, self._key(r, k)), len(chains))``, parent the chain of
+        block k - 1 (NO_PARENT for block 0, or for every block when hashes are not chained), interned in
+        block order. What follows computes exactly that, faster: a block inside one run of the content has the
+        key ((first token, block_size),), so the blocks of a run are taken together (_run_chains), and the run
+        is found by a cursor instead of block_tokens's scan from the prompt's start."""
         chain = r.chain
-        while len(chain) < n:
-            parent = chain[-1] if chain and self.chained else NO_PARENT
-            chain.append(self.chains.setdefault((parent, self._key(r, len(chain))), len(self.chains)))
+        k = len(chain)
+        if k >= n:
+            return chain
+        chains = self.chains
+        content = r.spec.content
+        if content is None:
+            rid = r.rid
+            if self.chained:
+                parent = chain[-1] if chain else NO_PARENT
+                for j in range(k, n):
+                    parent = chains.setdefault((parent, ("own", rid, j)), len(chains))
+                    chain.append(parent)
+            else:
+                for j in range(k, n):
+                    chain.append(chains.setdefault((NO_PARENT, ("own", rid, j)), len(chains)))
+            return chain
+        size, prompt_len, chained = self.block_size, r.prompt_len, self.chained
+        i, pos, runs = 0, 0, len(content)
+        while k < n:
+            lo = k * size
+            while i < runs and pos + content[i][1] <= lo:  # the run holding token lo
+                pos += content[i][1]
+                i += 1
+            parent = chain[-1] if chain and chained else NO_PARENT
+            if i < runs:
+                first, m = content[i]
+                inside = (min(pos + m, prompt_len) - lo) // size  # blocks from k on inside run i and the prompt
+                if inside > 0:
+                    count = min(inside, n - k)
+                    chain.extend(self._run_chains(parent, first + lo - pos, count))
+                    k += count
+                    continue
+            chain.append(chains.setdefault((parent, _tokens_from(content, i, pos, prompt_len, lo, lo + size)),
+                                           len(chains)))
+            k += 1
         return chain
+
+    def _run_chains(self, parent: int, t0: int, count: int) -> list[int]:
+        """The chains of ``count`` consecutive blocks whose tokens are the ids t0, t0 + 1, ... (keys
+        ((t0 + j * block_size, block_size),)), the first one's parent ``parent``; interned in order as
+        chain() would. The chains table keeps them by (parent, t0) (chains.runs), so a prefix seen before
+        costs one lookup per run; every chain kept there is in the table already."""
+        chains = self.chains
+        memo = chains.runs
+        known = memo.get((parent, t0))
+        if known is None:
+            known = memo[(parent, t0)] = []
+        elif len(known) >= count:
+            return known[:count]
+        size = self.block_size
+        j = len(known)
+        if self.chained:
+            p = known[-1] if known else parent
+            while j < count:  # blocks chains has seen before
+                h = chains.get((p, ((t0 + j * size, size),)))
+                if h is None:
+                    break
+                known.append(h)
+                p = h
+                j += 1
+            h = len(chains)
+            for t in range(t0 + j * size, t0 + count * size, size):  # new chains: their children are new too
+                chains[(p, ((t, size),))] = h
+                known.append(h)
+                p = h
+                h += 1
+        else:
+            for t in range(t0 + j * size, t0 + count * size, size):
+                known.append(chains.setdefault((NO_PARENT, ((t, size),)), len(chains)))
+        return known[:count]
 
     def _key(self, r: Request, k: int) -> Key:
         content = r.spec.content
@@ -156,15 +247,26 @@ class BlockPool:
         """Append n blocks from the head of the free queue to the request's blocks, evicting cached ones."""
         ids = r.block_ids
         refs = self.refs
+        if n > 1 and self.uncached_free >= n:  # all from the uncached free blocks: fresh ids, as the loop below
+            b = self.next_id
+            fresh = range(b, b + n)
+            refs.update(dict.fromkeys(fresh, 1))
+            ids.extend(fresh)
+            self.next_id = b + n
+            self.uncached_free -= n
+            return
         for _ in range(n):
             if self.uncached_free > 0 or not self.lru:  # below 0 only when an admission over-committed the pool
                 self.uncached_free -= 1
                 b = self.next_id
                 self.next_id += 1
             else:
-                b = next(iter(self.lru))
-                del self.lru[b]
+                lru = self.lru
+                b = next(iter(lru))
+                del lru[b]
                 self._evict(b)
+                if not self.evictions % LRU_COMPACT_EVERY:
+                    self.lru = dict(lru)  # the same blocks in the same order, without the deleted head entries
             refs[b] = 1
             ids.append(b)
 
@@ -174,7 +276,8 @@ class BlockPool:
         del blocks[b]
         if not blocks:
             del self.cached[h]
-        self.truth.pop(b, None)
+        if self.truth:
+            self.truth.pop(b, None)
         self.evictions += 1
 
     def cache(self, r: Request, num_tokens: int) -> None:

@@ -1,0 +1,116 @@
+"""The block pool's fast paths equal their definitions: chains interned per run of consecutive token ids
+(with the memo of runs seen before) equal block-by-block interning with block_tokens, table order included;
+takes of many uncached blocks, and takes that compact the LRU dict, leave the pool as one-at-a-time takes."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from checker.requests import RequestSpec, content_from_hash_ids, content_from_prefix_group
+from checker.semantics.blockpool import LRU_COMPACT_EVERY, NO_PARENT, BlockPool, block_tokens
+from checker.semantics.state import Request
+
+
+def chain_by_definition(table: dict, r: Request, n: int, size: int, chained: bool) -> list[int]:
+    """BlockPool.chain as first written: block k's key from block_tokens (or ("own", rid, k)), one at a time."""
+    chain = r.chain
+    content = r.spec.content
+    while len(chain) < n:
+        k = len(chain)
+        key = ("own", r.rid, k) if content is None else block_tokens(content, r.prompt_len, k, size)
+        parent = chain[-1] if chain and chained else NO_PARENT
+        chain.append(table.setdefault((parent, key), len(table)))
+    return chain
+
+
+@st.composite
+def contents(draw, rid: int):
+    prompt = draw(st.integers(1, 120))
+    kind = draw(st.sampled_from(["own", "group", "hash", "runs"]))
+    if kind == "own":
+        return prompt, None
+    if kind == "group":
+        return prompt, content_from_prefix_group(draw(st.integers(0, 2)), prompt)
+    if kind == "hash":
+        block = draw(st.sampled_from([1, 3, 4, 8, 16]))
+        ids = draw(st.lists(st.integers(0, 6), min_size=-(-prompt // block), max_size=-(-prompt // block), unique=True)
+                   if -(-prompt // block) <= 7 else st.just(list(range(100, 100 + -(-prompt // block)))))
+        return prompt, content_from_hash_ids(ids, block, prompt, rid)
+    runs = draw(st.lists(st.tuples(st.sampled_from([0, 5, 7, 8, 16, 100, 116, 1000]), st.integers(0, 40)),
+                         min_size=1, max_size=6))  # contiguous ids across runs, empty runs, ids near the output id
+    return prompt, tuple(runs)
+
+
+@settings(max_examples=300, deadline=None, database=None, derandomize=True)
+@given(st.sampled_from([1, 2, 3, 4, 16]), st.booleans(), st.data())
+def test_chains_equal_block_by_block_interning(size, chained, data):
+    pool = BlockPool(64, size, chained)
+    table: dict = {}
+    pairs = []
+    for rid in range(data.draw(st.integers(1, 8))):
+        prompt, content = data.draw(contents(rid))
+        spec = RequestSpec(rid=rid, arrival_us=0, prompt_len=prompt, output_len=1, max_output=1, content=content)
+        pairs.append((Request(spec), Request(spec)))
+    for _ in range(data.draw(st.integers(1, 30))):
+        fast, slow = data.draw(st.sampled_from(pairs))
+        n = data.draw(st.integers(0, (fast.prompt_len + 40) // size + 1))  # past the prompt: output blocks too
+        assert pool.chain(fast, n) == chain_by_definition(table, slow, n, size, chained)
+    assert list(pool.chains.items()) == list(table.items())
+
+
+def take_one_at_a_time(pool: BlockPool, r: Request, n: int) -> None:
+    for _ in range(n):
+        if pool.uncached_free > 0 or not pool.lru:
+            pool.uncached_free -= 1
+            b = pool.next_id
+            pool.next_id += 1
+        else:
+            b = next(iter(pool.lru))
+            del pool.lru[b]
+            pool._evict(b)
+        pool.refs[b] = 1
+        r.block_ids.append(b)
+
+
+def state(pool: BlockPool, requests: list[Request]) -> tuple:
+    return (pool.uncached_free, pool.next_id, pool.evictions, list(pool.lru), list(pool.refs.items()),
+            list(pool.hash_of.items()), [(h, list(b)) for h, b in pool.cached.items()],
+            [(r.block_ids, r.num_cached_blocks) for r in requests])
+
+
+@settings(max_examples=100, deadline=None, database=None, derandomize=True)
+@given(st.lists(st.tuples(st.integers(0, 5), st.integers(0, 40)), min_size=1, max_size=120))
+def test_takes_equal_one_block_at_a_time(ops):
+    """Many requests cycling through a small pool (so that takes evict, past LRU_COMPACT_EVERY evictions)."""
+    size = 4
+    pools = BlockPool(48, size), BlockPool(48, size)
+    specs = [RequestSpec(rid=i, arrival_us=0, prompt_len=200, output_len=1, max_output=1,
+                         content=content_from_prefix_group(i % 3, 200)) for i in range(6)]
+    tables = [Request(s) for s in specs], [Request(s) for s in specs]
+    for i, n in ops:
+        for pool, reqs, take in zip(pools, tables, (BlockPool.take, take_one_at_a_time)):
+            r = reqs[i]
+            if r.block_ids and n % 3 == 0:
+                pool.release(r)
+                r.blocks = 0
+                continue
+            take(pool, r, min(n, pool.num_free, 50 - len(r.block_ids)))
+            pool.cache(r, len(r.block_ids) * size)
+    assert state(pools[0], tables[0]) == state(pools[1], tables[1])
+
+
+def test_lru_compaction_happens_and_keeps_the_order():
+    pool = BlockPool(8, 1)
+    spec = RequestSpec(rid=0, arrival_us=0, prompt_len=10**6, output_len=1, max_output=1)
+    r = Request(spec)
+    evicted = 0
+    while evicted <= 2 * LRU_COMPACT_EVERY:
+        pool.take(r, 8 - len(r.block_ids))
+        pool.cache(r, len(r.block_ids))
+        before = list(reversed(r.block_ids))
+        pool.release(r)
+        assert list(pool.lru) == before
+        r.chain = []  # new tokens next time, so the cached blocks are evicted, not hit
+        evicted = pool.evictions
+    assert pool.evictions > LRU_COMPACT_EVERY
