@@ -301,7 +301,11 @@ def frame_key(f: Frame) -> tuple:
 
 # ----------------------------------------------------------------------------------------- the search
 class _Timeout(Exception):
-    pass
+    """The search stops: the time ran out, or the state limit (memory) was reached."""
+
+
+# Distinct states one search may hold (about 5 KB each on small pools: a few GB at most); beyond it, UNKNOWN.
+MAX_STATES = 750_000
 
 
 class _Node:
@@ -341,6 +345,7 @@ class SearchResult:
     seconds: float
     targets: list[_Target] = field(default_factory=list)
     lazy: str = ""  # which choices were made lazily
+    cut: str = ""  # why the search stopped early (timed_out): "timeout" or the state limit
 
 
 # A request's open choices (lazy): (its identity still open, its output's lower bound): the output is one of
@@ -384,6 +389,7 @@ class Search:
         self.arrive_lazy = (self.lazy_identity, 0 if self.lazy_output else -1)
         self._specs: dict[tuple[int, int, int], RequestSpec] = {}
         self._replaced: dict[tuple, RequestSpec] = {}
+        self.max_states = MAX_STATES
         self.started = time.monotonic()
 
     def describe_lazy(self) -> str:
@@ -490,6 +496,7 @@ class Search:
         fingerprint = fast_fingerprint if _FAST and set(vars(root)) - _STATE_SKIP == set(_FAST_STATE) else \
             state_fingerprint
         layer = [_Node(None, (), (), (), root, 0, (), (-1,) * n, (DECIDED,) * n)]
+        expanded: list[list[_Node]] = []
         for k in range(env.depth):
             now = k * env.step_us
             nxt: dict[tuple, _Node] = {}
@@ -508,12 +515,15 @@ class Search:
                         count += 1
                         if not count & 63 and time.monotonic() > self.deadline:
                             self.transitions += count
-                            raise _Timeout
+                            raise _Timeout("timeout")
                         open_ = tuple([DECIDED if i in forget else x for i, x in enumerate(lz)]) if forget else lz
                         sig = (fingerprint(s, forget), open_, d.scheduled, d.produced, d.preempted)
                         key = (sig, history)
                         if key in nxt:
                             continue
+                        if self.states + len(nxt) >= self.max_states:
+                            self.transitions += count
+                            raise _Timeout(f"state limit ({self.max_states:,} states)")
                         reqs = s.requests
                         died = tuple([at if at != -1 or not is_dead(reqs[i]) else k for i, at in enumerate(dead_at)])
                         frames = node.frames + (frame_from_engine(s, d),)
@@ -522,6 +532,10 @@ class Search:
                 node.state = None  # expanded: only the path is kept
             self.transitions += count
             self.states += len(nxt)
+            expanded.append(layer)
+            if back is not None and len(expanded) >= max(back, 1):  # signatures no later key reads (memory)
+                for old in expanded[-max(back, 1)]:
+                    old.sig = ()
             layer = list(nxt.values())
             self.evaluate(layer, k)
             if self.forget_dead:  # every request arrived and none is live: nothing changes any more, and no
@@ -573,7 +587,7 @@ def search(policy: Policy, env: ExplicitEnvironment, invariants: list[tuple[Inva
             progress(f"{METHOD}: {n} request(s), depth {k}/{env.depth}, {srch.states:,} states, "
                      f"{time.monotonic() - started:.0f} s")
 
-    timed_out = False
+    timed_out, cut = False, ""
     try:
         for n in range(1, env.requests + 1):
             depth_done = 0
@@ -581,10 +595,10 @@ def search(policy: Policy, env: ExplicitEnvironment, invariants: list[tuple[Inva
             done = n
             if all(t.found is not None for t in targets):
                 break
-    except _Timeout:
-        timed_out = True
+    except _Timeout as stop:
+        timed_out, cut = True, str(stop)
     return SearchResult(timed_out, done, depth_done, srch.states, srch.transitions, time.monotonic() - started,
-                        targets, srch.describe_lazy())
+                        targets, srch.describe_lazy(), cut)
 
 
 # ----------------------------------------------------------------------------------------- verdicts
@@ -597,6 +611,7 @@ class ExplicitChecked(Checked):
     transitions: int = 0
     unbounded: bool = False
     requests_done: int = 0  # UNKNOWN: request counts searched to the full depth
+    cut: str = "timeout"  # UNKNOWN: why the search stopped
 
     def line(self) -> str:
         e = self.env
@@ -616,7 +631,7 @@ class ExplicitChecked(Checked):
             searched = [f"with up to {done} request(s) to depth {e.depth}"] if done else []
             if done < e.requests:
                 searched.append(f"with {done + 1} request(s) to depth {self.depth}")
-            detail = (f"timeout; no violation {' and '.join(searched)} ({METHOD}: {self.domains}; {size})")
+            detail = f"{self.cut}; no violation {' and '.join(searched)} ({METHOD}: {self.domains}; {size})"
         if self.unbounded and self.verdict is not Verdict.VIOLATED:
             detail += f"; {NO_PROOF}"
         return f"{self.verdict.value:<12} {self.label:<40} {detail}  [{self.seconds:.2f} s]"
@@ -652,7 +667,7 @@ def check_many(policy: Policy, policy_file: str | None, invariants: list[tuple[I
                                        method=METHOD, **common))
         elif result.timed_out:
             out.append(ExplicitChecked(inv, params, Verdict.UNKNOWN, xenv, result.seconds, depth=result.depth_done,
-                                       requests_done=result.requests_done, method=METHOD, **common))
+                                       requests_done=result.requests_done, method=METHOD, cut=result.cut, **common))
         else:
             verdict = Verdict.HOLDS_UP_TO if target.triggered else Verdict.VACUOUS
             out.append(ExplicitChecked(inv, params, verdict, xenv, result.seconds, depth=xenv.depth, method=METHOD,

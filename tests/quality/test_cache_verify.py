@@ -199,3 +199,13 @@ def test_without_the_reductions_the_whole_history_is_kept_and_still_exact():
     got = [None if t.found is None else (len(t.found_specs), len(t.found.frames) - 1) for t in found.targets]
     assert got == best and [t.triggered for t in found.targets] == fired
     assert best[1] == (2, 1)  # the over-commit: a cached 1-block prompt, then one the pool + 1 token long
+
+
+def test_the_state_limit_is_unknown_too(monkeypatch):
+    monkeypatch.setattr(explicit, "MAX_STATES", 1500)  # one request takes about 700 states to depth 4
+    policy = small_pool()
+    inv, params = parse_invariant("seq_cap")
+    (result,) = explicit.check_many(policy, None, [(inv, params)], default_environment(policy, 2, 4), 60, None)
+    assert result.verdict is Verdict.UNKNOWN
+    assert "state limit (1,500 states); no violation with up to 1 request(s) to depth 4 and with 2 request(s) " \
+           "to depth " in result.line()
