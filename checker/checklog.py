@@ -391,6 +391,7 @@ class Observed:
         self.entry: LogStep | None = None
         self.status_changed: list[int] = []
         self.blocks_changed: list[int] = []
+        self.admitted: list[int] = []  # admitted (first scheduled, or again after a preemption) in the step
         self.produced: set[int] = set()
         self.touched: set[int] = set()
         self.kv_used = 0
@@ -444,6 +445,7 @@ class Observed:
         self.entry = entry
         now = self.now_us = entry.step * STEP_US
         self.status_changed, self.blocks_changed = [], []
+        admitted = self.admitted = []
         produced = self.produced = set()
         touched = self.touched = set(entry.scheduled) if self.keep is not None else _Ignore
         w, status, blocks = self._w, self._status, self._blocks
@@ -479,6 +481,7 @@ class Observed:
                 status(r, s, running)
                 s["admitted_seq"] = self.seq
                 self.seq += 1
+                admitted.append(r)
             c = s["num_computed"] = s["num_computed"] + n
             if c > s["blocks"] * size:  # blocks is 0 or blocks_for(computed before): it grows only past them
                 blocks(r, s, blocks_for(c, size))
@@ -588,18 +591,29 @@ INCREMENTAL: dict[Callable, str] = {
     catalogue.bounded_preemptions: "preempted",
 }
 
-# Invariants that look back a bounded number of steps: how many (from their parameters). They are
-# evaluated on the frames of those steps restricted to the live requests (waiting or running), those
-# holding KV, and those touched within the window; any other request is dormant through the window
-# (pending, or ended and unchanged), which none of these predicates can fail on.
-WINDOW: dict[Callable, Callable[[dict[str, int]], int]] = {
-    catalogue.cancellation_releases: lambda p: p["steps"],
-    catalogue.decode_progress: lambda p: p["gap"],
-    catalogue.bounded_starvation: lambda p: p["steps"],
-    catalogue.no_deadlock: lambda p: p["steps"] - 1 if p["steps"] > 0 else 0,
-    catalogue.work_conserving: lambda p: 0,
-    catalogue.priority_inversion: lambda p: 1,
-    catalogue.degradation_order: lambda p: p["gap"],
+# Invariants that look back a bounded number of steps: how many (from their parameters), and which
+# requests their frames need (each frame of the window restricted to the same requests). Any other request
+# cannot change the verdict (docs/check-log.md, "How it scales"):
+#   live        the live requests (waiting or running) at the step, those holding KV, and those touched
+#               within the window; any other one is dormant through the window (pending, or ended and
+#               unchanged, holding nothing), which these predicates cannot fail on;
+#   holding     those holding KV at the step (a request fails only while it still holds blocks);
+#   running     those running at the step (only a request running through the window can fail);
+#   running+    those running at the step or touched within the window (every request running at the
+#               window's start is one of them);
+#   witness     those touched within the window, and one live request untouched through it (it has the
+#               same status in every frame: a witness that someone has work, wherever one exists);
+#   admissions  those admitted in the step and, if any, the most urgent waiting request (only a waiting
+#               request can fail, only against one admitted in the step, and its condition only gets
+#               easier as it is less urgent).
+WINDOW: dict[Callable, tuple[Callable[[dict[str, int]], int], str]] = {
+    catalogue.cancellation_releases: (lambda p: p["steps"], "holding"),
+    catalogue.decode_progress: (lambda p: p["gap"], "running"),
+    catalogue.bounded_starvation: (lambda p: p["steps"], "live"),
+    catalogue.no_deadlock: (lambda p: p["steps"] - 1 if p["steps"] > 0 else 0, "witness"),
+    catalogue.work_conserving: (lambda p: 0, "live"),
+    catalogue.priority_inversion: (lambda p: 1, "admissions"),
+    catalogue.degradation_order: (lambda p: p["gap"], "running+"),
 }
 # Anything else (tenant_fairness compares every earlier step; user invariants) runs on whole frames of
 # every request, all kept: the old path, memory growing with the log.
@@ -637,7 +651,7 @@ class Incremental:
                 self.plans.append((inv, params, INCREMENTAL[inv.check], 0))
                 continue
             if inv.check in WINDOW:
-                w = WINDOW[inv.check](full)
+                w = WINDOW[inv.check][0](full)
                 if w < 0:
                     raise InputError(Problem("--invariant", f"{inv.name}:{params}", "a window of 0 steps or more "
                                              "(check-log reads the log in order)"))
@@ -653,8 +667,9 @@ class Incremental:
         self.ring: deque = deque(maxlen=max(window, 0) + 1)  # per step: what the windowed frames need
         self.frames: list[Frame] = []  # whole frames (only for "whole" invariants)
         self.failed: Violation | None = None
+        self._windowed: dict[tuple[str, int], TraceContext] = {}  # this step's windowed frames, by support
         self._windowed_at = -1
-        self._windowed_ctx: TraceContext | None = None
+        self._urgency_ctx = _context(policy, self.params, _Frames(0, []))
         self.checks = [getattr(self, "_" + kind)(inv, {**inv.defaults, **params}) for inv, params, kind, _ in self.plans]
 
     def _restricted(self, rids, kv_used: int) -> Frame:
@@ -779,11 +794,15 @@ class Incremental:
 
     def _window(self, inv: Invariant, full: dict[str, int]) -> Callable[[int], bool]:
         check = inv.check
+        w, support = WINDOW[inv.check][0](full), WINDOW[inv.check][1]
 
         def window(t: int) -> bool:
-            if self._windowed_at != t:  # the windowed frames, built once per step for all that read them
-                self._windowed_ctx, self._windowed_at = self._windowed(t), t
-            return bool(check(IntOps, self._windowed_ctx, t, **full))
+            if self._windowed_at != t:
+                self._windowed, self._windowed_at = {}, t
+            ctx = self._windowed.get((support, w))
+            if ctx is None:  # built once per step for all the invariants that read the same frames
+                ctx = self._windowed[support, w] = self._frames_back(t, w, self._support(support, w))
+            return bool(check(IntOps, ctx, t, **full))
         return window
 
     def _whole(self, inv: Invariant, full: dict[str, int]) -> Callable[[int], bool]:
@@ -812,17 +831,46 @@ class Incremental:
                 return self.failed
         return None
 
-    def _windowed(self, t: int) -> TraceContext:
-        """Frames of the last window steps, restricted to the requests live at t, holding KV at t, or
-        touched within the window (the same requests in every frame)."""
+    def _support(self, kind: str, w: int) -> list[int]:
+        """The requests the windowed frames of this kind need at the current step (see WINDOW)."""
         obs = self.obs
-        rids = obs.live() | obs.holding
-        for rec in self.ring:
-            rids |= rec[5]
-        rids = sorted(rids)
-        base = t - len(self.ring) + 1
+        recent = list(self.ring)[-(w + 1):]
+        if kind == "holding":
+            rids = set(obs.holding)
+        elif kind == "running":
+            rids = set(obs.running)
+        elif kind == "admissions":
+            rids = set(obs.admitted)
+            if obs.admitted and obs.waiting:
+                urgency = catalogue._urgency  # the invariant's own notion of urgency
+                rids.add(min(obs.waiting, key=lambda r: (urgency(self._urgency_ctx, r), r)))
+        else:
+            rids = set()
+            for rec in recent:
+                rids |= rec[5]
+            if kind == "live":
+                rids |= obs.running
+                rids |= obs.waiting
+                rids |= obs.holding
+            elif kind == "running+":
+                rids |= obs.running
+            elif kind == "witness":
+                witness = next((r for r in obs.waiting if r not in rids), None)
+                if witness is None:
+                    witness = next((r for r in obs.running if r not in rids), None)
+                if witness is not None:
+                    rids.add(witness)
+            else:
+                raise InternalError(f"check-log: unknown support {kind!r} in WINDOW")
+        return sorted(rids)
+
+    def _frames_back(self, t: int, w: int, rids: list[int]) -> TraceContext:
+        """The frames of the last w + 1 steps, each restricted to ``rids``."""
+        obs = self.obs
+        recent = list(self.ring)[-(w + 1):]
+        base = t - len(recent) + 1
         frames = []
-        for i, (sched, produced, preempted, kv_used, now_us, _) in enumerate(self.ring):
+        for i, (sched, produced, preempted, kv_used, now_us, _) in enumerate(recent):
             j = base + i
             slots = tuple([obs.slot_at(r, j) for r in rids]) if j < t else tuple([obs.slots[r] for r in rids])
             frames.append(_frame(slots, tuple([sched.get(r, 0) for r in rids]), tuple([r in produced for r in rids]),
