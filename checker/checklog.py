@@ -176,43 +176,48 @@ def load_arrivals(path: str | Path) -> Arrivals:
 
 
 # ----------------------------------------------------------------------------------------- reading the log
-_LOG_KEY_SET = frozenset(LOG_KEYS)
+_new_tuple = tuple.__new__  # LogStep(...) without NamedTuple's Python-level __new__
 
 
 def parse_step(rec: Any, line_no: int, arrivals: Arrivals, source: str) -> LogStep:
     """One log line, checked, with request ids turned into request numbers."""
-    if rec.__class__ is not dict or not rec.keys() >= _LOG_KEY_SET:
-        missing = [k for k in LOG_KEYS if not isinstance(rec, dict) or k not in rec]
-        raise InputError(Problem(missing[0], "<missing>", "the keys " + ", ".join(LOG_KEYS), line_no), source)
-    index = arrivals.index
-    raw = rec["scheduled"] or {}
-    try:  # the common case at C speed: known ids, whole token counts >= 1 (a float or a string sums to no int)
-        counts = raw.values()
-        if counts and (sum(counts).__class__ is not int or min(counts) < 1):
+    try:
+        k, raw, pre, fin, ab = rec["step"], rec["scheduled"], rec["preempted"], rec["finished"], rec["aborted"]
+        running, waiting, free = rec["running"], rec["waiting"], rec["free_blocks"]
+        if rec.__class__ is not dict:
             raise TypeError
-        scheduled = {index[key]: n for key, n in raw.items()}
-    except (TypeError, KeyError, AttributeError):
-        scheduled = _scheduled_slowly(raw, line_no, arrivals, source)
+    except (KeyError, TypeError, IndexError):
+        missing = [k for k in LOG_KEYS if not isinstance(rec, dict) or k not in rec]
+        raise InputError(Problem(missing[0], "<missing>", "the keys " + ", ".join(LOG_KEYS), line_no), source) from None
+    index = arrivals.index
+    if raw:
+        try:  # the common case at C speed: known ids, whole token counts >= 1 (a float or a string sums to no int)
+            counts = raw.values()
+            if sum(counts).__class__ is not int or min(counts) < 1:
+                raise TypeError
+            scheduled = {index[key]: n for key, n in raw.items()}
+        except (TypeError, KeyError, AttributeError):
+            scheduled = _scheduled_slowly(raw, line_no, arrivals, source)
+    else:
+        scheduled = {}  # null, {} (or any empty value, as before)
     lists = []
-    for name in ("preempted", "finished", "aborted"):
-        ids = rec[name]
+    for name, ids in (("preempted", pre), ("finished", fin), ("aborted", ab)):
         if not ids:
             lists.append([])
-            continue
-        try:
-            if ids.__class__ is not list:
-                raise TypeError
-            lists.append([index[key] for key in ids])
-        except (TypeError, KeyError):
+        elif ids.__class__ is list:
+            try:
+                lists.append([index[key] for key in ids])
+            except (TypeError, KeyError):
+                lists.append(_ids_slowly(ids, name, line_no, arrivals, source))
+        else:
             lists.append(_ids_slowly(ids, name, line_no, arrivals, source))
-    k, running, waiting, free = rec["step"], rec["running"], rec["waiting"], rec["free_blocks"]
     if k.__class__ is not int or k < 0:
         raise InputError(Problem("step", k, "a step number (a whole number >= 0)", line_no), source)
     if running.__class__ is not int or waiting.__class__ is not int or free.__class__ is not int:
         name, value = next((n, v) for n, v in (("running", running), ("waiting", waiting), ("free_blocks", free))
                            if v.__class__ is not int)
         raise InputError(Problem(name, value, "a whole number", line_no), source)
-    return LogStep(k, scheduled, lists[0], lists[1], lists[2], running, waiting, free, line_no)
+    return _new_tuple(LogStep, (k, scheduled, lists[0], lists[1], lists[2], running, waiting, free, line_no))
 
 
 def _scheduled_slowly(raw: Any, line_no: int, arrivals: Arrivals, source: str) -> dict[int, int]:
