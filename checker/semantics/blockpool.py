@@ -23,6 +23,7 @@ module only through checker.semantics.kv.
 
 from __future__ import annotations
 
+from itertools import islice
 from typing import TYPE_CHECKING, NamedTuple
 
 from checker.requests import GREEDY_OUTPUT_TOKEN, PromptContent
@@ -247,14 +248,36 @@ class BlockPool:
         """Append n blocks from the head of the free queue to the request's blocks, evicting cached ones."""
         ids = r.block_ids
         refs = self.refs
-        if n > 1 and self.uncached_free >= n:  # all from the uncached free blocks: fresh ids, as the loop below
-            b = self.next_id
-            fresh = range(b, b + n)
-            refs.update(dict.fromkeys(fresh, 1))
-            ids.extend(fresh)
-            self.next_id = b + n
-            self.uncached_free -= n
-            return
+        if n > 1:  # the loop below, a part at a time: fresh ids from the uncached blocks, then LRU evictions
+            fresh = min(n, max(0, self.uncached_free))
+            if fresh:
+                b = self.next_id
+                taken = range(b, b + fresh)
+                refs.update(dict.fromkeys(taken, 1))
+                ids.extend(taken)
+                self.next_id = b + fresh
+                self.uncached_free -= fresh
+                n -= fresh
+            lru = self.lru
+            if n > 0 and lru:
+                victims = list(islice(lru, n))
+                hash_of, cached, truth = self.hash_of, self.cached, self.truth
+                for b in victims:
+                    del lru[b]
+                    h = hash_of.pop(b)
+                    blocks = cached[h]
+                    del blocks[b]
+                    if not blocks:
+                        del cached[h]
+                    if truth:
+                        truth.pop(b, None)
+                refs.update(dict.fromkeys(victims, 1))
+                ids.extend(victims)
+                before = self.evictions
+                self.evictions = before + len(victims)
+                if self.evictions // LRU_COMPACT_EVERY > before // LRU_COMPACT_EVERY:
+                    self.lru = dict(lru)
+                n -= len(victims)
         for _ in range(n):
             if self.uncached_free > 0 or not self.lru:  # below 0 only when an admission over-committed the pool
                 self.uncached_free -= 1
