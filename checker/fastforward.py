@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from checker.policy import HeadOfLine, PhaseMode, QueueOrder
 from checker.profile import Profile
-from checker.semantics.blockpool import NO_PARENT, BlockPool, block_tokens
+from checker.semantics.blockpool import NO_PARENT, BlockPool
 from checker.semantics.decision import StepDecision
 from checker.semantics.kv import blocks_for
 from checker.semantics.order import key_function, time_varying
@@ -172,24 +172,8 @@ def _tried(s: SchedulerState) -> list[Request]:
     if p.batch.phase_mode is PhaseMode.STATIC:
         return []
     candidates = s.waiting[:1] if p.queue.head_of_line is HeadOfLine.STRICT else s.waiting
-    size = p.kv.block_size
-    return [r for r in candidates
-            if not r.num_computed and 0 < (r.prompt_len + r.num_generated - 1) // size <= len(r.chain)]
-
-
-def _hit(pool: BlockPool, r: Request) -> tuple[list[int], int]:
-    """BlockPool.hit without extending the chain (it is long enough: see _tried), and the chain that would
-    extend the hit (-1 when the hit is as long as it can be)."""
-    limit = (r.prompt_len + r.num_generated - 1) // pool.block_size
-    cached = pool.cached
-    chain = r.chain
-    found = []
-    for i in range(limit):
-        blocks = cached.get(chain[i])
-        if not blocks:
-            return found, chain[i]
-        found.append(next(iter(blocks)))
-    return found, -1
+    pool = s.pool
+    return [r for r in candidates if not r.num_computed and 0 < pool.hit_limit(r) <= len(r.chain)]
 
 
 def _steps_before_extension(pool: BlockPool, s: SchedulerState, tried: list[Request], k: int) -> int:
@@ -200,13 +184,12 @@ def _steps_before_extension(pool: BlockPool, s: SchedulerState, tried: list[Requ
     wanted = set()
     for r in tried:
         if r.spec.content is not None:
-            nxt = _hit(pool, r)[1]
+            nxt = pool.cached_prefix(r.chain, pool.hit_limit(r))[1]
             if nxt >= 0:
                 wanted.add(nxt)
     if not wanted:
         return k
     size = pool.block_size
-    chains = pool.chains
     limit = k
     for q in s.running:
         content = q.spec.content
@@ -221,7 +204,7 @@ def _steps_before_extension(pool: BlockPool, s: SchedulerState, tried: list[Requ
             if i < len(chain):
                 h = chain[i]
             else:
-                h = chains.get((parent, block_tokens(content, q.prompt_len, i, size)))
+                h = pool.known_chain(q, i, parent)
                 if h is None:
                     break  # a new chain: not one a waiting request has
             if h in wanted:
@@ -237,7 +220,7 @@ def _takes_before_eviction(pool: BlockPool, s: SchedulerState, tried: list[Reque
     takes use the uncached free blocks first, then the cached free ones in LRU order."""
     protected = set()
     for r in tried:
-        protected.update(_hit(pool, r)[0])
+        protected.update(pool.cached_prefix(r.chain, pool.hit_limit(r))[0])
     fresh = max(0, pool.uncached_free)
     if not protected:
         return fresh + len(pool.lru)

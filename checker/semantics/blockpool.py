@@ -215,17 +215,32 @@ class BlockPool:
     def hit(self, r: Request) -> list[int]:
         """The cached blocks a request with nothing computed would adopt: the longest cached prefix of
         its full blocks, at most (num_tokens - 1) // block_size of them."""
-        limit = (r.prompt_len + r.num_generated - 1) // self.block_size
+        limit = self.hit_limit(r)
         if limit <= 0:
             return []
-        found = []
+        return self.cached_prefix(self.chain(r, limit), limit)[0]
+
+    def hit_limit(self, r: Request) -> int:
+        """The most blocks a hit may cover: the last token is always computed again (for its logits)."""
+        return (r.prompt_len + r.num_generated - 1) // self.block_size
+
+    def cached_prefix(self, chain: list[int], limit: int) -> tuple[list[int], int]:
+        """The first cached block of each of the first ``limit`` chains, up to the first chain with none (the
+        chain may be longer than the limit: a request freed before its last token was appended), and that
+        chain, the one that would extend the prefix (-1 when all ``limit`` are cached)."""
+        found: list[int] = []
         cached = self.cached
-        for h in self.chain(r, limit):
-            blocks = cached.get(h)
+        for i in range(limit):
+            blocks = cached.get(chain[i])
             if not blocks:
-                break
+                return found, chain[i]
             found.append(next(iter(blocks)))
-        return found
+        return found, -1
+
+    def known_chain(self, r: Request, k: int, parent: int) -> int | None:
+        """Block k's chain, given its parent's, if the table has interned it already (None: a new chain, and
+        so are its children); it interns nothing."""
+        return self.chains.get((parent if self.chained else NO_PARENT, self._key(r, k)))
 
     def num_evictable(self, blocks: list[int]) -> int:
         """How many of these cached blocks are free (adopting them takes them off the free queue)."""

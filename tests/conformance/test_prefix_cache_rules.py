@@ -99,3 +99,16 @@ def test_with_caching_off_nothing_is_shared():
     s, ds = run(policy(caching=False), [request(0, 12), request(1, 13)], 1)
     assert ds[0].cache_hits == () and s.pool is None and s.kv_used == 3 + 1 + 3 - 1 + 1
     assert all(r.status is Status.RUNNING for r in s.requests)
+
+
+def test_a_hit_never_exceeds_the_cap_even_when_the_chain_is_longer():
+    # a request whose 8 tokens (2 full blocks) were all cached, then freed without a new token (a victim
+    # preempted after its chunk was allocated in the same step): its chain has 2 blocks, but the hit may
+    # take only (8 - 1) // 4 = 1, as vLLM's find_longest_cache_hit islices the block hashes
+    s = SchedulerState(policy(), [request(0, 8)])
+    r = s.requests[0]
+    s.pool.take(r, 2)
+    s.pool.cache(r, 8)
+    s.pool.release(r)
+    assert len(r.chain) == 2
+    assert len(s.pool.hit(r)) == 1
