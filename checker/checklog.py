@@ -462,12 +462,7 @@ class Observed:
             if self.slots[r]["status"] == PENDING:
                 status(r, w(r), WAITING)
         if entry.aborted:
-            for r in entry.aborted:
-                s = w(r)
-                status(r, s, CANCELLED)
-                s["reason"] = ABORTED
-                blocks(r, s, 0)
-                touched.add(r)
+            self._end(entry.aborted, CANCELLED, ABORTED, touched)
         if entry.preempted:
             for r in entry.preempted:
                 s = w(r)
@@ -495,13 +490,17 @@ class Observed:
                 s["num_generated"] = g + 1
                 produce(r)
         if entry.finished:
-            for r in entry.finished:
-                s = w(r)
-                status(r, s, FINISHED)
-                s["reason"] = STOPPED
-                blocks(r, s, 0)
-                touched.add(r)
+            self._end(entry.finished, FINISHED, STOPPED, touched)
         self.kv_used = self.pool - entry.free_blocks
+
+    def _end(self, rids: list[int], status: int, reason: int, touched) -> None:
+        """Requests the log ends in this step (aborted or finished): their final status and reason, no blocks."""
+        for r in rids:
+            s = self._w(r)
+            self._status(r, s, status)
+            s["reason"] = reason
+            self._blocks(r, s, 0)
+            touched.add(r)
 
     def note(self) -> str | None:
         """Where the log's counts disagree with the arrivals and events (observed_frames' note)."""

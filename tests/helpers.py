@@ -31,3 +31,13 @@ def drive(sc: Scenario, max_steps: int = 40) -> Iterator[tuple[Captured, Schedul
         yield before, s, d
         if all(r.status in TERMINAL for r in s.requests) and not s.holding:
             return
+
+
+def fixed_policy(path: Path, field: str, folder: Path) -> Path:
+    """A broken policy (spec/policies/broken/) with its planted ``field: false`` knob back at vLLM's
+    behaviour (true), written to ``folder`` under a name of its own."""
+    out = folder / f"fixed_{path.name}"
+    text = path.read_text().replace(f"{field}: false", f"{field}: true")
+    out.write_text(text.replace("name: vllm_v1_cache_", "name: fixed_vllm_v1_cache_"))
+    return out
+

@@ -10,19 +10,11 @@ from checker.requests import GREEDY_OUTPUT_TOKEN, RequestSpec, content_from_pref
 from checker.smt.ops import IntOps
 from checker.verify.replay import replay_fixed_clock
 from invariants.catalogue import CATALOGUE
-from tests.helpers import POLICIES, ROOT, WORKLOADS
+from tests.helpers import POLICIES, ROOT, WORKLOADS, fixed_policy
 
 KV_SLO = ROOT / "spec" / "slo" / "kv_safety.slo.yaml"
 UNCOUNTED = POLICIES / "broken" / "vllm_v1_cache_uncounted_hits.yaml"
 UNCHAINED = POLICIES / "broken" / "vllm_v1_cache_unchained_hashes.yaml"
-
-
-def fixed(path, field: str, tmp_path):
-    """The broken policy with its planted knob back at vLLM's behaviour, as a file."""
-    text = path.read_text().replace(f"{field}: false", f"{field}: true")
-    out = tmp_path / f"fixed_{path.name}"
-    out.write_text(text.replace("name: vllm_v1_cache_", "name: fixed_vllm_v1_cache_"))
-    return out
 
 
 def test_uncounted_free_hits_over_commit_the_pool_and_fuzz_finds_a_minimal_trace(tmp_path):
@@ -34,9 +26,9 @@ def test_uncounted_free_hits_over_commit_the_pool_and_fuzz_finds_a_minimal_trace
     assert all("prompt_runs" in row for row in doc["requests"])  # the prompt identity is recorded
     assert main(["replay", str(result.counterexample)]) == 1  # the file reproduces on the engine
     # the fix (vLLM's accounting) passes the very same trace, and the search finds nothing against it
-    assert main(["replay", str(result.counterexample), "--policy", str(fixed(UNCOUNTED, "count_evictable_hits",
-                                                                             tmp_path))]) == 0
-    (clean,) = run_fuzz(fixed(UNCOUNTED, "count_evictable_hits", tmp_path),
+    fix = fixed_policy(UNCOUNTED, "count_evictable_hits", tmp_path)
+    assert main(["replay", str(result.counterexample), "--policy", str(fix)]) == 0
+    (clean,) = run_fuzz(fix,
                         WORKLOADS / "weakness_cache_uncounted_hits.yaml", KV_SLO, ["kv_within_pool"], 200,
                         time_budget_s=120, seed=1, out_dir=tmp_path, database_dir=None)
     assert not clean.violated and clean.examples >= 200
@@ -53,7 +45,7 @@ def test_unchained_hashes_give_a_hit_on_another_context(tmp_path):
     broken = replay_fixed_clock(load_policy(UNCHAINED), specs, 45, 1000)
     bad = [t for t in range(len(broken.frames)) if not inv.holds(IntOps, broken.ctx, t)]
     assert bad and broken.decisions[bad[0]].cache_hits == ((1, 16),)
-    good = replay_fixed_clock(load_policy(fixed(UNCHAINED, "chained_hashes", tmp_path)), specs, 45, 1000)
+    good = replay_fixed_clock(load_policy(fixed_policy(UNCHAINED, "chained_hashes", tmp_path)), specs, 45, 1000)
     assert all(inv.holds(IntOps, good.ctx, t) for t in range(len(good.frames)))
     assert not any(d.cache_hits for d in good.decisions)
 

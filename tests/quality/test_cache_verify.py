@@ -21,7 +21,7 @@ from checker.verify import explicit
 from checker.verify.env import default_environment
 from checker.verify.replay import replay_fixed_clock
 from checker.verify.run import DEFAULT_INVARIANTS, Verdict, check_one, parse_invariant
-from tests.helpers import POLICIES
+from tests.helpers import POLICIES, fixed_policy
 
 CACHING = POLICIES / "prefix_caching" / "vllm_v1.yaml"
 UNCOUNTED = POLICIES / "broken" / "vllm_v1_cache_uncounted_hits.yaml"
@@ -32,13 +32,6 @@ def small_pool(blocks: int = 8, block_size: int = 4):
     policy = load_policy(CACHING)
     return policy.model_copy(update={"kv": policy.kv.model_copy(update={"num_blocks": blocks,
                                                                        "block_size": block_size})})
-
-
-def fixed(path, field: str, tmp_path):
-    """The broken policy with its planted knob back at vLLM's behaviour, as a file."""
-    out = tmp_path / f"fixed_{path.name}"
-    out.write_text(path.read_text().replace(f"{field}: false", f"{field}: true"))
-    return out
 
 
 def test_the_correct_cache_holds_the_safety_invariants_up_to_the_bounds():
@@ -58,25 +51,30 @@ def test_the_correct_cache_holds_the_safety_invariants_up_to_the_bounds():
     assert results[0].states > 10_000  # the pool fills, is shared and evicted: a real search, not a trivial one
 
 
+def _found_and_replayed(policy, invariant: str, knob: str, tmp_path, requests: int, iteration: int) -> dict:
+    """verify finds the planted bug with a minimal counterexample (``requests``, failing at ``iteration``),
+    which replays on the broken policy and not on its fix; returns the counterexample file."""
+    _, (result,) = run_verify(policy, [invariant], 2, 4, timeout_s=60, out_dir=tmp_path)
+    assert result.verdict is Verdict.VIOLATED, result.line()
+    assert (result.requests, result.violation_step) == (requests, iteration)
+    assert result.seconds < 60
+    assert main(["replay", str(result.counterexample)]) == 1
+    assert main(["replay", str(result.counterexample), "--policy", str(fixed_policy(policy, knob, tmp_path))]) == 0
+    return json.loads(result.counterexample.read_text())
+
+
 def test_uncounted_free_hits_over_commit_the_pool_with_one_request(tmp_path):
     # A prompt one token short of the pool fills it; its first decode needs a new block, so it preempts itself
     # (its blocks stay cached, free); re-admitted, its whole prompt is a hit on free blocks, counted as held:
     # the one new block over-commits the pool. Fewest requests first: one request, at iteration 3.
-    _, (result,) = run_verify(UNCOUNTED, ["kv_never_overcommitted"], 2, 4, timeout_s=60, out_dir=tmp_path)
-    assert result.verdict is Verdict.VIOLATED, result.line()
-    assert (result.requests, result.violation_step) == (1, 3)
-    assert result.seconds < 60
-    doc = json.loads(result.counterexample.read_text())
+    doc = _found_and_replayed(UNCOUNTED, "kv_never_overcommitted", "count_evictable_hits", tmp_path, 1, 3)
     assert doc["#meta"]["source"] == "explicit-state search on the engine"
     assert doc["verdict"]["minimal"] is True and doc["environment"]["method"] == "explicit-state search on the engine"
     assert [row["prompt_tokens"] for row in doc["requests"]] == [255]
-    assert main(["replay", str(result.counterexample)]) == 1
-    assert main(["replay", str(result.counterexample), "--policy",
-                 str(fixed(UNCOUNTED, "count_evictable_hits", tmp_path))]) == 0
 
 
 def test_the_counted_hits_fix_holds_where_the_bug_fails(tmp_path):
-    _, (result,) = run_verify(fixed(UNCOUNTED, "count_evictable_hits", tmp_path), ["kv_never_overcommitted"], 1, 5,
+    _, (result,) = run_verify(fixed_policy(UNCOUNTED, "count_evictable_hits", tmp_path), ["kv_never_overcommitted"], 1, 5,
                               timeout_s=60, out_dir=tmp_path)
     assert result.verdict is Verdict.HOLDS_UP_TO, result.line()
 
@@ -85,17 +83,10 @@ def test_unchained_hashes_hit_a_block_of_another_context(tmp_path):
     # Request 0 (prefix group 0, two blocks) caches both blocks as it is scheduled; request 1 holds group 0's
     # second block first, with no prefix: with unchained hashes it "hits" request 0's second block in the
     # same step, KV computed after another prefix.
-    _, (result,) = run_verify(UNCHAINED, ["hit_only_on_identical_chain"], 2, 4, timeout_s=60, out_dir=tmp_path)
-    assert result.verdict is Verdict.VIOLATED, result.line()
-    assert (result.requests, result.violation_step) == (2, 0)
-    assert result.seconds < 60
-    doc = json.loads(result.counterexample.read_text())
+    doc = _found_and_replayed(UNCHAINED, "hit_only_on_identical_chain", "chained_hashes", tmp_path, 2, 0)
     assert all("prompt_runs" in row for row in doc["requests"])  # the prompt identities are recorded
     first, second = (row["prompt_runs"][0][0] for row in doc["requests"])
     assert (first, second) == (0, 16)  # group 0 from its first token, group 0 from its second block
-    assert main(["replay", str(result.counterexample)]) == 1
-    assert main(["replay", str(result.counterexample), "--policy",
-                 str(fixed(UNCHAINED, "chained_hashes", tmp_path))]) == 0
 
 
 def test_a_policy_without_caching_still_goes_to_z3(tmp_path):
