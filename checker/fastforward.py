@@ -159,7 +159,7 @@ def _apply_pool(s: SchedulerState, pool: BlockPool, k: int) -> None:
     for r in running:
         r.num_computed += k
         r.num_generated += k
-    s.kv_used = pool.num_blocks - pool.num_free
+    s.kv_used = pool.num_used
 
 
 def _tried(s: SchedulerState) -> list[Request]:

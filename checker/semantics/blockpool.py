@@ -115,6 +115,11 @@ class BlockPool:
         """Free blocks, cached free blocks included (vLLM get_num_free_blocks)."""
         return self.uncached_free + len(self.lru)
 
+    @property
+    def num_used(self) -> int:
+        """Blocks in use: the pool less its free blocks (a block several requests hold counted once)."""
+        return self.num_blocks - self.uncached_free - len(self.lru)
+
     # ------------------------------------------------------------------------------------- chains
     def chain(self, r: Request, n: int) -> list[int]:
         """The chains (block hashes) of the request's first n full blocks, extended as its tokens grow.

@@ -85,7 +85,7 @@ def adopt(s: SchedulerState, r: Request, hit: list[int]) -> None:
     pool.adopt(r, hit)
     r.blocks = len(hit)
     r.num_computed = len(hit) * pool.block_size
-    s.kv_used = pool.num_blocks - pool.num_free
+    s.kv_used = pool.num_used
 
 
 def allocate(s: SchedulerState, r: Request, n: int) -> int:
@@ -99,7 +99,7 @@ def allocate(s: SchedulerState, r: Request, n: int) -> int:
         return added
     pool.take(r, added)
     pool.cache(r, min(r.num_computed + n, r.prompt_len + r.num_generated))
-    s.kv_used = pool.num_blocks - pool.num_free
+    s.kv_used = pool.num_used
     return added
 
 
@@ -109,7 +109,7 @@ def free(s: SchedulerState, r: Request) -> None:
         s.kv_used -= r.blocks
     else:
         pool.release(r)
-        s.kv_used = pool.num_blocks - pool.num_free
+        s.kv_used = pool.num_used
     r.blocks = 0
 
 
