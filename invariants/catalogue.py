@@ -14,7 +14,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from checker.frames import TraceContext
+from checker.policy import Allocation
 from checker.semantics.state import Status
+from checker.smt.encode import max_context
 from checker.smt.ops import Term, sum_terms
 
 Check = Callable[..., Term]
@@ -239,8 +241,8 @@ def _blocks_when_scheduled(o: Any, ctx: TraceContext, t: int, i: int) -> Term:
     those of the tokens it computed, or its whole reservation under full reservation."""
     p, s, prm = ctx.policy, ctx.frames[t].slots[i], ctx.params[i]
     blocks = o.ceil_div(s["num_computed"], p.kv.block_size)
-    if p.kv.allocation.value == "full_reservation":
-        reserved = o.ceil_div(o.min(prm.prompt_len + prm.max_output, p.max_model_len) - 1, p.kv.block_size)
+    if p.kv.allocation is Allocation.FULL_RESERVATION:
+        reserved = o.ceil_div(max_context(o, p, prm.prompt_len, prm.max_output), p.kv.block_size)
         blocks = o.max(blocks, reserved)
     return blocks
 

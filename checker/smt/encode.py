@@ -76,6 +76,12 @@ class StepResult:
 WAITING_STATES = (Status.WAITING, Status.SWAPPED)
 
 
+def max_context(o, policy: Policy, prompt_len: Term, max_output: Term) -> Term:
+    """Most tokens of KV a request can ever hold (mirrors kv.max_context): it stops at max_model_len or at
+    its declared max output."""
+    return o.min(prompt_len + max_output, policy.max_model_len) - 1
+
+
 def require_encodable(policy: Policy) -> None:
     """Refuse (exit 2) a policy with a rule the encoding does not cover yet, rather than check a different one."""
     if policy.kv.prefix_caching.enabled:
@@ -156,7 +162,7 @@ class SymbolicStep:
         return out
 
     def max_context(self, r: dict[str, Term]) -> Term:
-        return self.o.min(r["prompt_len"] + r["max_output"], self.p.max_model_len) - 1
+        return max_context(self.o, self.p, r["prompt_len"], r["max_output"])
 
     def in_prefill(self, r: dict[str, Term]) -> Term:
         return self.o.or_(r["num_generated"] == 0, r["num_computed"] + 1 < r["prompt_len"] + r["num_generated"])
