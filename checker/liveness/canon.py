@@ -40,6 +40,12 @@ RequestClass = tuple[int, int, int, int, int]  # prompt, output, max_output, pri
 # Fields per live request in a key: class id, status, computed, generated, blocks, swapped blocks,
 # admission rank, requeue rank.
 FIELDS_PER_REQUEST = 8
+STATUS_AT, ADMITTED_AT = 1, 6  # offsets of the status and the admission rank among a live request's fields
+
+
+def live_field(key: tuple, i: int, offset: int) -> int:
+    """A field of the i-th live request (arrival order) of a key."""
+    return key[1 + i * FIELDS_PER_REQUEST + offset]
 FIELDS_PER_HOLDING = 2  # blocks, steps until release
 
 class Canon:

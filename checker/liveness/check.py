@@ -10,7 +10,7 @@ from pathlib import Path
 from checker.errors import InputError, InternalError, Problem
 from checker.exitcodes import ExitCode
 from checker.inputfiles import apply_overrides, load_policy
-from checker.liveness.canon import FIELDS_PER_REQUEST, Canon
+from checker.liveness.canon import STATUS_AT, Canon, live_field
 from checker.liveness.explore import (DEFAULT_MAX_STATES, Choice, LivenessEnv, StateGraph, Transition, explore,
                                       live_positions)
 from checker.liveness.lasso import EVENTUALLY_SERVED, PROPERTIES, STATEMENTS, Lasso, StarvationBound, find_lasso, \
@@ -246,7 +246,7 @@ def _someone_waits(sg: StateGraph) -> bool:
     waiting = (int(Status.WAITING), int(Status.SWAPPED))
     for key in sg.keys:
         for i in range(key[0]):
-            if key[1 + i * FIELDS_PER_REQUEST + 1] in waiting:
+            if live_field(key, i, STATUS_AT) in waiting:
                 return True
     return False
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import networkx as nx
 
-from checker.liveness.canon import FIELDS_PER_REQUEST, WAITING
+from checker.liveness.canon import ADMITTED_AT, STATUS_AT, WAITING, live_field
 from checker.liveness.explore import Choice, Label, StateGraph
 
 EVENTUALLY_SERVED = "eventually_served"
@@ -130,8 +130,7 @@ class StarvationBound:
 
 
 def _never_admitted_waiting(key: tuple, i: int) -> bool:
-    base = 1 + i * FIELDS_PER_REQUEST
-    return key[base + 1] == WAITING and key[base + 6] == 0
+    return live_field(key, i, STATUS_AT) == WAITING and live_field(key, i, ADMITTED_AT) == 0
 
 
 def starvation_bound(sg: StateGraph) -> StarvationBound:
