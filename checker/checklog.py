@@ -901,6 +901,9 @@ class Conformance:
     agreeing: int
     first_divergence: int | None
     detail: str
+    # steps whose free-block count matches too: the reference path counts them; the streaming one cannot (a
+    # fast-forwarded stretch has no per-step pool), so it is not part of the comparison of two results
+    free_blocks_agreeing: int | None = field(default=None, compare=False)
 
     @property
     def share(self) -> float:
@@ -1181,17 +1184,18 @@ def conformance(policy: Policy, arrivals: Arrivals, log: list[LogStep]) -> Confo
     finishes with the log (the reference path: every engine decision recorded)."""
     first = log[0].step
     replay = replay_fixed_clock(policy, arrivals.specs, first + len(log), STEP_US, 1)
-    agreeing, divergence, detail = 0, None, ""
+    agreeing, free_agreeing, divergence, detail = 0, 0, None, ""
     for entry in log:
         d = replay.decisions[entry.step]
         ours = (dict(d.scheduled), sorted(d.preempted), sorted(d.finished))
         theirs = (entry.scheduled, sorted(entry.preempted), sorted(entry.finished))
+        free_agreeing += d.kv_blocks_free == entry.free_blocks
         if ours == theirs:
             agreeing += 1
         elif divergence is None:
             divergence = entry.step
             detail = divergence_detail(arrivals.ids, entry, ours)
-    return Conformance(len(log), agreeing, divergence, detail)
+    return Conformance(len(log), agreeing, divergence, detail, free_agreeing)
 
 
 def engine_log(policy: Policy, arrivals: Arrivals, steps: int) -> list[dict]:
