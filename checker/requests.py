@@ -49,6 +49,28 @@ class RequestSpec:
     content: PromptContent | None = None  # token identity of the prompt (None: its own tokens, shared with nobody)
 
 
+# A prompt identity, as the explicit-state searches choose it (checker/verify/explicit.py, checker/liveness): None
+# (the request's own tokens) or (prefix group, offset in blocks): the group's token ids from offset * block_size
+# on. Offset 1 of group 0 holds group 0's second block first: the same tokens as a group-0 prompt's block 1,
+# after a different prefix (what chained hashes tell apart).
+Identity = tuple[int, int] | None
+IDENTITIES: tuple[Identity, ...] = (None, (0, 0), (1, 0), (0, 1))
+
+
+def identity_name(ident: Identity) -> str:
+    if ident is None:
+        return "own tokens"
+    group, offset = ident
+    return f"prefix group {group}" + (" from its second block" if offset else "")
+
+
+def identity_content(ident: Identity, prompt_len: int, block_size: int) -> PromptContent | None:
+    if ident is None:
+        return None
+    group, offset = ident
+    return ((group * TOKEN_ID_SPAN + offset * block_size, prompt_len),)
+
+
 def own_tokens(index: int, start: int, length: int) -> Run:
     """The run of a request's own tokens from prompt position ``start`` (request number ``index`` in its file)."""
     return ((OWN_TOKEN_BASE + index) * TOKEN_ID_SPAN + start, length)

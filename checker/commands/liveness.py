@@ -6,6 +6,7 @@ import argparse
 import json
 
 from checker.commands.shell import terminal_progress
+from checker.liveness.canon import IDENTITY_TOKENS
 from checker.liveness.lasso import PROPERTIES
 
 
@@ -23,13 +24,25 @@ def _ints(text: str) -> tuple[int, ...]:
     return tuple(sorted(set(values)))
 
 
+def _identities(text: str) -> tuple:
+    """own,g0,g1,g0+1: prompt identities (checker.requests.IDENTITIES)."""
+    names = [p.strip() for p in text.split(",") if p.strip()]
+    unknown = [n for n in names if n not in IDENTITY_TOKENS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"{unknown[0] if unknown else text!r} (expected prompt identities among "
+                                         f"{', '.join(IDENTITY_TOKENS)}: own tokens, prefix group 0, prefix group 1, "
+                                         f"group 0 from its second block)")
+    return tuple(IDENTITY_TOKENS[n] for n in dict.fromkeys(names))
+
+
 def run(args: argparse.Namespace) -> int:
     """Explore, check and print (the liveness verb and ``verify --liveness``)."""
     from checker.api import run_liveness
 
     report = run_liveness(args.policy, args.property, args.requests, args.prompts, args.outputs, args.priorities,
                           args.tenants, args.cancellations, args.arrivals_per_step, args.step_ms, args.set,
-                          args.max_states, args.timeout, args.out, terminal_progress(), args.jobs)
+                          args.max_states, args.timeout, args.out, terminal_progress(), args.jobs,
+                          identities=args.identities)
     terminal_progress.clear()
     code = report.exit_code()
     if args.json:
@@ -54,13 +67,17 @@ DESCRIPTION = ("Enumerate every reachable state of the policy with a bounded num
 
 # The options of the instance that only the liveness check reads (verify --liveness takes them too).
 INSTANCE_OPTIONS = ("property", "prompts", "outputs", "priorities", "tenants", "cancellations", "arrivals_per_step",
-                    "set", "max_states", "jobs")
+                    "identities", "set", "max_states", "jobs")
 
 
 def add_instance_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--property", action="append", choices=PROPERTIES, metavar="NAME",
                    help="eventually_served, no_livelock or no_deadlock (repeatable; default: all three)")
-    p.add_argument("--prompts", type=_ints, metavar="LIST", help="prompt lengths, e.g. 16,600 (default: one KV block)")
+    p.add_argument("--prompts", type=_ints, metavar="LIST", help="prompt lengths, e.g. 16,600 (default: one KV block; "
+                   "two with prefix caching)")
+    p.add_argument("--identities", type=_identities, metavar="LIST", help="prefix caching: the prompt identities a "
+                   "request's prompt is drawn from, among own (its own tokens), g0, g1 (prefix groups 0 and 1) and "
+                   "g0+1 (group 0 from its second block) (default g0: requests share their common prefix)")
     p.add_argument("--outputs", type=_ints, default=(1, 2), metavar="LIST", help="output lengths (default 1:2)")
     p.add_argument("--priorities", type=_ints, metavar="LIST",
                    help="priorities (default 0,1 when the policy reads priorities, else 0)")

@@ -18,15 +18,34 @@ What the key keeps and what it forgets (docs/liveness.md, "Canonical states"):
   aging, and has timed out under a queue timeout, so the cap changes no decision.
 - ``num_preemptions`` and the reason of a live request are not read by any rule and are dropped; tenant
   counters (tenant_fair) are kept relative to the smallest.
+
+With prefix caching (``kv.prefix_caching.enabled``) a request class also has a prompt identity
+(checker.requests.IDENTITIES), cancelled requests holding KV are listed in release order (the order the
+step frees them in, which decides the LRU order) instead of sorted, and the key ends with the block pool's
+content (docs/liveness.md, "Prefix caching"):
+
+- each live request's number of cached blocks and block table, then each holding request's block table,
+  then the free uncached blocks (a count) and the cached free blocks in LRU order, with the blocks
+  relabelled 0, 1, ... in that order of first appearance (block ids are anonymous);
+- per block label: its chain (0: no hash) and its rank among the cached blocks of that chain (a hit takes
+  the first). Chains are named by what the step can still compare them with: a chain of the instance's
+  prompt identities by its index in a table built from the request classes (``chain_ids``: interned by
+  parent and block tokens, in class order, so every process names it alike); a chain of a live request's
+  own tokens by (its live position, the block index); a chain no request can produce again (the own tokens
+  of a request that is gone) is an orphan, all orphans one name: no hit ever looks them up.
+
+The representative a key decodes to gets a pool whose chains are interned in the Canon's own table
+(``chains``), shared by every representative: the step's hits compare chains as ints, so one table for all.
 """
 
 from __future__ import annotations
 
-from checker.errors import InputError, Problem
+from checker.errors import InputError, InternalError, Problem
 from checker.policy import Policy, QueueOrder, Requeue
+from checker.requests import IDENTITIES, Identity, RequestSpec, identity_content
+from checker.semantics.blockpool import NO_PARENT, BlockPool, Chains, block_tokens
 from checker.semantics.order import key_function
 from checker.semantics.state import Request, SchedulerState, Status
-from checker.requests import RequestSpec
 
 WAITING, SWAPPED, RUNNING, CANCELLED = int(Status.WAITING), int(Status.SWAPPED), int(Status.RUNNING), int(Status.CANCELLED)
 LIVE = frozenset({WAITING, SWAPPED, RUNNING})
@@ -34,8 +53,8 @@ STATUS_OF = {int(s): s for s in Status}
 STATUS_INT = {s: int(s) for s in Status}
 RUNNING_STATUS, CANCELLED_STATUS = Status.RUNNING, Status.CANCELLED  # bound once: ~0.2 us per Enum lookup
 
-# A request class: what the environment chooses when a request arrives.
-RequestClass = tuple[int, int, int, int, int]  # prompt, output, max_output, priority, tenant
+# A request class: what the environment chooses when a request arrives (the identity: None without the cache).
+RequestClass = tuple[int, int, int, int, int, Identity]  # prompt, output, max_output, priority, tenant, identity
 
 # Fields per live request in a key: class id, status, computed, generated, blocks, swapped blocks,
 # admission rank, requeue rank.
@@ -48,13 +67,37 @@ def live_field(key: tuple, i: int, offset: int) -> int:
     return key[1 + i * FIELDS_PER_REQUEST + offset]
 FIELDS_PER_HOLDING = 2  # blocks, steps until release
 
+# Chain names in a key with the cache (per block label, with its rank): NO_HASH, ORPHAN, RUN + the chain's index in
+# Canon.chain_ids, or -(1 + live position + block index * OWN_STRIDE) for a live request's own tokens.
+NO_HASH, ORPHAN, RUN = 0, 1, 2
+OWN_STRIDE = 1 << 16
+ORPHAN_TOKENS = ("orphan",)  # the block tokens of the decoded orphan chain: no request's tokens look like this
+
+def identity_token(ident: Identity) -> str:
+    """A prompt identity as the liveness options write it: own, g0, g1, g0+1 (group 0 from its second block)."""
+    if ident is None:
+        return "own"
+    group, offset = ident
+    return f"g{group}" + (f"+{offset}" if offset else "")
+
+
+IDENTITY_TOKENS: dict[str, Identity] = {identity_token(i): i for i in IDENTITIES}
+
+
 class Canon:
     """Encodes states of one policy under one clock into keys, and keys back into representatives."""
 
-    def __init__(self, policy: Policy, step_us: int, priorities: tuple[int, ...] = (0,), tenants: int = 1):
-        if policy.kv.prefix_caching.enabled:  # the canonical key has no block identity yet
-            raise InputError(Problem("kv.prefix_caching.enabled", True, "false for liveness: the state-graph "
-                                     "explorer does not model block identity yet"))
+    def __init__(self, policy: Policy, step_us: int, priorities: tuple[int, ...] = (0,), tenants: int = 1,
+                 classes: list[RequestClass] | tuple[RequestClass, ...] = (), block_identity: bool = True):
+        """``classes``: the instance's request classes, registered first (their ids are 0, 1, ...).
+        ``block_identity=False`` (replayed frames, which carry no block tables): a caching policy's keys
+        without the pool's content and without prompt identities."""
+        caching = policy.kv.prefix_caching.enabled
+        if not caching and any(c[5] is not None for c in classes):
+            raise InputError(Problem("--identities", ",".join(identity_token(c[5]) for c in classes if c[5] is not None),
+                                     "only with kv.prefix_caching.enabled: true (without the cache a prompt's "
+                                     "tokens are never read)"))
+        self.cache = caching and block_identity  # the key holds the block pool's content
         self.policy = policy
         self.step_us = step_us
         self.tenants = tenants
@@ -76,15 +119,120 @@ class Canon:
         if timeout_ms is not None:
             caps.append(timeout_ms * 1000 // step_us + 1)
         self.age_cap = max(caps)
-        self.class_ids: dict[RequestClass, int] = {}
+        # a request's class by its fields (prompt, output, max_output, priority, tenant; with the cache also its
+        # prompt content) -> class id
+        self.class_ids: dict[tuple, int] = {}
         self.classes: list[RequestClass] = []
+        if self.cache:
+            kv = policy.kv
+            self.block_size, self.chained = kv.block_size, kv.prefix_caching.chained_hashes
+            self.chain_ids: dict[tuple[int, tuple], int] = {}  # (parent chain or NO_PARENT, block tokens) -> chain
+            self.chain_defs: list[tuple[int, tuple]] = []  # chain -> (parent, block tokens)
+            self.chains = Chains()  # the engine's interning table of every decoded representative's pool
+            self.true_chains: dict = {}  # the same for unchained pools' true chains (BlockPool.true_chains)
+            self._names: list = []  # engine chain in self.chains -> its name (see _names_of)
+            self._other_names: dict[int, tuple[Chains, list]] = {}  # the same for other tables (engine replays)
+            self._engine: dict[int, int] = {}  # chain name -> engine chain in self.chains
+        for cls in classes:
+            self.class_id(cls)
 
     def class_id(self, cls: RequestClass) -> int:
-        cid = self.class_ids.get(cls)
+        lookup = self._lookup(cls)
+        cid = self.class_ids.get(lookup)
         if cid is None:
-            cid = self.class_ids[cls] = len(self.classes)
+            cid = self.class_ids[lookup] = len(self.classes)
             self.classes.append(cls)
+            if self.cache and cls[5] is not None:
+                self._add_chains(cls)
         return cid
+
+    def _lookup(self, cls: RequestClass) -> tuple:
+        """What encode looks a request's class up by: its fields, and with the cache its prompt content."""
+        if not self.cache:
+            return cls[:5]
+        return cls[:5] + (identity_content(cls[5], cls[0], self.block_size),)
+
+    def spec(self, rid: int, arrival_us: int, cid: int, tag: int = 0) -> RequestSpec:
+        """A request of class ``cid`` (``tag``: RequestSpec.cls)."""
+        prompt, output, max_output, priority, tenant, ident = self.classes[cid]
+        content = identity_content(ident, prompt, self.block_size) if self.cache else None
+        return RequestSpec(rid, arrival_us, prompt, output, max_output, priority, tenant, tag, content=content)
+
+    def _class_of(self, r: Request) -> RequestClass:
+        """The class of a request that is none of the registered ones."""
+        ident = None
+        content = r.spec.content if self.cache else None
+        if content is not None:
+            ident = next((i for i in IDENTITIES if i is not None
+                          and identity_content(i, r.prompt_len, self.block_size) == content), False)
+            if ident is False:
+                raise InternalError(f"liveness: request {r.rid}'s prompt content {content} is none of the prompt "
+                                    "identities the canonical key names")
+        return (r.prompt_len, r.output_len, r.max_output, r.priority, r.tenant, ident)
+
+    # ------------------------------------------------------------------------------------- chains
+    def _add_chains(self, cls: RequestClass) -> None:
+        """Intern the chains of every block a request of this class can cache (its prompt, then output tokens,
+        up to its longest context), by parent and block tokens: the same names in every process."""
+        prompt, output, max_output, _, _, ident = cls
+        content = identity_content(ident, prompt, self.block_size)
+        top = min(prompt + max(output, max_output), self.policy.max_model_len)
+        parent = NO_PARENT
+        ids, defs = self.chain_ids, self.chain_defs
+        for k in range(top // self.block_size + 1):
+            entry = (parent if self.chained else NO_PARENT, block_tokens(content, prompt, k, self.block_size))
+            chain = ids.get(entry)
+            if chain is None:
+                chain = ids[entry] = len(defs)
+                defs.append(entry)
+            parent = chain
+
+    def _names_of(self, chains: Chains) -> list:
+        """Engine chain -> name, for the chains of an interning table: RUN + chain, ORPHAN, or ("own", rid, k)
+        (a request's own tokens: the key names it by the request's live position, or ORPHAN)."""
+        if chains is self.chains:
+            names = self._names
+        else:
+            entry = self._other_names.get(id(chains))
+            if entry is None or entry[0] is not chains:
+                entry = self._other_names[id(chains)] = (chains, [])
+            names = entry[1]
+        if len(names) < len(chains):
+            table = {v: k for k, v in chains.items()}
+            for e in range(len(names), len(chains)):
+                parent, tokens = table[e]
+                if tokens == ORPHAN_TOKENS:
+                    names.append(ORPHAN)
+                elif tokens[0] == "own":
+                    names.append(tokens)
+                else:
+                    up = NO_PARENT if parent == NO_PARENT else names[parent]
+                    chain = self.chain_ids.get((up - RUN if up != NO_PARENT else NO_PARENT, tokens)) \
+                        if type(up) is int and (up == NO_PARENT or up >= RUN) else None
+                    if chain is None:
+                        raise InternalError(f"liveness: a cached chain (parent {up}, tokens {tokens}) is not one of "
+                                            "the instance's prompt identities")
+                    names.append(RUN + chain)
+        return names
+
+    def _engine_chain(self, name: int) -> int:
+        """The chain of ``self.chains`` a key's chain name stands for in a representative (own tokens: of the
+        request numbered by its live position, as decode numbers them)."""
+        e = self._engine.get(name)
+        if e is not None:
+            return e
+        chains = self.chains
+        if name == ORPHAN:
+            entry = (NO_PARENT, ORPHAN_TOKENS)
+        elif name >= RUN:
+            parent, tokens = self.chain_defs[name - RUN]
+            entry = (NO_PARENT if parent == NO_PARENT else self._engine_chain(RUN + parent), tokens)
+        else:
+            pos, k = (-name - 1) % OWN_STRIDE, (-name - 1) // OWN_STRIDE
+            parent = self._engine_chain(name + OWN_STRIDE) if self.chained and k else NO_PARENT
+            entry = (parent, ("own", pos, k))
+        e = self._engine[name] = chains.setdefault(entry, len(chains))
+        return e
 
     def _cap(self, age: int) -> int:
         cap = self.age_cap
@@ -94,11 +242,13 @@ class Canon:
 
     # ------------------------------------------------------------------------------------- encode
     def encode_requests(self, requests: list[Request], next_now_us: int, next_step: int,
-                        counters: list[int] | tuple[int, ...] = ()) -> tuple:
+                        counters: list[int] | tuple[int, ...] = (), pool: BlockPool | None = None) -> tuple:
         """The key of a state given its requests in arrival order (ties: by number). ``next_now_us`` is
-        when the next iteration starts; ``next_step`` its index (for release lags)."""
+        when the next iteration starts; ``next_step`` its index (for release lags); ``pool``: its block pool
+        (with the cache)."""
         live = []
         holding = None  # (blocks, steps until release) of the cancelled requests still holding KV
+        held = [] if self.cache else None  # with the cache: those requests
         for r in requests:
             status = r.status
             if status in LIVE:
@@ -107,6 +257,8 @@ class Canon:
                 if holding is None:
                     holding = []
                 holding.append((r.blocks, max(r.release_step - next_step, 0)))
+                if held is not None:
+                    held.append(r)
         out = [len(live)]
         if live:
             running = [r.admitted_seq for r in live if r.status is RUNNING_STATUS]
@@ -120,11 +272,13 @@ class Canon:
                     requeued.sort()
                     requeue_rank = {seq: i for i, seq in enumerate(requeued, 1)}
             class_ids = self.class_ids
+            cache = self.cache
             for r in live:
-                cls = (r.prompt_len, r.output_len, r.max_output, r.priority, r.tenant)
+                cls = (r.prompt_len, r.output_len, r.max_output, r.priority, r.tenant, r.spec.content) if cache else \
+                    (r.prompt_len, r.output_len, r.max_output, r.priority, r.tenant)
                 cid = class_ids.get(cls)
                 if cid is None:
-                    cid = self.class_id(cls)
+                    cid = self.class_id(self._class_of(r))
                 status = r.status
                 out += (cid, STATUS_INT[status], r.num_computed, r.num_generated, r.blocks, r.swapped_blocks,
                         admitted_rank[r.admitted_seq] if status is RUNNING_STATUS else (1 if r.admitted_seq else 0),
@@ -138,16 +292,66 @@ class Canon:
             out.append(0)
         else:
             out.append(len(holding))
-            for pair in sorted(holding):
+            if held is None:
+                holding.sort()
+            else:  # in release order, as the step frees them (stable: the same release step, in cancel order)
+                held.sort(key=lambda r: r.release_step)
+                holding = [(r.blocks, max(r.release_step - next_step, 0)) for r in held]
+            for pair in holding:
                 out += pair
         if self.fair:
             low = min(counters)
             out += (c - low for c in counters)
+        if self.cache:
+            if pool is None:
+                raise InternalError("liveness: a caching policy's state without its block pool")
+            self._encode_pool(out, pool, live, held)
         return tuple(out)
+
+    def _encode_pool(self, out: list, pool: BlockPool, live: list[Request], held: list[Request]) -> None:
+        """The block pool's content, blocks relabelled by first appearance (see the module docstring)."""
+        labels: dict[int, int] = {}
+        for r in live:
+            out.append(r.num_cached_blocks)
+            for b in r.block_ids:
+                lab = labels.get(b)
+                if lab is None:
+                    lab = labels[b] = len(labels)
+                out.append(lab)
+        for r in held:
+            for b in r.block_ids:
+                lab = labels.get(b)
+                if lab is None:
+                    lab = labels[b] = len(labels)
+                out.append(lab)
+        lru = pool.lru
+        out += (pool.uncached_free, len(lru))
+        for b in lru:  # free: in no block table
+            lab = labels[b] = len(labels)
+            out.append(lab)
+        names = self._names_of(pool.chains)
+        hash_of, cached = pool.hash_of, pool.cached
+        positions = None
+        for b in labels:
+            h = hash_of.get(b)
+            if h is None:
+                out += (NO_HASH, 0)
+                continue
+            name = names[h]
+            if type(name) is tuple:  # ("own", rid, k)
+                if positions is None:
+                    positions = {r.rid: i for i, r in enumerate(live)}
+                pos = positions.get(name[1])
+                name = ORPHAN if pos is None else -(1 + pos + name[2] * OWN_STRIDE)
+            if name == ORPHAN:
+                out += (ORPHAN, 0)
+                continue
+            blocks = cached[h]
+            out += (name, 0 if len(blocks) == 1 else list(blocks).index(b))
 
     def encode(self, s: SchedulerState, next_now_us: int) -> tuple:
         """The key of a SchedulerState whose requests are numbered in arrival order."""
-        return self.encode_requests(s.requests, next_now_us, s.step, s.tenant_counters)
+        return self.encode_requests(s.requests, next_now_us, s.step, s.tenant_counters, s.pool)
 
     # ------------------------------------------------------------------------------------- decode
     def decode(self, key: tuple) -> tuple[SchedulerState, int]:
@@ -168,18 +372,16 @@ class Canon:
         s = SchedulerState.__new__(SchedulerState)
         s.policy = self.policy
         s.step = 0
-        s.pool = None  # refused with prefix caching (Canon.__init__)
+        s.pool = None  # with the cache: below
         requests: list[Request] = []
         running: list[tuple[int, Request]] = []
         waiting: list[Request] = []
         top_seq = 0
         kv_used = swap_used = 0
-        classes = self.classes
         for i in range(m):
             base = 1 + i * FIELDS_PER_REQUEST
             cid, status, computed, generated, blocks, swapped, admitted, requeue = key[base:base + FIELDS_PER_REQUEST]
-            prompt, output, max_output, priority, tenant = classes[cid]
-            r = Request(RequestSpec(i, now - ages[i] * step_us, prompt, output, max_output, priority, tenant))
+            r = Request(self.spec(i, now - ages[i] * step_us, cid))
             r.status = STATUS_OF[status]
             r.num_computed, r.num_generated, r.blocks, r.swapped_blocks = computed, generated, blocks, swapped
             r.admitted_seq, r.requeue_seq = admitted, requeue
@@ -208,7 +410,43 @@ class Canon:
         s.kv_used, s.swap_used = kv_used, swap_used
         s.next_seq = top_seq + 1
         s.tenant_counters = list(key[pos:pos + self.tenants]) if self.fair else [0] * self.tenants
+        if self.cache:
+            s.pool = self._decode_pool(key, pos + (self.tenants if self.fair else 0), requests[:m], holding)
+            s.kv_used = s.pool.num_used
         if len(waiting) > 1:
             waiting.sort(key=key_function(s, now))
         s.waiting = waiting
         return s, now
+
+    def _decode_pool(self, key: tuple, pos: int, live: list[Request], holding: list[Request]) -> BlockPool:
+        """The block pool of a key (from ``pos`` on), block ids = labels, chains in self.chains; fills in the
+        requests' block tables."""
+        kv = self.policy.kv
+        p = BlockPool.__new__(BlockPool)
+        p.block_size, p.num_blocks, p.chained = kv.block_size, kv.num_blocks, self.chained
+        p.chains, p.true_chains, p.truth, p.evictions = self.chains, self.true_chains, {}, 0
+        refs: dict[int, int] = {}
+        for i, r in enumerate(live + holding):
+            if i < len(live):
+                r.num_cached_blocks = key[pos]
+                pos += 1
+            r.block_ids = ids = list(key[pos:pos + r.blocks])
+            pos += r.blocks
+            for b in ids:
+                refs[b] = refs.get(b, 0) + 1
+        p.uncached_free, free = key[pos], key[pos + 1]
+        p.lru = dict.fromkeys(key[pos + 2:pos + 2 + free])
+        pos += 2 + free
+        p.refs = refs
+        p.next_id = count = len(refs) + free
+        hash_of: dict[int, int] = {}
+        ranked: dict[int, list[tuple[int, int]]] = {}
+        for b in range(count):
+            name, rank = key[pos + 2 * b], key[pos + 2 * b + 1]
+            if name == NO_HASH:
+                continue
+            h = hash_of[b] = self._engine_chain(name)
+            ranked.setdefault(h, []).append((rank, b))
+        p.hash_of = hash_of
+        p.cached = {h: dict.fromkeys(b for _, b in sorted(blocks)) for h, blocks in ranked.items()}
+        return p

@@ -10,15 +10,15 @@ from pathlib import Path
 from checker.errors import InputError, InternalError, Problem
 from checker.exitcodes import ExitCode
 from checker.inputfiles import apply_overrides, load_policy
-from checker.liveness.canon import STATUS_AT, Canon, live_field
+from checker.liveness.canon import STATUS_AT, live_field
 from checker.liveness.explore import (DEFAULT_MAX_STATES, Choice, LivenessEnv, StateGraph, Transition, explore,
-                                      live_positions)
+                                      instance_env, live_positions, make_canon)
 from checker.liveness.lasso import EVENTUALLY_SERVED, PROPERTIES, STATEMENTS, Lasso, StarvationBound, find_lasso, \
     starvation_bound
 from checker.liveness.properties import LIVENESS
 from checker.policy import Policy
+from checker.requests import Identity, RequestSpec
 from checker.semantics.state import FIELDS, Status
-from checker.requests import RequestSpec
 from checker.verify import counterexample as cex
 from checker.verify.replay import Replay, first_violation, replay_fixed_clock
 from invariants.catalogue import CATALOGUE
@@ -105,7 +105,7 @@ class LivenessReport:
         g = self.graph
         state = "complete" if g.complete else f"partial: {g.stop_reason}"
         return (f"graph: {g.states:,} states, {g.edges:,} edges, {g.seconds:.2f} s ({state}); "
-                f"{g.choices_run:,} successor states generated")
+                f"{g.choices_run:,} successor states generated" + cache_hits(g))
 
     def exit_code(self) -> ExitCode:
         codes = {EXIT[r.verdict] for r in self.results}
@@ -141,7 +141,7 @@ def concrete_trace(sg: StateGraph, steps: list[tuple[int, Choice]]) -> list[Requ
         m = key[0]
         holding = len(trans.canon.decode(key)[0].requests) - m
         for cid in choice[0]:
-            specs.append(RequestSpec(len(specs), now, *sg.canon.classes[cid]))
+            specs.append(sg.canon.spec(len(specs), now, cid))
         for pos in choice[1]:
             specs[live[pos]] = replace(specs[live[pos]], cancel_us=now)
         s, _, next_now = trans.apply(key, choice)
@@ -168,11 +168,21 @@ def confirm_lasso(policy: Policy, sg: StateGraph, lasso: Lasso) -> tuple[list[Re
     replay = replay_fixed_clock(policy, specs, len(steps), sg.env.step_us, sg.env.tenants)
     params = {"prefix": len(lasso.prefix), "cycle": len(lasso.cycle)}
     at = first_violation(LIVENESS[lasso.prop], params, replay)
-    if at != len(steps) - 1:
+    if at != len(steps) - 1 or (sg.canon.cache and not _pool_closes(policy, sg, lasso, specs)):
         raise InternalError(f"liveness: the engine's replay of the {lasso.prop} lasso for policy {policy.name} "
                             f"does not close the cycle (prefix {params['prefix']}, cycle {params['cycle']}); "
                             f"requests: {cex.requests_json(specs)}")
     return specs, replay, at
+
+
+def _pool_closes(policy: Policy, sg: StateGraph, lasso: Lasso, specs: list[RequestSpec]) -> bool:
+    """With the cache: the engine's states after the prefix, one turn and two turns have the same whole key, block
+    pool content included (the frames the property reads carry no block identity: checker.liveness.properties)."""
+    env = sg.env
+    ends = [len(lasso.prefix) + j * len(lasso.cycle) for j in range(3)]
+    keys = {sg.canon.encode(replay_fixed_clock(policy, specs, n, env.step_us, env.tenants).state, n * env.step_us)
+            for n in ends}
+    return len(keys) == 1
 
 
 def save_lasso(policy: Policy, policy_file: str | None, sg: StateGraph, lasso: Lasso, specs: list[RequestSpec],
@@ -234,10 +244,33 @@ def check_liveness(policy: Policy, policy_file: str | None, env: LivenessEnv, pr
         report.bound = BoundResult(StarvationBound(None, [], 0, 0), after_lasso=True)  # first admission says
     elif served is not None and sg.complete:
         report.bound = confirm_bound(policy, sg, starvation_bound(sg))
+    reasons = []
     if sg.complete and not _someone_waits(sg) and not _someone_rejected(sg):
-        why = untouched_limits(policy, env)
+        reasons.append(untouched_limits(policy, env))
+    if sg.complete and sg.canon.cache and not sg.hit_choices:
+        reasons.append(no_cache_hits(policy, sg))
+    if reasons:
+        why = "; and ".join(reasons)
         report.results = [replace(r, verdict=VACUOUS, why=why) if r.verdict == PROVED else r for r in report.results]
     return report
+
+
+def cache_hits(g: StateGraph) -> str:
+    """With the cache: how many transitions adopted a prefix-cache hit (none: the output says so)."""
+    if not g.canon.cache:
+        return ""
+    if not g.hit_choices:
+        return "; no transition has a prefix-cache hit (the cache is never exercised)"
+    return f"; prefix-cache hits in {g.hit_choices:,} of {g.choices_run:,} transitions"
+
+
+def no_cache_hits(policy: Policy, sg: StateGraph) -> str:
+    """Why a complete graph of a caching policy without a single hit proves nothing about the cache."""
+    size = policy.kv.block_size
+    return (f"no transition of this instance has a prefix-cache hit (0 of {sg.choices_run:,}): the cache is never "
+            f"exercised, so the verdict says nothing about it; a hit needs a prompt of more than one block (a "
+            f"fresh request recomputes its last token: --prompts {2 * size}) and a shared prefix (--identities "
+            f"g0, the default)")
 
 
 def _someone_waits(sg: StateGraph) -> bool:
@@ -278,10 +311,12 @@ def run_liveness(policy: str | Path, properties: list[str] | None = None, reques
                  priorities: tuple[int, ...] | None = None, tenants: int = 1, cancellations: bool = False,
                  arrivals_per_step: int | None = None, step_ms: float = 10.0, overrides: list[str] | None = None,
                  max_states: int | None = None, timeout_s: float = 60.0,
-                 out_dir: str | Path | None = "counterexamples", progress=None, jobs: int = 1) -> LivenessReport:
+                 out_dir: str | Path | None = "counterexamples", progress=None, jobs: int = 1,
+                 identities: tuple[Identity, ...] | None = None) -> LivenessReport:
     """Explore the policy's reachable states for a small instance into a networkx graph and check
     eventually_served, no_livelock and no_deadlock on it (docs/liveness.md); returns a LivenessReport.
-    Defaults: prompts of one KV block, priorities 0 and 1 when the policy reads priorities (else 0).
+    Defaults: prompts of one KV block (two with prefix caching), priorities 0 and 1 when the policy reads
+    priorities (else 0), prompt identities (prefix caching only) DEFAULT_IDENTITIES.
     ``jobs`` > 1 explores with that many worker processes (the same graph)."""
     for name in properties or []:
         if name not in PROPERTIES:
@@ -289,7 +324,8 @@ def run_liveness(policy: str | Path, properties: list[str] | None = None, reques
     if jobs < 1:
         raise InputError(Problem("--jobs", jobs, ">= 1"))
     pol = apply_overrides(load_policy(policy), overrides)
-    env = liveness_env(pol, requests, prompts, outputs, priorities, tenants, cancellations, arrivals_per_step, step_ms)
+    env = liveness_env(pol, requests, prompts, outputs, priorities, tenants, cancellations, arrivals_per_step, step_ms,
+                       identities)
     return check_liveness(pol, str(policy), env, properties, max_states or DEFAULT_MAX_STATES, timeout_s,
                           Path(out_dir) if out_dir is not None else None, overrides, progress, jobs)
 
@@ -297,13 +333,16 @@ def run_liveness(policy: str | Path, properties: list[str] | None = None, reques
 def liveness_env(pol: Policy, requests: int = 2, prompts: tuple[int, ...] | None = None,
                  outputs: tuple[int, ...] = (1, 2), priorities: tuple[int, ...] | None = None, tenants: int = 1,
                  cancellations: bool = False, arrivals_per_step: int | None = None,
-                 step_ms: float = 10.0) -> LivenessEnv:
+                 step_ms: float = 10.0, identities: tuple[Identity, ...] | None = None) -> LivenessEnv:
     """The LivenessEnv of an instance of ``pol``, with run_liveness's defaults; InputError (naming the
     liveness option) for an instance that cannot be explored, e.g. a step that does not divide the aging
-    interval."""
+    interval, or prompt identities for a policy without prefix caching."""
     reads_priority = pol.queue.uses_priority or pol.preemption.victim.value == "lowest_priority"
-    env = LivenessEnv(requests, tuple(prompts or (pol.kv.block_size,)), tuple(outputs),
+    caching = pol.kv.prefix_caching.enabled
+    prompt = pol.kv.block_size * (2 if caching else 1)  # with the cache: a block a fresh request can hit
+    env = LivenessEnv(requests, tuple(prompts or (prompt,)), tuple(outputs),
                       tuple(priorities or ((0, 1) if reads_priority else (0,))), tenants, cancellations,
-                      arrivals_per_step, round(step_ms * 1000))
-    Canon(pol, env.step_us, env.priorities, env.tenants)  # checks the clock against the policy's aging
+                      arrivals_per_step, round(step_ms * 1000), identities)
+    env = instance_env(pol, env)
+    make_canon(pol, env)  # checks the clock against the policy's aging, and the identities against the cache
     return env

@@ -19,21 +19,24 @@ from __future__ import annotations
 import gc
 import itertools
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 import networkx as nx
 
 from checker.errors import InputError, Problem
-from checker.liveness.canon import FIELDS_PER_REQUEST, LIVE, Canon, RequestClass
+from checker.liveness.canon import FIELDS_PER_REQUEST, IDENTITY_TOKENS, LIVE, Canon, RequestClass, identity_token
 from checker.policy import Policy
+from checker.requests import Identity, RequestSpec, identity_name
 from checker.semantics.decision import DecisionBuilder, StepDecision
 from checker.semantics.state import Request, SchedulerState, Status
-from checker.requests import RequestSpec
 from checker.semantics.step import arrive_phase, leave_phase, release_phase, step, step_schedule
 
 DEFAULT_STEP_US = 10_000
 DEFAULT_MAX_STATES = 200_000
+# The prompt identities of a caching policy's instance unless chosen: every prompt is prefix group 0's first tokens,
+# so requests share their common prefix (equal prompts are equal) and the cache is exercised.
+DEFAULT_IDENTITIES: tuple[Identity, ...] = ((0, 0),)
 
 TERMINAL_STATUSES = frozenset({Status.FINISHED, Status.REJECTED, Status.CANCELLED})
 LIVE_STATUSES = frozenset({Status.WAITING, Status.SWAPPED, Status.RUNNING})
@@ -49,10 +52,17 @@ class LivenessEnv:
     cancellations: bool = False
     arrivals_per_step: int | None = None  # None: up to the free places
     step_us: int = DEFAULT_STEP_US
+    identities: tuple[Identity, ...] | None = None  # prompt identities (prefix caching); None: prompts have none
 
     def __post_init__(self):
         for name in ("prompts", "outputs", "priorities"):  # sets: the same instance explores the same way
             object.__setattr__(self, name, tuple(sorted(set(getattr(self, name)))))
+        if self.identities is not None:
+            unknown = [i for i in self.identities if i not in IDENTITY_TOKENS.values()]
+            if unknown or not self.identities:
+                raise InputError(Problem("--identities", unknown[0] if unknown else "<empty>",
+                                         "prompt identities among: " + ", ".join(IDENTITY_TOKENS)))
+            object.__setattr__(self, "identities", tuple(i for i in IDENTITY_TOKENS.values() if i in self.identities))
         for flag, values in (("--prompts", self.prompts), ("--outputs", self.outputs)):
             if not values or min(values) < 1:
                 raise InputError(Problem(flag, min(values) if values else "<empty>", "token counts >= 1"))
@@ -66,8 +76,8 @@ class LivenessEnv:
             raise InputError(Problem("--step-ms", self.step_us / 1000, "> 0"))
 
     def classes(self) -> list[RequestClass]:
-        return [(p, o, o, prio, t) for p in self.prompts for o in self.outputs for prio in self.priorities
-                for t in range(self.tenants)]
+        return [(p, o, o, prio, t, ident) for p in self.prompts for o in self.outputs for prio in self.priorities
+                for t in range(self.tenants) for ident in self.identities or (None,)]
 
     def describe(self) -> list[str]:
         per_step = "any number" if self.arrivals_per_step is None else f"at most {self.arrivals_per_step}"
@@ -75,7 +85,9 @@ class LivenessEnv:
             f"at most {self.requests} request(s) in the system at once; a finished, rejected or cancelled "
             f"request frees its place, so arrivals can go on forever; {per_step} arrive(s) per iteration",
             f"prompt tokens in {{{_join(self.prompts)}}}, output tokens in {{{_join(self.outputs)}}} "
-            f"(declared max output = output), priorities in {{{_join(self.priorities)}}}, {self.tenants} tenant(s)",
+            f"(declared max output = output), priorities in {{{_join(self.priorities)}}}, {self.tenants} tenant(s)"
+            + ("" if self.identities is None else
+               f", prompt identities {{{', '.join(map(identity_name, self.identities))}}}"),
             ("a client may cancel any live request before any iteration" if self.cancellations else "no cancellations")
             + f"; iteration k starts at k * {self.step_us / 1000:g} ms; the environment always keeps stepping",
         ]
@@ -84,7 +96,19 @@ class LivenessEnv:
         return {"requests_in_flight": self.requests, "prompt_tokens": list(self.prompts),
                 "output_tokens": list(self.outputs), "priorities": list(self.priorities), "tenants": self.tenants,
                 "cancellations": self.cancellations, "arrivals_per_step": self.arrivals_per_step,
-                "step_us": self.step_us}
+                "step_us": self.step_us,
+                **({} if self.identities is None else {"prompt_identities": [identity_token(i) for i in self.identities]})}
+
+
+def instance_env(policy: Policy, env: LivenessEnv) -> LivenessEnv:
+    """The environment as explored: a caching policy's prompts get DEFAULT_IDENTITIES unless chosen."""
+    if policy.kv.prefix_caching.enabled and env.identities is None:
+        return replace(env, identities=DEFAULT_IDENTITIES)
+    return env
+
+
+def make_canon(policy: Policy, env: LivenessEnv) -> Canon:
+    return Canon(policy, env.step_us, env.priorities, env.tenants, env.classes())
 
 
 def _join(values) -> str:
@@ -118,15 +142,17 @@ class StateGraph:
     edges: int = 0
     choices_run: int = 0  # environment choices applied (one per state and choice)
     steps_run: int = 0  # schedules run (phases 5-6 of the step; the other choices' came from the memo)
+    hit_choices: int = 0  # of the choices, those whose iteration adopted a prefix-cache hit
 
     @property
     def states(self) -> int:
         return len(self.keys)
 
     def summary(self) -> dict:
-        """The graph's size, as reports and lasso files store it."""
+        """The graph's size, as reports and lasso files store it (with the cache: the iterations with a hit)."""
+        cache = {"cache_hit_transitions": self.hit_choices} if self.canon.cache else {}
         return {"states": self.states, "edges": self.edges, "generated": self.choices_run,
-                "seconds": round(self.seconds, 3), "complete": self.complete}
+                "seconds": round(self.seconds, 3), "complete": self.complete, **cache}
 
     def live_count(self, node: int) -> int:
         return self.keys[node][0]
@@ -155,6 +181,7 @@ class Transition:
         self.class_ids = [canon.class_id(c) for c in env.classes()]
         self.choices_run = 0  # environment choices applied (phases 1-4 of a step each)
         self.steps_run = 0  # schedules run (phases 5-6; the others came from the memo)
+        self.hit_choices = 0  # choices whose iteration adopted a prefix-cache hit
         self._specs: dict[tuple[int, int, int], RequestSpec] = {}  # (number, arrival, class) -> spec
         self._memo: dict[tuple, tuple] | None = {} if memo else None
         self._expires = canon.policy.timeouts.queue_timeout_ms is not None  # phase 4 may reject a waiting request
@@ -162,8 +189,7 @@ class Transition:
     def _spec(self, rid: int, now: int, cid: int) -> RequestSpec:
         spec = self._specs.get((rid, now, cid))
         if spec is None:
-            prompt, output, max_output, priority, tenant = self.canon.classes[cid]
-            spec = self._specs[rid, now, cid] = RequestSpec(rid, now, prompt, output, max_output, priority, tenant, cid)
+            spec = self._specs[rid, now, cid] = self.canon.spec(rid, now, cid, cid)
         return spec
 
     def _stepped(self, base: SchedulerState, now: int, choice: Choice) -> tuple[SchedulerState, StepDecision]:
@@ -175,6 +201,8 @@ class Transition:
         d = step(s, arrivals, [requests[i] for i in choice[1]], now)
         self.choices_run += 1
         self.steps_run += 1
+        if d.cache_hits:
+            self.hit_choices += 1
         return s, d
 
     def apply(self, key: tuple, choice: Choice) -> tuple[SchedulerState, StepDecision, int]:
@@ -253,8 +281,11 @@ class Transition:
                         for j, r in enumerate(mid_live):
                             if r.status in TERMINAL_STATUSES:
                                 gone_mid |= 1 << j
-                        hit = memo[mid] = (encode(t, next_now), d.num_scheduled_tokens, bool(d.finished), gone_mid)
-                    succ, tokens, finished, gone_mid = hit
+                        hit = memo[mid] = (encode(t, next_now), d.num_scheduled_tokens, bool(d.finished), gone_mid,
+                                           bool(d.cache_hits))
+                    succ, tokens, finished, gone_mid, cache_hit = hit
+                    if cache_hit:
+                        self.hit_choices += 1
                     if left:  # source positions -> positions after phases 1-4 (the requests that stayed, in order)
                         gone = 0
                         j = 0
@@ -321,7 +352,8 @@ def explore(policy: Policy, env: LivenessEnv, max_states: int = DEFAULT_MAX_STAT
     numbers and BFS tree as one process (the state limit is applied while merging, so it cuts at the same
     state; a time limit cuts wherever the clock says)."""
     started = time.monotonic()
-    canon = Canon(policy, env.step_us, env.priorities, env.tenants)
+    env = instance_env(policy, env)
+    canon = make_canon(policy, env)
     trans = Transition(canon, env, memo)
     first = initial_key(canon, env)
     ids = {first: 0}
@@ -331,7 +363,7 @@ def explore(policy: Policy, env: LivenessEnv, max_states: int = DEFAULT_MAX_STAT
     edges = [0]
     stop = ""
     deadline = started + timeout_s
-    counts = [0, 0]  # choices and schedules run in worker processes
+    counts = [0, 0, 0]  # choices, schedules and choices with a cache hit run in worker processes
 
     def merge(u: int, successors: dict[tuple, dict[tuple, Label]], discovered: list[int]) -> None:
         out = succ[u]
@@ -356,10 +388,11 @@ def explore(policy: Policy, env: LivenessEnv, max_states: int = DEFAULT_MAX_STAT
             return
         chunk = max(16, min(256, len(level) // (4 * workers) + 1))
         parts = [level[i:i + chunk] for i in range(0, len(level), chunk)]
-        for part, (results, choices, schedules) in zip(parts, pool.imap(_expand, [[keys[u] for u in part]
-                                                                                   for part in parts])):
+        for part, (results, choices, schedules, hits) in zip(parts, pool.imap(_expand, [[keys[u] for u in part]
+                                                                                         for part in parts])):
             counts[0] += choices
             counts[1] += schedules
+            counts[2] += hits
             yield from zip(part, results)
 
     pool = _worker_pool(workers, policy, env, memo) if workers > 1 else None
@@ -389,7 +422,8 @@ def explore(policy: Policy, env: LivenessEnv, max_states: int = DEFAULT_MAX_STAT
             pool.terminate()
     return StateGraph(graph, canon, env, keys, depth, parent, complete=not stop,
                       seconds=time.monotonic() - started, stop_reason=stop, edges=edges[0],
-                      choices_run=trans.choices_run + counts[0], steps_run=trans.steps_run + counts[1])
+                      choices_run=trans.choices_run + counts[0], steps_run=trans.steps_run + counts[1],
+                      hit_choices=trans.hit_choices + counts[2])
 
 
 def _digraph(succ: list[dict[int, dict]], pred: list[dict[int, dict]]) -> nx.DiGraph:
@@ -416,15 +450,16 @@ def _worker_pool(workers: int, policy: Policy, env: LivenessEnv, memo: bool):
 def _start_worker(policy: Policy, env: LivenessEnv, memo: bool) -> None:
     global _WORKER
     gc.disable()  # as in explore(): no reference cycles
-    _WORKER = Transition(Canon(policy, env.step_us, env.priorities, env.tenants), env, memo)
+    _WORKER = Transition(make_canon(policy, env), env, memo)
 
 
-def _expand(batch: list[tuple]) -> tuple[list[dict[tuple, dict[tuple, Label]]], int, int]:
-    """In a worker: the successors of a chunk of keys, and the choices and schedules it took."""
+def _expand(batch: list[tuple]) -> tuple[list[dict[tuple, dict[tuple, Label]]], int, int, int]:
+    """In a worker: the successors of a chunk of keys, and the choices, schedules and choices with a cache hit
+    it took."""
     trans = _WORKER
-    choices, schedules = trans.choices_run, trans.steps_run
+    choices, schedules, hits = trans.choices_run, trans.steps_run, trans.hit_choices
     results = [trans.successors(key) for key in batch]
-    return results, trans.choices_run - choices, trans.steps_run - schedules
+    return results, trans.choices_run - choices, trans.steps_run - schedules, trans.hit_choices - hits
 
 
 def live_positions(s: SchedulerState) -> list[int]:

@@ -6,6 +6,10 @@ the canonical state at the start of the cycle, after one turn and after two turn
 turns do what the property forbids (eventually_served: the oldest live request at the start of the cycle
 is live throughout; no_livelock: tokens are scheduled in each turn while nobody finishes and no client
 cancels; no_deadlock: requests are live and no token is scheduled while no client cancels).
+
+With prefix caching the frames carry the pool's counts but not its block tables, so the canonical state read
+here leaves the pool's content out (and the prompt identities): the liveness check itself compares the whole
+key, pool content included, on the engine's states before it saves a lasso (checker/liveness/check.py).
 """
 
 from __future__ import annotations
@@ -38,7 +42,8 @@ def frame_key(canon: Canon, ctx: TraceContext, t: int) -> tuple:
         r.status, r.reason = Status(slot["status"]), Reason(slot["reason"])
         requests.append(r)
     step_us = ctx.frames[1].now_us - ctx.frames[0].now_us
-    return canon.encode_requests(requests, frame.now_us + step_us, t + 1, tuple(frame.counters) or (0,) * tenants)
+    key = canon.encode_requests(requests, frame.now_us + step_us, t + 1, tuple(frame.counters) or (0,) * tenants)
+    return key if frame.pool is None else key + tuple(frame.pool)  # with the cache: the pool's counts
 
 
 def _live(ctx: TraceContext, t: int) -> list[int]:
@@ -61,7 +66,9 @@ def _tokens(ctx: TraceContext, t: int) -> int:
 def lasso_closes(ctx: TraceContext, prefix: int, cycle: int) -> bool:
     priorities = tuple(p.priority for p in ctx.params) or (0,)
     tenants = max(len(ctx.frames[0].counters), 1 + max((p.tenant for p in ctx.params), default=0))
-    canon = Canon(ctx.policy, ctx.frames[1].now_us - ctx.frames[0].now_us, priorities, tenants)
+    # frames carry no block tables: with prefix caching, the key without the pool's content (the liveness check
+    # compares the whole key on the engine's states when it finds the lasso: checker.liveness.check)
+    canon = Canon(ctx.policy, ctx.frames[1].now_us - ctx.frames[0].now_us, priorities, tenants, block_identity=False)
     k0, k1, k2 = (frame_key(canon, ctx, prefix - 1 + j * cycle) for j in range(3))
     return k0 == k1 == k2
 

@@ -46,7 +46,7 @@ from pathlib import Path
 from checker.errors import InternalError
 from checker.frames import Frame, TraceContext, frame_from_engine, params_from_engine
 from checker.policy import Allocation, Policy, QueueOrder
-from checker.requests import TOKEN_ID_SPAN, PromptContent, RequestSpec
+from checker.requests import IDENTITIES, Identity, RequestSpec, identity_content, identity_name
 from checker.semantics.blockpool import BlockPool
 from checker.semantics.state import FIELDS, Request, SchedulerState, Status
 from checker.semantics.step import step
@@ -62,25 +62,8 @@ NO_PROOF = ("--unbounded: no proof method covers the prefix cache yet (the z3 en
             "not model block identity), so this stays a bounded check")
 
 # ----------------------------------------------------------------------------------------- the domains
-# A prompt identity: None (the request's own tokens) or (prefix group, offset in blocks): the group's token ids
-# from offset * block_size on. Offset 1 of group 0 holds group 0's second block first: the same tokens as a
-# group-0 prompt's block 1, after a different prefix (what chained hashes tell apart).
-Identity = tuple[int, int] | None
-IDENTITIES: tuple[Identity, ...] = (None, (0, 0), (1, 0), (0, 1))
-
-
-def identity_name(ident: Identity) -> str:
-    if ident is None:
-        return "own tokens"
-    group, offset = ident
-    return f"prefix group {group}" + (" from its second block" if offset else "")
-
-
-def identity_content(ident: Identity, prompt_len: int, block_size: int) -> PromptContent | None:
-    if ident is None:
-        return None
-    group, offset = ident
-    return ((group * TOKEN_ID_SPAN + offset * block_size, prompt_len),)
+# The prompt identities (own tokens, prefix groups 0 and 1, group 0 from its second block) are defined in
+# checker.requests, which the liveness explorer shares: IDENTITIES, identity_name, identity_content.
 
 
 @dataclass(frozen=True)
