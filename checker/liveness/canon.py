@@ -73,6 +73,26 @@ NO_HASH, ORPHAN, RUN = 0, 1, 2
 OWN_STRIDE = 1 << 16
 ORPHAN_TOKENS = ("orphan",)  # the block tokens of the decoded orphan chain: no request's tokens look like this
 
+class ObservedPool(BlockPool):
+    """The pool of a decoded representative (and of its copies): the same pool, counting the admission lookups
+    that find a cached prefix (``found``, per process), which the explorer reports: a caching instance in which no
+    lookup ever finds one never exercises the cache."""
+
+    __slots__ = ()
+    found = 0
+
+    def hit(self, r: Request) -> list[int]:
+        blocks = BlockPool.hit(self, r)
+        if blocks:
+            ObservedPool.found += 1
+        return blocks
+
+    def copy(self) -> BlockPool:
+        c = BlockPool.copy(self)
+        c.__class__ = ObservedPool
+        return c
+
+
 def identity_token(ident: Identity) -> str:
     """A prompt identity as the liveness options write it: own, g0, g1, g0+1 (group 0 from its second block)."""
     if ident is None:
@@ -422,7 +442,7 @@ class Canon:
         """The block pool of a key (from ``pos`` on), block ids = labels, chains in self.chains; fills in the
         requests' block tables."""
         kv = self.policy.kv
-        p = BlockPool.__new__(BlockPool)
+        p = ObservedPool.__new__(ObservedPool)
         p.block_size, p.num_blocks, p.chained = kv.block_size, kv.num_blocks, self.chained
         p.chains, p.true_chains, p.truth, p.evictions = self.chains, self.true_chains, {}, 0
         refs: dict[int, int] = {}

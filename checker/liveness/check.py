@@ -48,6 +48,10 @@ class PropertyResult:
             detail = "no lasso in the complete graph: for this instance, any number of iterations"
         else:
             detail = f"no lasso among the states explored, but the graph is not complete ({sg.stop_reason})"
+            if sg.canon.cache:
+                detail += ("; with prefix caching the block pool's content is part of the state (duplicate and cached "
+                           "free blocks fill the pool), so the graph grows with the pool: try a small "
+                           "kv.num_blocks with --set")
         return f"{self.verdict:<18} {self.prop:<18} {detail}"
 
     def as_dict(self) -> dict:
@@ -247,7 +251,7 @@ def check_liveness(policy: Policy, policy_file: str | None, env: LivenessEnv, pr
     reasons = []
     if sg.complete and not _someone_waits(sg) and not _someone_rejected(sg):
         reasons.append(untouched_limits(policy, env))
-    if sg.complete and sg.canon.cache and not sg.hit_choices:
+    if sg.complete and sg.canon.cache and not sg.found_choices:
         reasons.append(no_cache_hits(policy, sg))
     if reasons:
         why = "; and ".join(reasons)
@@ -256,21 +260,24 @@ def check_liveness(policy: Policy, policy_file: str | None, env: LivenessEnv, pr
 
 
 def cache_hits(g: StateGraph) -> str:
-    """With the cache: how many transitions adopted a prefix-cache hit (none: the output says so)."""
+    """With the cache: in how many transitions an admission found a cached prefix, and adopted one (none found: the
+    output says the cache is never exercised)."""
     if not g.canon.cache:
         return ""
-    if not g.hit_choices:
-        return "; no transition has a prefix-cache hit (the cache is never exercised)"
-    return f"; prefix-cache hits in {g.hit_choices:,} of {g.choices_run:,} transitions"
+    if not g.found_choices:
+        return "; no admission finds a cached prefix in any transition (the cache is never exercised)"
+    return (f"; prefix cache: an admission finds a cached prefix in {g.found_choices:,} of {g.choices_run:,} "
+            f"transitions, adopts one in {g.hit_choices:,}")
 
 
 def no_cache_hits(policy: Policy, sg: StateGraph) -> str:
-    """Why a complete graph of a caching policy without a single hit proves nothing about the cache."""
+    """Why a complete graph of a caching policy in which no lookup finds a cached prefix proves nothing about the
+    cache: without a hit found the cache changes no decision (no shared block, no hit in an admission check)."""
     size = policy.kv.block_size
-    return (f"no transition of this instance has a prefix-cache hit (0 of {sg.choices_run:,}): the cache is never "
-            f"exercised, so the verdict says nothing about it; a hit needs a prompt of more than one block (a "
-            f"fresh request recomputes its last token: --prompts {2 * size}) and a shared prefix (--identities "
-            f"g0, the default)")
+    return (f"no admission of this instance finds a cached prefix (0 of {sg.choices_run:,} transitions): the cache "
+            f"never changes a decision, so the verdict says nothing about it; a hit needs a prompt of more than one "
+            f"block (a fresh request recomputes its last token: --prompts {2 * size}) and a shared prefix "
+            f"(--identities g0, the default)")
 
 
 def _someone_waits(sg: StateGraph) -> bool:

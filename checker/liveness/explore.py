@@ -25,7 +25,8 @@ from typing import NamedTuple
 import networkx as nx
 
 from checker.errors import InputError, Problem
-from checker.liveness.canon import FIELDS_PER_REQUEST, IDENTITY_TOKENS, LIVE, Canon, RequestClass, identity_token
+from checker.liveness.canon import (FIELDS_PER_REQUEST, IDENTITY_TOKENS, LIVE, Canon, ObservedPool, RequestClass,
+                                    identity_token)
 from checker.policy import Policy
 from checker.requests import Identity, RequestSpec, identity_name
 from checker.semantics.decision import DecisionBuilder, StepDecision
@@ -143,6 +144,7 @@ class StateGraph:
     choices_run: int = 0  # environment choices applied (one per state and choice)
     steps_run: int = 0  # schedules run (phases 5-6 of the step; the other choices' came from the memo)
     hit_choices: int = 0  # of the choices, those whose iteration adopted a prefix-cache hit
+    found_choices: int = 0  # of the choices, those in whose iteration an admission lookup found a cached prefix
 
     @property
     def states(self) -> int:
@@ -150,7 +152,8 @@ class StateGraph:
 
     def summary(self) -> dict:
         """The graph's size, as reports and lasso files store it (with the cache: the iterations with a hit)."""
-        cache = {"cache_hit_transitions": self.hit_choices} if self.canon.cache else {}
+        cache = {"cache_found_transitions": self.found_choices, "cache_hit_transitions": self.hit_choices} \
+            if self.canon.cache else {}
         return {"states": self.states, "edges": self.edges, "generated": self.choices_run,
                 "seconds": round(self.seconds, 3), "complete": self.complete, **cache}
 
@@ -182,6 +185,7 @@ class Transition:
         self.choices_run = 0  # environment choices applied (phases 1-4 of a step each)
         self.steps_run = 0  # schedules run (phases 5-6; the others came from the memo)
         self.hit_choices = 0  # choices whose iteration adopted a prefix-cache hit
+        self.found_choices = 0  # choices in whose iteration an admission lookup found a cached prefix
         self._specs: dict[tuple[int, int, int], RequestSpec] = {}  # (number, arrival, class) -> spec
         self._memo: dict[tuple, tuple] | None = {} if memo else None
         self._expires = canon.policy.timeouts.queue_timeout_ms is not None  # phase 4 may reject a waiting request
@@ -198,11 +202,12 @@ class Transition:
         requests = s.requests
         arrivals = [Request(self._spec(len(requests) + k, now, cid)) for k, cid in enumerate(choice[0])]
         requests += arrivals
+        found = ObservedPool.found
         d = step(s, arrivals, [requests[i] for i in choice[1]], now)
         self.choices_run += 1
         self.steps_run += 1
-        if d.cache_hits:
-            self.hit_choices += 1
+        self.hit_choices += bool(d.cache_hits)
+        self.found_choices += ObservedPool.found > found
         return s, d
 
     def apply(self, key: tuple, choice: Choice) -> tuple[SchedulerState, StepDecision, int]:
@@ -275,6 +280,7 @@ class Transition:
                         if t is s and not last:
                             t = s.copy()  # s has arrivals to come
                         mid_live = [r for r in t.requests if r.status in LIVE_STATUSES]
+                        found = ObservedPool.found
                         d = step_schedule(t, now, DecisionBuilder())
                         self.steps_run += 1
                         gone_mid = 0
@@ -282,10 +288,10 @@ class Transition:
                             if r.status in TERMINAL_STATUSES:
                                 gone_mid |= 1 << j
                         hit = memo[mid] = (encode(t, next_now), d.num_scheduled_tokens, bool(d.finished), gone_mid,
-                                           bool(d.cache_hits))
-                    succ, tokens, finished, gone_mid, cache_hit = hit
-                    if cache_hit:
-                        self.hit_choices += 1
+                                           bool(d.cache_hits), ObservedPool.found > found)
+                    succ, tokens, finished, gone_mid, adopted, found_hit = hit
+                    self.hit_choices += adopted
+                    self.found_choices += found_hit
                     if left:  # source positions -> positions after phases 1-4 (the requests that stayed, in order)
                         gone = 0
                         j = 0
@@ -363,7 +369,7 @@ def explore(policy: Policy, env: LivenessEnv, max_states: int = DEFAULT_MAX_STAT
     edges = [0]
     stop = ""
     deadline = started + timeout_s
-    counts = [0, 0, 0]  # choices, schedules and choices with a cache hit run in worker processes
+    counts = [0, 0, 0, 0]  # choices, schedules, choices with a cache hit adopted, found: run in worker processes
 
     def merge(u: int, successors: dict[tuple, dict[tuple, Label]], discovered: list[int]) -> None:
         out = succ[u]
@@ -388,11 +394,9 @@ def explore(policy: Policy, env: LivenessEnv, max_states: int = DEFAULT_MAX_STAT
             return
         chunk = max(16, min(256, len(level) // (4 * workers) + 1))
         parts = [level[i:i + chunk] for i in range(0, len(level), chunk)]
-        for part, (results, choices, schedules, hits) in zip(parts, pool.imap(_expand, [[keys[u] for u in part]
-                                                                                         for part in parts])):
-            counts[0] += choices
-            counts[1] += schedules
-            counts[2] += hits
+        for part, (results, *numbers) in zip(parts, pool.imap(_expand, [[keys[u] for u in part] for part in parts])):
+            for i, n in enumerate(numbers):
+                counts[i] += n
             yield from zip(part, results)
 
     pool = _worker_pool(workers, policy, env, memo) if workers > 1 else None
@@ -423,7 +427,7 @@ def explore(policy: Policy, env: LivenessEnv, max_states: int = DEFAULT_MAX_STAT
     return StateGraph(graph, canon, env, keys, depth, parent, complete=not stop,
                       seconds=time.monotonic() - started, stop_reason=stop, edges=edges[0],
                       choices_run=trans.choices_run + counts[0], steps_run=trans.steps_run + counts[1],
-                      hit_choices=trans.hit_choices + counts[2])
+                      hit_choices=trans.hit_choices + counts[2], found_choices=trans.found_choices + counts[3])
 
 
 def _digraph(succ: list[dict[int, dict]], pred: list[dict[int, dict]]) -> nx.DiGraph:
@@ -453,13 +457,14 @@ def _start_worker(policy: Policy, env: LivenessEnv, memo: bool) -> None:
     _WORKER = Transition(make_canon(policy, env), env, memo)
 
 
-def _expand(batch: list[tuple]) -> tuple[list[dict[tuple, dict[tuple, Label]]], int, int, int]:
-    """In a worker: the successors of a chunk of keys, and the choices, schedules and choices with a cache hit
-    it took."""
+def _expand(batch: list[tuple]) -> tuple[list[dict[tuple, dict[tuple, Label]]], int, int, int, int]:
+    """In a worker: the successors of a chunk of keys, and the choices, schedules, and choices with a cache hit
+    adopted and found, it took."""
     trans = _WORKER
-    choices, schedules, hits = trans.choices_run, trans.steps_run, trans.hit_choices
+    before = (trans.choices_run, trans.steps_run, trans.hit_choices, trans.found_choices)
     results = [trans.successors(key) for key in batch]
-    return results, trans.choices_run - choices, trans.steps_run - schedules, trans.hit_choices - hits
+    after = (trans.choices_run, trans.steps_run, trans.hit_choices, trans.found_choices)
+    return (results, *(a - b for a, b in zip(after, before)))
 
 
 def live_positions(s: SchedulerState) -> list[int]:

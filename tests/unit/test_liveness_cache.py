@@ -163,6 +163,7 @@ def test_memo_and_workers_give_the_same_graph_with_the_cache():
     c = explore(policy, env, max_states=5000, workers=2)
     assert a.complete and a.keys == b.keys == c.keys
     assert a.hit_choices == b.hit_choices == c.hit_choices > 0
+    assert a.found_choices == b.found_choices == c.found_choices >= a.hit_choices
     assert a.choices_run == b.choices_run == c.choices_run
     for g in (b, c):
         assert list(a.graph.edges(data="labels")) == list(g.graph.edges(data="labels"))
