@@ -104,6 +104,12 @@ def identity_token(ident: Identity) -> str:
 IDENTITY_TOKENS: dict[str, Identity] = {identity_token(i): i for i in IDENTITIES}
 
 
+def identities_need_the_cache(identities) -> InputError:
+    return InputError(Problem("--identities", ",".join(dict.fromkeys(map(identity_token, identities))),
+                              "only with kv.prefix_caching.enabled: true (without the cache a prompt's tokens are "
+                              "never read)"))
+
+
 class Canon:
     """Encodes states of one policy under one clock into keys, and keys back into representatives."""
 
@@ -114,9 +120,7 @@ class Canon:
         without the pool's content and without prompt identities."""
         caching = policy.kv.prefix_caching.enabled
         if not caching and any(c[5] is not None for c in classes):
-            raise InputError(Problem("--identities", ",".join(identity_token(c[5]) for c in classes if c[5] is not None),
-                                     "only with kv.prefix_caching.enabled: true (without the cache a prompt's "
-                                     "tokens are never read)"))
+            raise identities_need_the_cache([c[5] for c in classes if c[5] is not None])
         self.cache = caching and block_identity  # the key holds the block pool's content
         self.policy = policy
         self.step_us = step_us

@@ -10,7 +10,7 @@ from pathlib import Path
 from checker.errors import InputError, InternalError, Problem
 from checker.exitcodes import ExitCode
 from checker.inputfiles import apply_overrides, load_policy
-from checker.liveness.canon import STATUS_AT, live_field
+from checker.liveness.canon import STATUS_AT, identities_need_the_cache, live_field
 from checker.liveness.explore import (DEFAULT_MAX_STATES, Choice, LivenessEnv, StateGraph, Transition, explore,
                                       instance_env, live_positions, make_canon)
 from checker.liveness.lasso import EVENTUALLY_SERVED, PROPERTIES, STATEMENTS, Lasso, StarvationBound, find_lasso, \
@@ -346,6 +346,8 @@ def liveness_env(pol: Policy, requests: int = 2, prompts: tuple[int, ...] | None
     interval, or prompt identities for a policy without prefix caching."""
     reads_priority = pol.queue.uses_priority or pol.preemption.victim.value == "lowest_priority"
     caching = pol.kv.prefix_caching.enabled
+    if identities is not None and not caching:
+        raise identities_need_the_cache(identities)
     prompt = pol.kv.block_size * (2 if caching else 1)  # with the cache: a block a fresh request can hit
     env = LivenessEnv(requests, tuple(prompts or (prompt,)), tuple(outputs),
                       tuple(priorities or ((0, 1) if reads_priority else (0,))), tenants, cancellations,
