@@ -21,6 +21,120 @@ from checker.errors import InputError, Problem
 M = TypeVar("M", bound=BaseModel)
 LineMap = dict[tuple[Any, ...], int]
 
+# ----------------------------------------------------------------------------------------- input limits
+# Declared limits of every file batchcheck reads (docs/cli.md, "Input limits"), checked before the work
+# that they bound starts: a file over one is an input error naming the file and the limit, never a
+# RecursionError, a MemoryError or a hang. The TOML and pbtxt readers use the same numbers.
+MAX_FILE_BYTES = 256 * 1024 * 1024
+"""Any input file (traces and logs included)."""
+MAX_YAML_BYTES = 1024 * 1024
+"""A YAML document (policies, workloads, SLO files, audit records, importer configs), a TOML config and a
+Triton config.pbtxt: hand-written files, parsed by pure-Python parsers."""
+MAX_DEPTH = 64
+"""Nesting of lists and mappings (messages in pbtxt) in any document or JSON line."""
+MAX_NODES = 1_000_000
+"""Values (scalars, lists, mappings) in a YAML document, counted with every alias expanded."""
+
+
+def _too_deep(line: int | None = None) -> Problem:
+    return Problem("", "<too deeply nested>", f"nesting at most {MAX_DEPTH} levels deep (lists and mappings)", line)
+
+
+def check_size(text: str, source: str, what: str, limit: int | None = None) -> None:
+    """An input error when ``text`` is longer than ``limit`` bytes (default: MAX_YAML_BYTES)."""
+    limit = MAX_YAML_BYTES if limit is None else limit
+    if len(text) > limit:  # characters; a byte count is at least this
+        raise InputError(Problem("(file)", f"{len(text.encode('utf-8')):,} bytes", f"{what} of at most {limit:,} "
+                                 "bytes (docs/cli.md, Input limits)"), source)
+
+
+def check_depth(data: Any, source: str, line: int | None = None) -> None:
+    """An input error when parsed data (lists, dicts, tuples) nests deeper than MAX_DEPTH; iterative,
+    so any depth is measured without recursion."""
+    stack = [(data, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, dict):
+            children = value.values()
+        elif isinstance(value, (list, tuple)):
+            children = value
+        else:
+            continue
+        if depth > MAX_DEPTH:
+            raise InputError(_too_deep(line), source)
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list, tuple)))
+
+
+def parse_json(text: str, source: str, line: int | None = None) -> Any:
+    """json.loads within the limits: a document nested too deeply for the parser or deeper than MAX_DEPTH
+    is an input error (JSONDecodeError is the caller's)."""
+    try:
+        data = json.loads(text)
+    except RecursionError:
+        raise InputError(_too_deep(line), source) from None
+    check_depth(data, source, line)
+    return data
+
+
+class _Limit(Exception):
+    def __init__(self, problem: Problem):
+        self.problem = problem
+
+
+class _LimitedLoader(yaml.SafeLoader):
+    """PyYAML's safe loader that stops composing past MAX_DEPTH (its composer recurses per level)."""
+
+    def __init__(self, stream: str):
+        super().__init__(stream)
+        self._depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if not self.check_event(yaml.SequenceStartEvent, yaml.MappingStartEvent):
+            return super().compose_node(parent, index)
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                raise _Limit(_too_deep(self.peek_event().start_mark.line + 1))
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+
+def _check_expansion(root: yaml.Node) -> None:
+    """With every alias expanded: at most MAX_NODES values and MAX_DEPTH levels, no alias inside
+    itself. Each node is sized once (memoized), so an alias bomb costs its written size."""
+    sized: dict[int, tuple[int, int]] = {}
+    open_: set[int] = set()
+
+    def size(node: yaml.Node) -> tuple[int, int]:
+        key = id(node)
+        if key in sized:
+            return sized[key]
+        if key in open_:
+            raise _Limit(Problem("", "<recursive alias>", "an alias that does not contain itself",
+                                 node.start_mark.line + 1))
+        open_.add(key)
+        if isinstance(node, yaml.MappingNode):
+            children = [part for pair in node.value for part in pair]
+        elif isinstance(node, yaml.SequenceNode):
+            children = node.value
+        else:
+            children = []
+        count, depth = 1, 0 if isinstance(node, yaml.ScalarNode) else 1
+        for child in children:
+            n, d = size(child)
+            count, depth = count + n, max(depth, d + 1)
+            if count > MAX_NODES:
+                raise _Limit(Problem("", "<too many values>", f"at most {MAX_NODES:,} values with every alias "
+                                     "expanded", node.start_mark.line + 1))
+            if depth > MAX_DEPTH:
+                raise _Limit(_too_deep(node.start_mark.line + 1))
+        open_.discard(key)
+        sized[key] = (count, depth)
+        return count, depth
+
+    size(root)
+
 
 def format_path(loc: tuple[Any, ...]) -> str:
     """("classes", 0, "arrival") -> "classes[0].arrival"."""
@@ -58,16 +172,32 @@ class _DuplicateKey(Exception):
         self.loc, self.line, self.first_line = loc, line, first_line
 
 
-def parse_yaml(text: str, source: str) -> tuple[Any, LineMap]:
-    """Parse YAML text; return the data and a map from field path to 1-based line."""
+def _compose(text: str) -> tuple[yaml.Node | None, _LimitedLoader]:
+    """The document's node graph within the limits (depth, values with aliases expanded); YAMLError and
+    _Limit are the caller's."""
+    loader = _LimitedLoader(text)
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
+        node = loader.get_single_node()
+    finally:
+        loader.dispose()
+    if node is not None:
+        _check_expansion(node)
+    return node, loader
+
+
+def parse_yaml(text: str, source: str) -> tuple[Any, LineMap]:
+    """Parse YAML text within the input limits; return the data and a map from field path to 1-based line."""
+    check_size(text, source, "a YAML document")
+    try:
+        node, loader = _compose(text)
+        data = loader.construct_document(node) if node is not None else None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = mark.line + 1 if mark is not None else None
         problem = getattr(exc, "problem", None) or str(exc)
         raise InputError(Problem("", "<unparsable>", f"valid YAML: {problem}", line), source) from None
+    except _Limit as limit:
+        raise InputError(limit.problem, source) from None
     if node is None:
         return data, {}
     try:
@@ -81,8 +211,12 @@ def parse_yaml(text: str, source: str) -> tuple[Any, LineMap]:
 
 
 def read_text(path: str | Path) -> str:
+    """A file's text; over MAX_FILE_BYTES, missing, a directory or not UTF-8 is an input error."""
     p = Path(path)
     try:
+        if p.is_file() and p.stat().st_size > MAX_FILE_BYTES:
+            raise InputError(Problem("(file)", f"{p.stat().st_size:,} bytes", f"a file of at most "
+                                     f"{MAX_FILE_BYTES:,} bytes (docs/cli.md, Input limits)"), str(p))
         return p.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise InputError(Problem("", str(p), "an existing file"), str(p)) from None
@@ -101,7 +235,7 @@ def json_lines(path: str | Path) -> Iterator[tuple[int, str, Any]]:
         if not line.strip():
             continue
         try:
-            yield line_no, line, json.loads(line)
+            yield line_no, line, parse_json(line, str(path), line_no)
         except json.JSONDecodeError as exc:
             raise InputError(Problem(f"line {line_no}", line[:40], f"a JSON object ({exc.msg})", line_no),
                              str(path)) from None
@@ -113,7 +247,7 @@ def load_document(path: str | Path) -> tuple[Any, Callable[[], LineMap]]:
     text = read_text(path)
     if str(path).endswith(".json"):
         try:
-            data = json.loads(text)
+            data = parse_json(text, str(path))
         except json.JSONDecodeError as exc:
             raise InputError(Problem("", "<unparsable>", f"valid JSON: {exc.msg}", exc.lineno), str(path)) from None
         return data, lambda: _safe_line_map(text)
@@ -122,10 +256,13 @@ def load_document(path: str | Path) -> tuple[Any, Callable[[], LineMap]]:
 
 
 def _safe_line_map(text: str) -> LineMap:
+    """Lines of a JSON document read as YAML (within the limits: past them, no lines)."""
+    if len(text) > MAX_YAML_BYTES:
+        return {}
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        node, _ = _compose(text)
         return _line_map(node) if node is not None else {}
-    except (yaml.YAMLError, _DuplicateKey):
+    except (yaml.YAMLError, _DuplicateKey, _Limit):
         return {}
 
 

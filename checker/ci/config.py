@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from checker.ci.tomllines import LineMap, toml_lines
 from checker.errors import InputError, Problem
-from checker.loading import read_text, validate
+from checker.loading import MAX_DEPTH, check_depth, check_size, read_text, validate
 
 Level = Literal["error", "warning"]
 """error: the finding gates (exit 1 when violated); warning: it is reported, the exit code ignores it."""
@@ -171,15 +171,20 @@ _TOML_POSITION = re.compile(r"\s*\(at line (\d+), column \d+\)$|\s*\(at end of d
 
 
 def parse_toml(text: str, source: str) -> tuple[dict, LineMap]:
-    """Parse TOML text; a syntax error is an input error at its line."""
+    """Parse TOML text within the input limits (size, nesting); a syntax error is an input error at its line."""
+    check_size(text, source, "a TOML config")
     try:
         data = tomllib.loads(text)
+    except RecursionError:  # tomllib recurses per nested array or inline table
+        raise InputError(Problem("", "<too deeply nested>", f"nesting at most {MAX_DEPTH} levels deep "
+                                 "(arrays and tables)"), source) from None
     except tomllib.TOMLDecodeError as exc:
         message = str(exc)
         match = _TOML_POSITION.search(message)
         line = int(match.group(1)) if match and match.group(1) else (text.count("\n") + 1 if match else None)
         reason = _TOML_POSITION.sub("", message)
         raise InputError(Problem("", "<unparsable>", f"valid TOML: {reason}", line), source) from None
+    check_depth(data, source)
     return data, toml_lines(text)
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from checker.errors import InputError, Problem
+from checker.loading import MAX_DEPTH, check_size
 
 _TOKEN = re.compile(r"""
     (?P<space>\s+)
@@ -81,6 +82,12 @@ class _Parser:
             line += value.count("\n")
             pos = match.end()
         self.i = 0
+        self.depth = 0  # messages and lists open (at most MAX_DEPTH: the parser recurses per level)
+
+    def nested(self, line: int) -> None:
+        self.depth += 1
+        if self.depth > MAX_DEPTH:
+            raise self.error(line, "<too deeply nested>", f"nesting at most {MAX_DEPTH} levels deep (messages and lists)")
 
     def error(self, line: int | None, value: str, expected: str) -> InputError:
         return InputError(Problem("", value, expected, line), self.source)
@@ -97,6 +104,7 @@ class _Parser:
         return token
 
     def message(self, close: str | None, line: int) -> Message:
+        self.nested(line)
         msg = Message(line=line)
         while True:
             token = self.peek()
@@ -107,6 +115,7 @@ class _Parser:
             kind, text, tline = token
             if kind == "punct" and text == close:
                 self.i += 1
+                self.depth -= 1
                 return msg
             if kind == "punct" and text in ",;":
                 self.i += 1
@@ -142,10 +151,12 @@ class _Parser:
         raise self.error(line, text, "a number, a quoted string or an identifier")
 
     def list(self, line: int) -> list:
+        self.nested(line)
         items: list = []
         while True:
             kind, text, tline = self.next(f"']' closing the list opened on line {line}")
             if kind == "punct" and text == "]":
+                self.depth -= 1
                 return items
             if kind == "punct" and text == ",":
                 continue
@@ -156,5 +167,7 @@ class _Parser:
 
 
 def parse_pbtxt(text: str, source: str) -> Message:
-    """Parse protobuf text; raise InputError naming the file and line of the first problem."""
+    """Parse protobuf text within the input limits (size, nesting); raise InputError naming the file and line
+    of the first problem."""
+    check_size(text, source, "a config.pbtxt")
     return _Parser(text, source).message(None, 1)
