@@ -5,7 +5,10 @@ The checks of one instance are run together (checker.ci.execute.units): the stat
 once and searched for each property's lasso. Verdicts keep their strength: VIOLATED (a lasso, replayed
 on the engine, saved as a counterexample), PROVED (the graph is complete and has no lasso: for this
 instance, any number of iterations), NO_COUNTEREXAMPLE (no lasso among the states explored, but
-max_states or timeout_s cut the graph: inconclusive, gated by ``[gate] inconclusive``).
+max_states or timeout_s cut the graph: inconclusive, gated by ``[gate] inconclusive``), VACUOUS (no lasso,
+but the instance never reaches the policy's limits, or, on a policy with prefix caching, no admission ever finds
+a cached prefix: inconclusive too). A caching policy's instance draws its prompts from prefix group 0 (the
+liveness default; the entry has no identities key yet), and the message says how often the cache was hit.
 """
 
 from __future__ import annotations
@@ -59,12 +62,16 @@ def run_liveness_checks(checks: Sequence[Check]) -> list:
 
 def _graph(report) -> str:
     """The graph and its instance, without run times (they stay out of CI messages)."""
+    from checker.liveness.check import cache_hits
+    from checker.liveness.canon import identity_token
+
     g, e = report.graph, report.env
     state = "complete" if g.complete else "cut"
     per_step = "" if e.arrivals_per_step is None else f", at most {e.arrivals_per_step} arrival(s) per iteration"
-    return (f"graph: {g.states:,} states, {g.edges:,} edges ({state}); instance: {e.requests} request(s) in flight, "
-            f"prompts {_set(e.prompts)}, outputs {_set(e.outputs)}, priorities {_set(e.priorities)}, "
-            f"{e.tenants} tenant(s), {'' if e.cancellations else 'no '}cancellations{per_step}, "
+    identities = "" if e.identities is None else f", prompt identities {_set(map(identity_token, e.identities))}"
+    return (f"graph: {g.states:,} states, {g.edges:,} edges ({state}){cache_hits(g)}; instance: {e.requests} "
+            f"request(s) in flight, prompts {_set(e.prompts)}{identities}, outputs {_set(e.outputs)}, priorities "
+            f"{_set(e.priorities)}, {e.tenants} tenant(s), {'' if e.cancellations else 'no '}cancellations{per_step}, "
             f"{e.step_us / 1000:g} ms per iteration" + "".join(f", {o}" for o in report.overrides))
 
 

@@ -97,3 +97,22 @@ def test_bad_identities_are_exit_2_with_what_is_allowed(capsys, tmp_path, policy
     code, out, err = run(capsys, "liveness", policy, *argv, "--out", str(tmp_path))
     assert code == 2 and out == ""
     assert err.splitlines()[-1] == message and "Traceback" not in err
+
+
+def test_ci_runs_liveness_on_a_caching_policy_and_says_how_often_the_cache_was_hit(capsys, tmp_path, monkeypatch):
+    import shutil
+
+    from tests.unit.ci_sample import make_project
+
+    monkeypatch.chdir(tmp_path)
+    make_project(tmp_path, '[[liveness]]\npolicies = ["spec/policies/prefix_caching/vllm_v1.yaml"]\n'
+                           'prompts = [20, 40]\nset = ["kv.num_blocks=6", "batch.max_num_seqs=1"]\n'
+                           'properties = ["no_deadlock"]\n')
+    (tmp_path / "spec" / "policies" / "prefix_caching").mkdir(parents=True, exist_ok=True)
+    shutil.copy(CACHING, tmp_path / "spec" / "policies" / "prefix_caching" / "vllm_v1.yaml")
+    code, out, err = run(capsys, "ci", "--jobs", "1")
+    assert code == 0, out + err
+    line = out.splitlines()[0]
+    assert line.startswith("spec/policies/prefix_caching/vllm_v1.yaml: PROVED             no_deadlock")
+    assert "(complete); prefix cache: an admission finds a cached prefix in " in line
+    assert "instance: 2 request(s) in flight, prompts {20, 40}, prompt identities {g0}, outputs {1, 2}" in line
