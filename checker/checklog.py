@@ -56,10 +56,12 @@ except ImportError:  # pragma: no cover - depends on the environment
 
 STEP_US = 1000  # log steps are placed 1 ms apart on the engine's clock
 LOG_KEYS = ("step", "scheduled", "preempted", "finished", "aborted", "running", "waiting", "free_blocks")
-CHECK_LOG_INVARIANTS = ("kv_never_overcommitted", "token_budget", "seq_cap", "request_conservation")
+CHECK_LOG_INVARIANTS = ("kv_never_overcommitted", "token_budget", "seq_cap", "request_conservation",
+                        "scheduled_requests_run", "cancellation_releases")  # the last with the policy's release lag
 # Invariants that read the blocks each request holds, which a log cannot show once cache hits and shared blocks
-# exist (under kv.prefix_caching.enabled they would fail on a correct server): not checked there.
-CACHE_BLIND = ("request_conservation",)
+# exist (under kv.prefix_caching.enabled they would fail on a correct server, and an aborted request's blocks
+# are taken as freed at once): not checked there.
+CACHE_BLIND = ("request_conservation", "cancellation_releases")
 MAX_NOTES = 5  # notes kept (the CLI prints them); the count of all is kept too
 
 PENDING, WAITING, RUNNING = int(Status.PENDING), int(Status.WAITING), int(Status.RUNNING)
@@ -358,6 +360,20 @@ class _Ignore:
         pass
 
 
+def release_aborted(rids: list[int], blocks: list[int], extra: int) -> list[tuple[int, int]]:
+    """Aborted requests (oldest abort first) that hold ``blocks`` while the log shows ``extra`` blocks in use
+    beyond what the other requests hold: the blocks each keeps, where that changes. The extra blocks stay
+    with the most recently aborted (the latest deadline under cancellation_releases), the rest are freed."""
+    keep = max(extra, 0)
+    changed = []
+    for r, b in reversed(list(zip(rids, blocks))):
+        left = min(b, keep)
+        keep -= left
+        if left != b:
+            changed.append((r, left))
+    return changed
+
+
 def _initial_slot() -> dict[str, int]:
     return {**{f: 0 for f in FIELDS}, "status": PENDING, "release_step": -1}
 
@@ -388,6 +404,10 @@ class Observed:
         self.holding: set[int] = set()  # blocks != 0
         self.held = 0  # blocks summed over the requests
         self.done = 0  # finished or aborted
+        # Aborted requests still holding blocks, in abort order (caching off: the log's free blocks say when
+        # they are freed; with the cache they are freed at once, see release_aborted)
+        self.aborted_holding: dict[int, None] = {}
+        self.keeps_aborted = not policy.kv.prefix_caching.enabled
         self.seq = 1
         self.t = -1  # position in the log of the last step applied
         self.keep = keep
@@ -462,17 +482,13 @@ class Observed:
             if self.slots[r]["status"] == PENDING:
                 status(r, w(r), WAITING)
         if entry.aborted:
-            self._end(entry.aborted, CANCELLED, ABORTED, touched)
+            self._end(entry.aborted, CANCELLED, ABORTED, touched, keep=self.keeps_aborted)
+        sched = entry.scheduled
+        late = [r for r in entry.preempted if r in sched] if entry.preempted and sched else ()
         if entry.preempted:
             for r in entry.preempted:
-                s = w(r)
-                status(r, s, WAITING)
-                s["num_computed"] = 0
-                blocks(r, s, 0)
-                s["num_preemptions"] += 1
-                s["requeue_seq"] = self.seq
-                self.seq += 1
-                touched.add(r)
+                if not late or r not in late:  # scheduled too: preempted after its tokens (below)
+                    self._preempt(r, w(r), touched)
         size, prompt, slots, running, produce = self.size, self.prompt, self.slots, RUNNING, produced.add
         cow = self.keep is not None
         for r, n in entry.scheduled.items():
@@ -489,18 +505,49 @@ class Observed:
             if c >= prompt[r] + g:
                 s["num_generated"] = g + 1
                 produce(r)
+        for r in late:
+            self._preempt(r, w(r), touched)
         if entry.finished:
             self._end(entry.finished, FINISHED, STOPPED, touched)
         self.kv_used = self.pool - entry.free_blocks
+        if self.aborted_holding:
+            self._release_aborted()
 
-    def _end(self, rids: list[int], status: int, reason: int, touched) -> None:
-        """Requests the log ends in this step (aborted or finished): their final status and reason, no blocks."""
+    def _preempt(self, r: int, s: dict[str, int], touched) -> None:
+        self._status(r, s, WAITING)
+        s["num_computed"] = 0
+        self._blocks(r, s, 0)
+        s["num_preemptions"] += 1
+        s["requeue_seq"] = self.seq
+        self.seq += 1
+        touched.add(r)
+
+    def _end(self, rids: list[int], status: int, reason: int, touched, keep: bool = False) -> None:
+        """Requests the log ends in this step (aborted or finished): their final status and reason, no blocks
+        (``keep``: aborted requests keep theirs until the log's free blocks show them freed)."""
         for r in rids:
             s = self._w(r)
             self._status(r, s, status)
             s["reason"] = reason
-            self._blocks(r, s, 0)
+            if keep and s["blocks"]:
+                s["release_step"] = self.entry.step  # the abort's log step (request_conservation: may hold KV)
+                self.aborted_holding[r] = None
+            else:
+                self._blocks(r, s, 0)
             touched.add(r)
+
+    def _release_aborted(self) -> None:
+        """Free aborted requests' blocks as far as the log's free blocks show them freed: the blocks in use
+        beyond what the running requests hold stay with the aborted ones, the most recently aborted first
+        (release_aborted: the attribution no cancellation_releases verdict can be stricter than)."""
+        holding = self.aborted_holding
+        extra = self.kv_used - self.held + sum(self.slots[r]["blocks"] for r in holding)
+        for r, left in release_aborted(list(holding), [self.slots[r]["blocks"] for r in holding], extra):
+            s = self._w(r)
+            self._blocks(r, s, left)
+            if not left:
+                s["release_step"] = -1
+                del holding[r]
 
     def note(self) -> str | None:
         """Where the log's counts disagree with the arrivals and events (observed_frames' note)."""
@@ -577,6 +624,7 @@ class _Frames:
 #   pool          only the frame's globals; it reads the frame's block pool only, None in every frame of a
 #                 log (a log shows no block tables): evaluated at the first step;
 #   scheduled     the requests scheduled in the step (every other one contributes 0 tokens);
+#   served        the requests scheduled in the step, with their statuses (every other one holds: 0 tokens);
 #   running       the running requests (every other one counts 0); the verdict can only change in a step
 #                 in which some request's status changed;
 #   conservation  the requests whose status or blocks changed in the step, with the KV in use less the
@@ -590,6 +638,7 @@ INCREMENTAL: dict[Callable, str] = {
     catalogue.no_referenced_block_reused: "pool",
     catalogue.hit_only_on_identical_chain: "pool",
     catalogue.token_budget: "scheduled",
+    catalogue.scheduled_requests_run: "served",
     catalogue.seq_cap: "running",
     catalogue.request_conservation: "conservation",
     catalogue.bounded_preemptions: "preempted",
@@ -741,6 +790,21 @@ class Incremental:
             return ok
         return check
 
+    def _served(self, inv: Invariant, full: dict[str, int]) -> Callable[[int], bool]:
+        holds, obs = self._evaluator(inv, full), self.obs
+        seen: dict[tuple, bool] = {}  # (tokens > 0, status) of each scheduled request -> verdict: it reads those
+
+        def check(t: int) -> bool:
+            slots, sched = obs.slots, obs.entry.scheduled
+            rids = list(sched)
+            key = tuple([(sched[r] > 0, slots[r]["status"]) for r in rids])
+            ok = seen.get(key)
+            if ok is None:
+                ok = seen[key] = holds(rids, t, self._restricted(rids, obs.kv_used))
+                _bound(seen)
+            return ok
+        return check
+
     def _running(self, inv: Invariant, full: dict[str, int]) -> Callable[[int], bool]:
         holds, obs = self._evaluator(inv, full), self.obs
         seen: dict[int, bool] = {}  # running requests -> verdict: it reads statuses only, all RUNNING here
@@ -883,14 +947,33 @@ class Incremental:
 
 
 def violation_context(arrivals: Arrivals, entry: LogStep, obs: Observed) -> list[str]:
+    return context_lines(arrivals, entry, obs.slots, sorted(obs.live()),
+                         sorted(r for r in obs.holding if obs.slots[r]["status"] == CANCELLED), obs.kv_used)
+
+
+def context_lines(arrivals: Arrivals, entry: LogStep, slots, live: list[int], cancelled_holding: list[int],
+                  kv_used: int) -> list[str]:
+    """What a violation message shows of the step (both paths): the log's line, each live request, each
+    cancelled request still holding blocks (with the counts that keep them there), and each request scheduled
+    but not running after the step."""
     ids = arrivals.ids
     context = [f"log line {entry.line}: scheduled {{{', '.join(f'{ids[r]}: {n}' for r, n in entry.scheduled.items())}}}"
                f", preempted {[ids[r] for r in entry.preempted]}, running {entry.running}, "
                f"waiting {entry.waiting}, free_blocks {entry.free_blocks}"]
-    for r in sorted(obs.live()):
-        slot = obs.slots[r]
+    for r in live:
+        slot = slots[r]
         context.append(f"request {ids[r]}: {Status(slot['status']).name}, computed {slot['num_computed']}, "
                        f"generated {slot['num_generated']}, preemptions {slot['num_preemptions']}")
+    if cancelled_holding:
+        held = sum(slots[r]["blocks"] for r in cancelled_holding)
+        context.append(f"blocks in use {kv_used} (free_blocks {entry.free_blocks}), of which the requests the log "
+                       f"still serves hold {kv_used - held}: the other {held} are still held by aborted requests")
+    for r in cancelled_holding:
+        context.append(f"request {ids[r]}: CANCELLED (aborted at log step {slots[r]['release_step']}), still holding {slots[r]['blocks']} blocks")
+    for r, n in entry.scheduled.items():
+        status = slots[r]["status"]
+        if n and status not in (RUNNING, FINISHED):
+            context.append(f"request {ids[r]}: scheduled {n} tokens in this step, {Status(status).name} after it")
     return context
 
 
@@ -1059,6 +1142,13 @@ def check_stream(policy: Policy, arrivals: Arrivals, steps: Iterator[LogStep],
     return result
 
 
+def default_invariants(policy: Policy) -> list[str]:
+    """What check-log checks when no --invariant is given: CHECK_LOG_INVARIANTS, a cancelled request's blocks
+    due back after the policy's own release lag."""
+    lag = policy.cancellation.release_lag_steps
+    return [f"{name}:steps={lag}" if name == "cancellation_releases" else name for name in CHECK_LOG_INVARIANTS]
+
+
 def run_check_log(policy: str | Path, log: str | Path, arrivals: str | Path, invariants: list[str] | None = None,
                   with_conformance: bool = False, *, follow: bool = False, follow_idle_s: float = 10.0,
                   progress: Callable[[CheckLogResult], None] | None = None,
@@ -1071,7 +1161,7 @@ def run_check_log(policy: str | Path, log: str | Path, arrivals: str | Path, inv
 
     pol = load_policy(policy)
     arr = load_arrivals(arrivals)
-    names = list(invariants or CHECK_LOG_INVARIANTS)
+    names = list(invariants or default_invariants(pol))
     cache_note = None
     if pol.kv.prefix_caching.enabled:  # a log shows no cache hits: per-request blocks and sharing are unknown
         blind = [text for text in names if text.split(":", 1)[0] in CACHE_BLIND]
@@ -1082,7 +1172,7 @@ def run_check_log(policy: str | Path, log: str | Path, arrivals: str | Path, inv
                                      "are unknown (use --conformance: the engine models the cache)"))
         if blind:
             names = [text for text in names if text not in blind]
-            cache_note = (f"not checked under prefix caching: {', '.join(blind)} (a log shows no cache hits or shared "
+            cache_note = (f"not checked under prefix caching: {', '.join(t.split(':', 1)[0] for t in blind)} (a log shows no cache hits or shared "
                           "blocks; --conformance compares the engine, which models the cache)")
     chosen = [parse_invariant(text) for text in names]
     waiter = Follow(idle_s=follow_idle_s) if follow else None
@@ -1114,10 +1204,20 @@ def observed_frames(policy: Policy, arrivals: Arrivals, log: list[LogStep]) -> t
     specs = arrivals.specs
     size = policy.kv.block_size
     slots = [{**{f: 0 for f in FIELDS}, "status": int(Status.PENDING), "release_step": -1} for _ in specs]
+    keep_aborted = not policy.kv.prefix_caching.enabled
+    aborted_holding: list[int] = []  # in abort order
     seq = 1
     frames: list[Frame] = []
     notes: list[str] = []
-    for entry in log:
+
+    def preempt(r: int) -> None:
+        nonlocal seq
+        slots[r].update(status=int(Status.WAITING), num_computed=0, blocks=0,
+                        num_preemptions=slots[r]["num_preemptions"] + 1, requeue_seq=seq)
+        preempted[r] = True
+        seq += 1
+
+    for t, entry in enumerate(log):
         k = entry.step
         produced = [False] * len(specs)
         preempted = [False] * len(specs)
@@ -1125,12 +1225,16 @@ def observed_frames(policy: Policy, arrivals: Arrivals, log: list[LogStep]) -> t
             if slot["status"] == int(Status.PENDING) and s.arrival_us <= k * STEP_US:
                 slot["status"] = int(Status.WAITING)
         for r in entry.aborted:
-            slots[r].update(status=int(Status.CANCELLED), reason=int(Reason.ABORTED), blocks=0)
+            slots[r].update(status=int(Status.CANCELLED), reason=int(Reason.ABORTED))
+            if keep_aborted and slots[r]["blocks"]:  # until the log's free blocks show them freed (below)
+                slots[r]["release_step"] = k  # the abort's log step (request_conservation: it may hold KV)
+                if r not in aborted_holding:
+                    aborted_holding.append(r)
+            else:
+                slots[r]["blocks"] = 0
         for r in entry.preempted:
-            slots[r].update(status=int(Status.WAITING), num_computed=0, blocks=0,
-                            num_preemptions=slots[r]["num_preemptions"] + 1, requeue_seq=seq)
-            preempted[r] = True
-            seq += 1
+            if r not in entry.scheduled:  # scheduled too: preempted after its tokens (below)
+                preempt(r)
         for r, n in entry.scheduled.items():
             slot = slots[r]
             if slot["status"] != int(Status.RUNNING):
@@ -1141,8 +1245,20 @@ def observed_frames(policy: Policy, arrivals: Arrivals, log: list[LogStep]) -> t
             if slot["num_computed"] >= specs[r].prompt_len + slot["num_generated"]:
                 slot["num_generated"] += 1
                 produced[r] = True
+        for r in entry.preempted:
+            if r in entry.scheduled:
+                preempt(r)
         for r in entry.finished:
             slots[r].update(status=int(Status.FINISHED), reason=int(Reason.STOPPED), blocks=0)
+        kv_used = policy.kv.num_blocks - entry.free_blocks
+        if aborted_holding:
+            others = sum(s["blocks"] for i, s in enumerate(slots) if i not in aborted_holding)
+            for r, left in release_aborted(aborted_holding, [slots[r]["blocks"] for r in aborted_holding],
+                                           kv_used - others):
+                slots[r]["blocks"] = left
+                if not left:
+                    slots[r]["release_step"] = -1
+                    aborted_holding.remove(r)
         running = sum(s["status"] == int(Status.RUNNING) for s in slots)
         waiting = sum(s["status"] == int(Status.WAITING) for s in slots)
         if (running, waiting) != (entry.running, entry.waiting):
@@ -1152,7 +1268,7 @@ def observed_frames(policy: Policy, arrivals: Arrivals, log: list[LogStep]) -> t
             slots=tuple(dict(s) for s in slots),
             scheduled=tuple(entry.scheduled.get(r, 0) for r in range(len(specs))),
             produced=tuple(produced), preempted=tuple(preempted),
-            kv_used=policy.kv.num_blocks - entry.free_blocks, now_us=k * STEP_US))
+            kv_used=kv_used, now_us=k * STEP_US))
     params = tuple(SlotParams(s.arrival_us, s.prompt_len, s.output_len, s.max_output, s.priority, s.tenant)
                    for s in specs)
     return TraceContext(policy, params, frames), notes
@@ -1167,14 +1283,10 @@ def check_log(policy: Policy, arrivals: Arrivals, log: list[LogStep],
         for inv, params in invariants:
             if not inv.holds(IntOps, ctx, t, params):
                 frame = ctx.frames[t]
-                context = [f"log line {entry.line}: scheduled {{{', '.join(f'{arrivals.ids[r]}: {n}' for r, n in entry.scheduled.items())}}}"
-                           f", preempted {[arrivals.ids[r] for r in entry.preempted]}, running {entry.running}, "
-                           f"waiting {entry.waiting}, free_blocks {entry.free_blocks}"]
-                for r, slot in enumerate(frame.slots):
-                    if slot["status"] in (int(Status.RUNNING), int(Status.WAITING)):
-                        context.append(f"request {arrivals.ids[r]}: {Status(slot['status']).name}, computed "
-                                       f"{slot['num_computed']}, generated {slot['num_generated']}, "
-                                       f"preemptions {slot['num_preemptions']}")
+                slots = frame.slots
+                live = [r for r, slot in enumerate(slots) if slot["status"] in (WAITING, RUNNING)]
+                holding = [r for r, slot in enumerate(slots) if slot["status"] == CANCELLED and slot["blocks"]]
+                context = context_lines(arrivals, entry, slots, live, holding, frame.kv_used)
                 return Violation(inv.name, entry.step, entry.line, context), notes
     return None, notes
 

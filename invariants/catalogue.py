@@ -77,6 +77,14 @@ def _tokens_scheduled(o: Any, ctx: TraceContext, t: int) -> Term:
     return _any_slot(o, ctx, lambda i: ctx.frames[t].scheduled[i] > 0)
 
 
+def scheduled_requests_run(o: Any, ctx: TraceContext, t: int) -> Term:
+    """A request given tokens in a step is running after it, or finished in it: a step never serves a request
+    that it also preempts or leaves waiting."""
+    frame = ctx.frames[t]
+    return _all_slots(o, ctx, lambda i: o.or_(frame.scheduled[i] == 0,
+                                              _status_in(o, frame.slots[i], Status.RUNNING, Status.FINISHED)))
+
+
 def seq_cap(o: Any, ctx: TraceContext, t: int) -> Term:
     """Running requests never exceed max_num_seqs."""
     running = sum_terms([o.b2i(s["status"] == int(Status.RUNNING)) for s in ctx.frames[t].slots])
@@ -373,6 +381,7 @@ CATALOGUE: dict[str, Invariant] = {inv.name: inv for inv in (
     invariant(kv_never_overcommitted, _kv_fills, headroom=0),
     invariant(token_budget, _tokens_scheduled),
     invariant(seq_cap, _something_runs),
+    invariant(scheduled_requests_run, _tokens_scheduled),
     invariant(request_conservation, _arrived),
     invariant(block_pool_conservation, _blocks_cached),
     invariant(no_referenced_block_reused, _blocks_cached),

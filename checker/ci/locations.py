@@ -15,6 +15,7 @@ INVARIANT_FIELDS: dict[str, tuple[str, ...]] = {
     "kv_never_overcommitted": ("kv.check_allocation", "kv.num_blocks", "kv.watermark"),
     "token_budget": ("batch.max_num_batched_tokens",),
     "seq_cap": ("batch.max_num_seqs",),
+    "scheduled_requests_run": ("preemption.triggers", "preemption.victim"),
     "request_conservation": ("kv.allocation", "kv.num_blocks"),
     "block_pool_conservation": ("kv.prefix_caching", "kv.num_blocks"),
     "no_referenced_block_reused": ("kv.prefix_caching", "kv.num_blocks"),

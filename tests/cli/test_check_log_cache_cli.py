@@ -23,8 +23,8 @@ def test_a_correct_caching_log_passes_and_says_what_it_could_not_check(capsys, t
     policy, log, arrivals = _unpack(tmp_path, "fcfs_groups_on")  # requests share prefixes: blocks are shared
     assert main(["check-log", policy, log, "--arrivals", arrivals, "--conformance"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0] == ("note: not checked under prefix caching: request_conservation (a log shows no cache hits or "
-                      "shared blocks; --conformance compares the engine, which models the cache)")
+    assert out[0] == ("note: not checked under prefix caching: request_conservation, cancellation_releases (a log "
+                      "shows no cache hits or shared blocks; --conformance compares the engine, which models the cache)")
     assert out[-1].endswith("572/572 steps agree (100.0 %)")
 
 

@@ -71,7 +71,7 @@ def test_follow_stops_when_every_request_is_done_and_prints_progress(capsys, tmp
     assert any(line.startswith(f"following {log}: ") and "requests done, no violation; conformance" in line
                for line in text)
     assert text[-3:] == [f"{log}: 61 steps, no violation of kv_never_overcommitted, token_budget, seq_cap, "
-                         "request_conservation",
+                         "request_conservation, scheduled_requests_run, cancellation_releases",
                          f"conformance with the engine under {POLICY}: 61/61 steps agree (100.0 %)",
                          f"stopped following {log}: all 4 requests finished or aborted"]
 
@@ -94,7 +94,8 @@ def test_follow_gives_the_verdict_so_far_after_an_idle_timeout(capsys, tmp_path,
                        "--follow-idle-s", "0.8")
     assert code == 0, out
     assert out.splitlines()[-3:] == [
-        f"{log}: 25 steps, no violation of kv_never_overcommitted, token_budget, seq_cap, request_conservation",
+        f"{log}: 25 steps, no violation of kv_never_overcommitted, token_budget, seq_cap, request_conservation, "
+        "scheduled_requests_run, cancellation_releases",
         f"conformance with the engine under {POLICY}: 25/25 steps agree (100.0 %)",
         f"stopped following {log}: no new line for 0.8 s (0/4 requests done)"]
 
