@@ -232,13 +232,15 @@ def _running_pass(s: SchedulerState, budget: Budget, out: DecisionBuilder, prefi
     """Serve running requests in admission order; preempt when one cannot grow (vLLM Phase A).
 
     A decode (one token behind) that fits its blocks, or needs one block the pool has, takes the
-    fast path below; it gives the same result as _serve_running, which handles every other case.
+    fast path below (with block identity too: it takes the block from the pool and caches the block the
+    token fills, as kv.allocate does); it gives the same result as _serve_running, which handles every
+    other case.
     """
     running = s.running
     scheduled, grown = out.scheduled, out.grown
     block_size = s.policy.kv.block_size
     capacity = s.policy.kv.num_blocks if s.policy.kv.check_allocation else None
-    fast = s.pool is None  # with block identity every allocation goes through the pool (and caches)
+    pool = s.pool  # block identity (prefix caching): a decode's block comes from the pool and is cached when full
     i = 0
     while i < len(running) and budget.tokens > 0:
         r = running[i]
@@ -246,24 +248,31 @@ def _running_pass(s: SchedulerState, budget: Budget, out: DecisionBuilder, prefi
             i += 1
             continue
         computed = r.num_computed
-        if fast and r.num_generated and computed + 1 == r.prompt_len + r.num_generated:  # a decode
+        if r.num_generated and computed + 1 == r.prompt_len + r.num_generated:  # a decode
             if prefill_only:
                 i += 1
                 continue
-            if computed + 1 <= r.blocks * block_size:  # the token fits the blocks it holds
-                scheduled[r.rid] = 1
-                budget.tokens -= 1
-                i += 1
+            grow = computed + 1 > r.blocks * block_size  # it needs exactly one new block
+            if capacity is not None and s.kv_used + grow > capacity:
+                # not kv.can_grow (no free block, or a pool over-committed by uncounted hits): the general path
+                i = _serve_running(s, r, i, budget, out)
                 continue
-            if capacity is None or s.kv_used < capacity:  # exactly one new block, and the pool has it
+            if grow:
                 r.blocks += 1
-                s.kv_used += 1
-                scheduled[r.rid] = 1
+                if pool is None:
+                    s.kv_used += 1
+                else:
+                    pool.take(r, 1)
                 grown[r.rid] = 1
-                budget.tokens -= 1
-                i += 1
-                continue
-        elif prefill_only and not r.in_prefill:
+            if pool is not None:  # kv.allocate(s, r, 1): the block the token fills is cached once full
+                if (computed + 1) // block_size > r.num_cached_blocks:
+                    pool.cache(r, computed + 1)
+                s.kv_used = pool.num_used
+            scheduled[r.rid] = 1
+            budget.tokens -= 1
+            i += 1
+            continue
+        if prefill_only and not r.in_prefill:
             i += 1
             continue
         i = _serve_running(s, r, i, budget, out)
@@ -321,19 +330,40 @@ def _admission_blocked(s: SchedulerState, out: DecisionBuilder) -> bool:
 
 
 def _waiting_pass(s: SchedulerState, budget: Budget, now_us: int, out: DecisionBuilder) -> None:
-    """Admit waiting requests in queue order while budget and slots last (vLLM Phase B)."""
-    if not s.waiting or _admission_blocked(s, out):
+    """Admit waiting requests in queue order while budget and slots last (vLLM Phase B).
+
+    The pass visits the queue as it was when the pass began (``for r in list(s.waiting)``), but walks
+    ``s.waiting`` itself: a copy costs O(queue) every step, and under strict head-of-line blocking the pass
+    mostly stops at the head. The pass changes the queue only by removing the request it admits and by
+    enqueueing the requests it preempts (which it skips: they are in ``out.preempted``), and neither moves
+    the other requests relative to each other; so after trying r, the next request to visit is the one that
+    followed r before, wherever it is now.
+    """
+    waiting = s.waiting
+    if not waiting or _admission_blocked(s, out):
         return
     strict = s.policy.queue.head_of_line is STRICT
     max_seqs = s.policy.batch.max_num_seqs
     inversion = s.policy.preempts_on_inversion
-    for r in list(s.waiting):
+    preempted = out.preempted
+    i = 0
+    while i < len(waiting):
         if budget.tokens <= 0 or (len(s.running) >= max_seqs and not inversion):
             return
-        if r.rid in out.preempted:
+        r = waiting[i]
+        if r.rid in preempted:
+            i += 1
             continue  # preempted in this step: not re-admitted before the next one
+        size, victims = len(waiting), len(preempted)
+        after = waiting[i + 1] if i + 1 < size else None
         if not _try_admit(s, r, budget, out) and strict:
             return
+        if len(waiting) == size and len(preempted) == victims:
+            i += 1  # the queue did not change
+        elif after is None:
+            return  # r was the last request of the queue as the pass began
+        else:
+            i = waiting.index(after, i)  # r left (admitted) and victims came in; those before it are not visited
 
 
 def _try_admit(s: SchedulerState, r: Request, budget: Budget, out: DecisionBuilder) -> bool:
