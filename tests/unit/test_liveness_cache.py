@@ -42,8 +42,10 @@ CASES = [
      LivenessEnv(2, (32, 48), (1, 2), identities=((0, 0), (0, 1)))),
     (POLICIES / "broken" / "vllm_v1_cache_uncounted_hits.yaml", ["kv.num_blocks=4", "batch.max_num_seqs=1"],
      LivenessEnv(2, (32, 64), (1,), identities=((0, 0),))),
+    (POLICIES / "priority_aging.yaml", ["kv.prefix_caching.enabled=true", "batch.max_num_seqs=1", "kv.num_blocks=6"],
+     LivenessEnv(2, (32,), (1, 2), (0, 1), step_us=250_000, identities=((0, 0),))),
 ]
-IDS = ["shared-prefix", "own+groups", "cancel-lag", "unchained", "uncounted-hits"]
+IDS = ["shared-prefix", "own+groups", "cancel-lag", "unchained", "uncounted-hits", "aging"]
 
 
 def _engine_state(sg, node: int) -> tuple[SchedulerState, int]:
