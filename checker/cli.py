@@ -14,7 +14,8 @@ import sys
 from collections.abc import Callable
 
 from checker import __version__
-from checker.commands.shell import int_range, terminal_progress
+from checker.commands.shell import (DEPTH, EXAMPLES, MAX_COUNT, MAX_TOKENS, SECONDS, SEED, SLOTS, STEP_MS, flag_type, int_range,
+                                    number, terminal_progress)
 from checker.errors import BatchcheckError
 from checker.exitcodes import ExitCode
 
@@ -59,22 +60,38 @@ def _validate(args: argparse.Namespace) -> int:
 
 def _bounds(text: str) -> tuple[int, ...]:
     try:
-        return tuple(int(part) for part in text.split(",") if part)
+        bounds = tuple(int(part) for part in text.split(",") if part)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} (expected token bounds like 512,4096)") from None
+        bounds = ()
+    if not bounds or not all(1 <= b <= MAX_TOKENS for b in bounds):
+        raise argparse.ArgumentTypeError(f"{text!r} (expected token bounds from 1 to {MAX_TOKENS:,} like 512,4096)")
+    return bounds
+
+
+MAX_WINDOW_S = 1e9  # --window: about 31 years of trace
 
 
 def _window(text: str) -> tuple[float, float]:
     start, sep, end = text.partition(":")
     try:
-        return float(start), float(end)
+        window = float(start), float(end)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} (expected START:END in seconds)") from None
+        window = (float("nan"), float("nan"))
+    if not 0 <= window[0] < window[1] <= MAX_WINDOW_S:
+        raise argparse.ArgumentTypeError(f"{text!r} (expected START:END in seconds with 0 <= START < END <= "
+                                         f"{MAX_WINDOW_S:g})")
+    return window
+
+
+_RATE_SCALE = number(float, 0, 1e6, low_open=True)
+_LIMIT = number(int, 1, MAX_COUNT)
+_MS = number(int, 0, MAX_COUNT, unit="ms")
+_FUZZ_REQUESTS = number(int, 1, 100_000)
 
 
 def _trace_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--window", type=_window, metavar="START:END", help="only arrivals in this window (s from the first)")
-    p.add_argument("--rate-scale", type=float, default=1.0, metavar="X", help="replay at X times the load (default 1)")
+    p.add_argument("--rate-scale", type=_RATE_SCALE, default=1.0, metavar="X", help="replay at X times the load (default 1)")
     p.add_argument("--class-by-prompt", type=_bounds, default=(), metavar="B1,B2,...",
                    help="classes by prompt-length bucket, e.g. 512,4096")
     p.add_argument("--class-column", metavar="NAME", help="class from this trace column (CSV) or field (JSONL)")
@@ -340,7 +357,7 @@ def build_parser() -> argparse.ArgumentParser:
     source.add_argument("--workload", metavar="FILE", help="workload spec (YAML)")
     source.add_argument("--trace", metavar="FILE", help="trace: batchcheck JSON, Azure CSV or Mooncake JSONL")
     p.add_argument("--profile", metavar="FILE", help="service-curve profile (default: spec/profiles/default_linear.json)")
-    p.add_argument("--limit", type=int, metavar="N", help="only the first N requests")
+    p.add_argument("--limit", type=_LIMIT, metavar="N", help="only the first N requests")
     _trace_options(p)
     p.add_argument("--json", action="store_true", help="print the metrics as JSON")
     p.add_argument("--plot", metavar="FILE.png", help="also write the run's timeline as a PNG (docs/report.md)")
@@ -363,10 +380,12 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default 0.33; < 0.8 is the V0 scheduler)")
     p.add_argument("--usage-context", choices=("api-server", "llm-class"), help="vllm: whose defaults (default "
                    "api-server, i.e. vllm serve)")
-    p.add_argument("--gpu-memory-gib", type=float, metavar="GIB", help="machine: memory of one GPU")
-    p.add_argument("--model-weights-gib", type=float, metavar="GIB", help="machine: the model's weights (all GPUs)")
-    p.add_argument("--kv-bytes-per-token", type=int, metavar="BYTES", help="machine: KV bytes per token, all layers")
-    p.add_argument("--overhead-gib", type=float, metavar="GIB", help="machine: activations and other memory per GPU "
+    from checker.importers import GIB, KV_BYTES, OVERHEAD_GIB
+
+    p.add_argument("--gpu-memory-gib", type=flag_type(GIB), metavar="GIB", help="machine: memory of one GPU")
+    p.add_argument("--model-weights-gib", type=flag_type(GIB), metavar="GIB", help="machine: the model's weights (all GPUs)")
+    p.add_argument("--kv-bytes-per-token", type=flag_type(KV_BYTES), metavar="BYTES", help="machine: KV bytes per token, all layers")
+    p.add_argument("--overhead-gib", type=flag_type(OVERHEAD_GIB), metavar="GIB", help="machine: activations and other memory per GPU "
                    "(default 0)")
     p.add_argument("--profile", metavar="FILE", help="machine: take KV bytes per token from this profile's model shape")
     p.set_defaults(run=_import, import_help=p.format_help)
@@ -379,17 +398,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="e.g. kv_never_overcommitted, decode_progress:gap=2 (repeatable; default: the four safety invariants)")
     p.add_argument("--invariant-module", action="append", metavar="MODULE",
                    help="load user invariants from a module or .py file with an INVARIANTS list (repeatable)")
-    p.add_argument("--requests", type=int, metavar="N", help="request slots (default 3; with --liveness: requests "
+    p.add_argument("--requests", type=SLOTS, metavar="N", help="request slots (default 3; with --liveness: requests "
                    "in the system at once, default 2)")
-    p.add_argument("--depth", type=int, default=5, metavar="K", help="iterations (default 5)")
-    p.add_argument("--timeout", type=float, default=60.0, metavar="S", help="seconds per invariant (default 60)")
+    p.add_argument("--depth", type=DEPTH, default=5, metavar="K", help="iterations (default 5)")
+    p.add_argument("--timeout", type=SECONDS, default=60.0, metavar="S", help="seconds per invariant (default 60)")
     p.add_argument("--workload", metavar="FILE", help="take length ranges, priorities and tenants from a workload "
                    "(the capacity audit runs first and stops on an impossible plan)")
     p.add_argument("--no-audit", action="store_true", help="with --workload: skip the capacity audit")
     p.add_argument("--prompt-range", type=int_range, metavar="LOW:HIGH", help="prompt tokens (default 1:max_model_len)")
     p.add_argument("--output-range", type=int_range, metavar="LOW:HIGH", help="output tokens (default 1:2K)")
     p.add_argument("--no-cancellations", action="store_true", help="clients never cancel")
-    p.add_argument("--step-ms", type=float, default=10.0, metavar="MS", help="clock: ms per iteration (default 10)")
+    p.add_argument("--step-ms", type=STEP_MS, default=10.0, metavar="MS", help="clock: ms per iteration (default 10)")
     p.add_argument("--unbounded", action="store_true",
                    help="after the bounded check, try to prove the invariant for any number of iterations (induction)")
     p.add_argument("--proof-dir", default="proofs", metavar="DIR", help="where proof certificates go (default proofs/)")
@@ -427,7 +446,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "Mooncake JSONL or JSON trace; docs/audit.md)")
     _trace_options(p)
     for slo in ("queue", "ttft", "tpot"):
-        p.add_argument(f"--{slo}-slo-ms", type=int, metavar="MS", help=f"derived form: {slo.upper()} bound in ms")
+        p.add_argument(f"--{slo}-slo-ms", type=_MS, metavar="MS", help=f"derived form: {slo.upper()} bound in ms")
     p.add_argument("--json", action="store_true", help="print every figure as JSON")
     p.set_defaults(run=_audit)
     p = verbs.add_parser("fuzz", help="search adversarial traces for SLO violations (Hypothesis), shrink, replay",
@@ -438,15 +457,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--slo", metavar="FILE", help="SLO properties (default: NAME.slo.yaml next to the workload)")
     p.add_argument("--seed-trace", metavar="TRACE", help="seed the search with a real trace's busiest windows "
                    "(Azure CSV, Mooncake JSONL or JSON trace; docs/fuzz.md)")
-    p.add_argument("--seed-windows", type=int, default=20, metavar="N",
+    p.add_argument("--seed-windows", type=number(int, 1, 10_000), default=20, metavar="N",
                    help="with --seed-trace: how many windows run first (default 20, busiest first)")
     _trace_options(p)
     p.add_argument("--property", action="append", metavar="NAME", help="only these properties (repeatable)")
-    p.add_argument("--max-examples", type=int, default=200, metavar="N", help="examples per property (default 200)")
-    p.add_argument("--time-budget", type=float, default=60.0, metavar="S", help="seconds in all (default 60)")
-    p.add_argument("--seed", type=int, default=0, metavar="N")
+    p.add_argument("--max-examples", type=EXAMPLES, default=200, metavar="N", help="examples per property (default 200)")
+    p.add_argument("--time-budget", type=SECONDS, default=60.0, metavar="S", help="seconds in all (default 60)")
+    p.add_argument("--seed", type=SEED, default=0, metavar="N")
     p.add_argument("--profile", metavar="FILE", help="service-curve profile (default: the linear default)")
-    p.add_argument("--max-requests", type=int, default=20, metavar="N", help="requests per stress segment (default 20)")
+    p.add_argument("--max-requests", type=_FUZZ_REQUESTS, default=20, metavar="N", help="requests per stress segment (default 20)")
     p.add_argument("--stress", action="append", metavar="NAME", help="only these stresses (repeatable)")
     p.add_argument("--out", default="counterexamples", metavar="DIR")
     p.add_argument("--database", default=".batchcheck/hypothesis", metavar="DIR",
@@ -465,7 +484,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--conformance", action="store_true", help="also compare the log with the engine, step by step")
     p.add_argument("--follow", action="store_true", help="follow the log as it grows (like tail -f): print the "
                    "verdict so far; stop at a violation, when every request is done, or when idle")
-    p.add_argument("--follow-idle-s", type=float, metavar="S", help="with --follow: stop after S seconds without a "
+    p.add_argument("--follow-idle-s", type=SECONDS, metavar="S", help="with --follow: stop after S seconds without a "
                    "new line (default 10)")
     p.set_defaults(run=_check_log)
 

@@ -6,6 +6,7 @@ allowed, in the form ``file:line: path=value (expected ...)``.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from checker.exitcodes import ExitCode
@@ -43,6 +44,42 @@ def _show(value: object) -> str:
     if isinstance(value, (dict, list)):
         text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
+
+
+@dataclass(frozen=True)
+class NumberRange:
+    """What a numeric flag allows: a finite ``kind`` (int or float) from ``low`` to ``high`` (bounds excluded
+    where open). The one check of every numeric flag (checker/commands/shell.py ``number``, import's own
+    options), so that NaN, infinity, zero, negatives and 2**63 never reach the arithmetic."""
+
+    kind: type
+    low: float
+    high: float
+    low_open: bool = False
+    high_open: bool = False
+    unit: str = ""
+
+    @property
+    def expected(self) -> str:
+        noun = ("a whole number" if self.kind is int else "a finite number") + (f" of {self.unit}" if self.unit else "")
+        return (f"{noun} {'>' if self.low_open else '>='} {_bound(self.low)} and "
+                f"{'<' if self.high_open else '<='} {_bound(self.high)}")
+
+    def read(self, text: str) -> int | float | None:
+        """The value ``text`` gives, or None when it is not a number in the range."""
+        try:
+            value = self.kind(text)
+        except (ValueError, OverflowError):
+            return None
+        if not math.isfinite(value):
+            return None
+        above = self.low < value if self.low_open else self.low <= value
+        below = value < self.high if self.high_open else value <= self.high
+        return value if above and below else None
+
+
+def _bound(bound: float) -> str:
+    return f"{int(bound):,}" if float(bound).is_integer() else f"{bound:g}"
 
 
 class InputError(BatchcheckError):

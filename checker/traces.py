@@ -266,8 +266,8 @@ class TraceOptions:
     class_column: str | None = None  # a trace column (CSV) or field (JSONL) holding the class
 
     def check(self) -> None:
-        if self.window_s is not None and not 0 <= self.window_s[0] < self.window_s[1]:
-            raise InputError(Problem("--window", f"{self.window_s[0]}:{self.window_s[1]}", "START:END seconds with 0 <= START < END"))
+        if self.window_s is not None and not 0 <= self.window_s[0] < self.window_s[1] <= 1e9:
+            raise InputError(Problem("--window", f"{self.window_s[0]}:{self.window_s[1]}", "START:END seconds with 0 <= START < END <= 1e9"))
         if not 0 < self.rate_scale <= 1e6:
             raise InputError(Problem("--rate-scale", self.rate_scale, "a factor > 0 (2 replays at twice the load)"))
         if list(self.class_by_prompt) != sorted(set(self.class_by_prompt)) or any(b < 1 for b in self.class_by_prompt):

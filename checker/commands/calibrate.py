@@ -5,28 +5,17 @@ from __future__ import annotations
 import argparse
 import sys
 
+from checker.commands.shell import MAX_TOKENS, SEED, arg_type, number
 from checker.exitcodes import ExitCode
 
 TARGETS = "median <= 5 %, p95 <= 10 %"
 
 
-def _arg_type(convert, ok, expected: str):
-    """An argparse type: ``convert`` the text, keep it when ``ok``, else say what was expected."""
-    def parse(text: str):
-        try:
-            value = convert(text)
-        except ValueError:
-            value = None
-        if value is None or not ok(value):
-            raise argparse.ArgumentTypeError(f"{text!r} (expected {expected})")
-        return value
-    return parse
-
-
-_ints = _arg_type(lambda text: tuple(int(part) for part in text.split(",") if part),
-                  lambda values: bool(values) and min(values) >= 0, "integers >= 0, comma-separated, like 16,64,256")
-_share = _arg_type(float, lambda value: 0.0 <= value < 1.0, "a share >= 0 and < 1, like 0.25")
-_positive = _arg_type(int, lambda value: value >= 1, "an integer >= 1")
+_ints = arg_type(lambda text: tuple(int(part) for part in text.split(",") if part),
+                 lambda values: bool(values) and 0 <= min(values) and max(values) <= MAX_TOKENS,
+                 f"integers from 0 to {MAX_TOKENS:,}, comma-separated, like 16,64,256")
+_share = arg_type(float, lambda value: 0.0 <= value < 1.0, "a share >= 0 and < 1, like 0.25")
+_positive = number(int, 1, 1_000_000)
 
 
 def _measure(args: argparse.Namespace) -> int:
@@ -122,13 +111,13 @@ def register(verbs) -> None:
     for key in ("layers", "hidden", "heads", "kv_heads", "intermediate", "vocab"):
         m.add_argument(f"--{key.replace('_', '-')}", dest=key, type=_positive, metavar="N", help=f"override the preset's {key}")
     m.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="default: cuda when visible")
-    m.add_argument("--warmup", type=int, default=1, metavar="N", help="untimed passes per shape and sweep (default 1)")
+    m.add_argument("--warmup", type=number(int, 0, 1_000_000), default=1, metavar="N", help="untimed passes per shape and sweep (default 1)")
     m.add_argument("--repeats", type=_positive, default=3, metavar="N", help="timed passes per shape and sweep (default 3)")
     m.add_argument("--passes", type=_positive, default=3, metavar="N", help="sweeps over the whole grid (default 3)")
     m.add_argument("--threads", type=_positive, default=1, metavar="N", help="torch CPU threads (default 1)")
     m.add_argument("--clock", choices=("wall", "thread"), default="wall",
                    help="CPU timing: wall (perf_counter, default) or the thread's CPU time")
-    m.add_argument("--seed", type=int, default=0, metavar="N")
+    m.add_argument("--seed", type=SEED, default=0, metavar="N")
     for key, what in (("prefill_chunks", "prefill chunk sizes"), ("prefill_contexts", "context before each chunk"),
                       ("decode_batches", "decode batch sizes"), ("decode_contexts", "context of each decode"),
                       ("mixed_chunks", "mixed batches: chunk sizes"), ("mixed_decode_batches", "mixed batches: decodes"),
@@ -158,7 +147,7 @@ def register(verbs) -> None:
     f.add_argument("--name", metavar="NAME", help="profile name (default: the file name)")
     f.add_argument("--held-out", type=_share, default=0.25, metavar="SHARE",
                    help="share of each kind's shapes kept out of the fit (default 0.25)")
-    f.add_argument("--seed", type=int, default=0, metavar="N", help="seed of the held-out split (default 0)")
+    f.add_argument("--seed", type=SEED, default=0, metavar="N", help="seed of the held-out split (default 0)")
     f.add_argument("--max-pieces", type=_positive, default=4, metavar="N", help="pieces at most (default 4)")
     f.add_argument("--terms", metavar="T,T,...", help="only these terms (default all: overhead, prefill_token, "
                    "prefill_attention, decode_seq, decode_kv_token)")

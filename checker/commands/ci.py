@@ -5,17 +5,12 @@ from __future__ import annotations
 import argparse
 import sys
 
+from checker.ci.config import MAX_JOBS
+from checker.commands.shell import number
 from checker.exitcodes import ExitCode
 
 
-def _jobs(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} (expected a number of processes >= 1)")
-    return value
+_jobs = number(int, 1, MAX_JOBS, unit="processes")
 
 
 def _ci(args: argparse.Namespace) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from checker.commands.shell import int_range, terminal_progress
+from checker.commands.shell import DEPTH, EXAMPLES, SECONDS, SEED, SLOTS, int_range, number, terminal_progress
 
 
 def _diff(args: argparse.Namespace) -> int:
@@ -35,23 +35,23 @@ def register(verbs) -> None:
     p.add_argument("--property", action="append", metavar="NAME", help="only these SLO properties (repeatable)")
     p.add_argument("--invariant", action="append", metavar="NAME[:PARAMS]",
                    help="repeatable; default: the four safety invariants, no_deadlock and decode_progress")
-    p.add_argument("--requests", type=int, default=3, metavar="N", help="request slots (default 3)")
-    p.add_argument("--depth", type=int, default=5, metavar="K", help="iterations (default 5)")
-    p.add_argument("--timeout", type=float, default=60.0, metavar="S", help="seconds per solver search (default 60)")
+    p.add_argument("--requests", type=SLOTS, default=3, metavar="N", help="request slots (default 3)")
+    p.add_argument("--depth", type=DEPTH, default=5, metavar="K", help="iterations (default 5)")
+    p.add_argument("--timeout", type=SECONDS, default=60.0, metavar="S", help="seconds per solver search (default 60)")
     p.add_argument("--prompt-range", type=int_range, metavar="LOW:HIGH")
     p.add_argument("--output-range", type=int_range, metavar="LOW:HIGH")
     p.add_argument("--unbounded", action="store_true", help="try to PROVE held invariants (induction)")
     p.add_argument("--profile", metavar="FILE", help="service curve for the SLO runs and the audit")
-    p.add_argument("--threshold", type=float, default=0.2, metavar="R",
+    p.add_argument("--threshold", type=number(float, 0, 1e6), default=0.2, metavar="R",
                    help="an SLO is worse when higher by more than R relative (default 0.2 = 20 %%)")
-    p.add_argument("--min-delta", type=float, default=1.0, metavar="X",
+    p.add_argument("--min-delta", type=number(float, 0, 1e12), default=1.0, metavar="X",
                    help="... and by more than X in the property's unit (default 1, e.g. 1 ms)")
     p.add_argument("--slo-gate", choices=("worse", "violates"), default="worse",
                    help="an SLO regression is a trace where NEW is worse (default), or where NEW also breaks the "
                         "SLO and OLD meets it")
-    p.add_argument("--max-examples", type=int, default=100, metavar="N", help="generated traces per SLO direction")
-    p.add_argument("--fuzz-budget", type=float, default=60.0, metavar="S", help="seconds for all SLO searches")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-examples", type=EXAMPLES, default=100, metavar="N", help="generated traces per SLO direction")
+    p.add_argument("--fuzz-budget", type=SECONDS, default=60.0, metavar="S", help="seconds for all SLO searches")
+    p.add_argument("--seed", type=SEED, default=0)
     p.add_argument("--no-audit", action="store_true", help="skip the capacity audit of both")
     p.add_argument("--out", default="counterexamples", metavar="DIR",
                    help="where witnesses go (default counterexamples/; 'none': do not save)")

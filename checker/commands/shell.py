@@ -5,15 +5,67 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
+from typing import Any
+
+from checker.errors import NumberRange
+
+# ----------------------------------------------------------------------------------------- numeric flags
+# Every numeric flag is read by ``number`` (or ``arg_type``): checked like a file field when the command line
+# is parsed (a finite number in a stated range, the range in the message), so NaN, infinity, zero,
+# negatives and 2**63 never reach the arithmetic. The ranges below are the declared ones (docs/cli.md).
+MAX_SECONDS = 7 * 24 * 3600.0  # --timeout, --time-budget, --fuzz-budget, --follow-idle-s: a week
+MAX_STEP_MS = 3_600_000.0  # --step-ms: an hour per iteration
+MAX_SEED = 2**32 - 1  # what numpy and Hypothesis take
+MAX_TOKENS = 10_000_000  # checker.policy.MAX_TOKENS (the shell does not import the models)
+MAX_COUNT = 1_000_000_000  # --limit and other counts of requests or milliseconds
+
+
+def arg_type(convert: Callable[[str], Any], ok: Callable[[Any], bool], expected: str) -> Callable[[str], Any]:
+    """An argparse type: ``convert`` the text, keep it when ``ok``, else say what was expected
+    (argparse then exits 2 with ``argument --FLAG: 'TEXT' (expected ...)``)."""
+    def parse(text: str) -> Any:
+        try:
+            value = convert(text)
+        except (ValueError, OverflowError):
+            value = None
+        if value is None or not ok(value):
+            raise argparse.ArgumentTypeError(f"{text!r} (expected {expected})")
+        return value
+    return parse
+
+
+def number(kind: type, low: float, high: float, *, low_open: bool = False, high_open: bool = False,
+           unit: str = "") -> Callable[[str], Any]:
+    """A numeric flag: ``kind`` (int or float), finite, ``low <= value <= high`` (``<`` where open)."""
+    return flag_type(NumberRange(kind, low, high, low_open, high_open, unit))
+
+
+def flag_type(allowed: NumberRange) -> Callable[[str], Any]:
+    """The argparse type of a numeric flag whose range is declared elsewhere (e.g. import's own options)."""
+    return arg_type(allowed.read, lambda value: value is not None, allowed.expected)
+
+
+SECONDS = number(float, 0, MAX_SECONDS, low_open=True, unit="seconds")
+STEP_MS = number(float, 0.001, MAX_STEP_MS, unit="ms")
+SEED = number(int, 0, MAX_SEED)
+SLOTS = number(int, 1, 256, unit="request slots")  # verify and diff --requests
+DEPTH = number(int, 1, 10_000, unit="iterations")  # verify and diff --depth
+EXAMPLES = number(int, 1, 100_000_000)  # fuzz and diff --max-examples
 
 
 def int_range(text: str) -> tuple[int, int]:
-    """LOW:HIGH (or one integer N, read as N:N) for --prompt-range and --output-range."""
+    """LOW:HIGH (or one integer N, read as N:N) for --prompt-range and --output-range: token counts with
+    1 <= LOW <= HIGH <= MAX_TOKENS."""
     low, sep, high = text.partition(":")
     try:
-        return int(low), int(high if sep else low)
+        values = int(low), int(high if sep else low)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} (expected LOW:HIGH, two integers)") from None
+    if not 1 <= values[0] <= values[1] <= MAX_TOKENS:
+        raise argparse.ArgumentTypeError(f"{text!r} (expected LOW:HIGH token counts with 1 <= LOW <= HIGH <= "
+                                         f"{MAX_TOKENS:,})")
+    return values
 
 
 class TerminalProgress:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from checker.errors import UsageError
+from checker.errors import NumberRange, UsageError
 from checker.importers.common import Draft, Machine
 from checker.policy import Policy
 
@@ -99,12 +99,16 @@ def import_policy(system: str, args: list[str] | tuple[str, ...] = (), config: s
                         list(draft.ignored))
 
 
-# batchcheck's own options of `batchcheck import`: flag -> (keyword of run_import, type)
-OWN_OPTIONS: dict[str, tuple[str, type]] = {
+# batchcheck's own options of `batchcheck import`: flag -> (keyword of run_import, str or the numbers allowed);
+# checker/cli.py declares the same numeric flags with these ranges (before SYSTEM)
+GIB = NumberRange(float, 0, 1e6, low_open=True, unit="GiB")
+OVERHEAD_GIB = NumberRange(float, 0, 1e6, unit="GiB")
+KV_BYTES = NumberRange(int, 1, 10**12, unit="bytes")
+OWN_OPTIONS: dict[str, tuple[str, type | NumberRange]] = {
     "--out": ("out", str), "--name": ("name", str), "--config": ("config", str),
     "--vllm-version": ("vllm_version", str), "--usage-context": ("usage_context", str),
-    "--gpu-memory-gib": ("gpu_memory_gib", float), "--model-weights-gib": ("model_weights_gib", float),
-    "--kv-bytes-per-token": ("kv_bytes_per_token", int), "--overhead-gib": ("overhead_gib", float),
+    "--gpu-memory-gib": ("gpu_memory_gib", GIB), "--model-weights-gib": ("model_weights_gib", GIB),
+    "--kv-bytes-per-token": ("kv_bytes_per_token", KV_BYTES), "--overhead-gib": ("overhead_gib", OVERHEAD_GIB),
     "--profile": ("profile", str),
 }
 
@@ -136,8 +140,8 @@ def split_options(tokens: list[str]) -> tuple[dict[str, Any], list[str]]:
         key, kind = OWN_OPTIONS[flag]
         if key in own:
             raise UsageError(f"{flag} given twice")
-        try:
-            own[key] = kind(raw)
-        except ValueError:
-            raise InputError(Problem(flag, raw, "an integer" if kind is int else "a number")) from None
+        value = kind.read(raw) if isinstance(kind, NumberRange) else kind(raw)
+        if value is None:
+            raise InputError(Problem(flag, raw, kind.expected))
+        own[key] = value
     return own, rest

@@ -96,7 +96,7 @@ def test_a_missing_config_and_a_bad_jobs_flag(capsys, project):
     with pytest.raises(SystemExit) as exit_:
         main(["ci", "--jobs", "0"])
     assert exit_.value.code == 2
-    assert "argument --jobs: '0' (expected a number of processes >= 1)" in capsys.readouterr().err
+    assert "argument --jobs: '0' (expected a whole number of processes >= 1 and <= 1,024)" in capsys.readouterr().err
 
 
 def test_a_gating_violation_exits_1_and_a_warning_does_not(capsys, project):

@@ -103,7 +103,7 @@ def test_machine_options_after_system(capsys):
     (["import", "sglang", "--context-length", "8192", "--max-total-tokens", "100000", "--vllm-version", "0.9"],
      "--vllm-version is read by the vllm importer only (system is sglang)"),
     (["import", "vllm", "--max-model-len", "4096", "--gpu-memory-gib", "lots"],
-     "--gpu-memory-gib='lots' (expected a number)"),
+     "--gpu-memory-gib='lots' (expected a finite number of GiB > 0 and <= 1,000,000)"),
     (["import", "vllm", "--max-model-len", "4096"],
      "the KV pool size of vLLM is not given: pass it (see docs/importers.md) or declare the machine with "
      "--gpu-memory-gib, --model-weights-gib, --kv-bytes-per-token (or --profile with a model shape)"),
