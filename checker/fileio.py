@@ -15,12 +15,16 @@ def write_atomic(path: str | Path, data: str | bytes, *, create_dirs: bool = Fal
     renamed over the target (keeping the target's permissions). ``create_dirs`` makes missing parent
     directories; otherwise a missing or unwritable directory is an input error naming ``flag``."""
     target = Path(path)
-    if create_dirs:
-        target.parent.mkdir(parents=True, exist_ok=True)
+    if target.is_dir():
+        raise InputError(Problem(flag, str(path), "a file path, not a directory"))
     try:
+        if create_dirs:
+            target.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    except OSError as exc:
-        raise InputError(Problem(flag, str(path), f"a file in an existing, writable directory ({exc.strerror})")) \
+    except OSError as exc:  # a parent that is a file (/dev/null/x), unwritable, missing without create_dirs
+        reason = "a file on the way is not a directory" if isinstance(exc, (FileExistsError, NotADirectoryError)) \
+            else exc.strerror
+        raise InputError(Problem(flag, str(path), f"a file in an existing, writable directory ({reason})")) \
             from None
     try:
         with os.fdopen(fd, "wb") as handle:
