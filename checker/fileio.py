@@ -9,6 +9,17 @@ from pathlib import Path
 
 from checker.errors import InputError, Problem
 
+MAX_NAME = 120  # characters of one name in a file name (a file name has at most 255 bytes)
+
+
+def safe_name(name: str | None, default: str = "unnamed") -> str:
+    """A name (a policy's, a property's, an invariant's) as one part of a file name: letters, digits, ``-``
+    and ``_`` kept, anything else (``/``, ``.``, ``\\``, spaces, control characters) ``_``, at most MAX_NAME
+    characters. Every name that becomes part of a file name goes through it, so no name can lead a file out
+    of the folder it is written to (``../../x`` becomes ``______x``)."""
+    safe = "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in (name or default))
+    return safe[:MAX_NAME]
+
 
 def write_atomic(path: str | Path, data: str | bytes, *, create_dirs: bool = False, flag: str = "--out") -> None:
     """Write ``data`` to ``path``: a temporary file in the same directory, flushed and synced, then

@@ -182,13 +182,13 @@ def diff_invariant(pair: Pair, inv: Invariant, params: dict[str, int], env: Envi
 def _save_trace(trace, workload: Workload, prop: Property, which: str, out_dir: Path | None) -> Path | None:
     if out_dir is None:
         return None
-    from checker.fileio import write_atomic
+    from checker.fileio import safe_name, write_atomic
     from checker.fuzz.strategies import to_requests
 
     doc = dump_json_trace(to_requests(trace, workload, f"batchcheck diff witness: {which} worse on {prop.name}"))
     text = json.dumps(doc, indent=1) + "\n"
     digest = hashlib.sha256(text.encode()).hexdigest()[:8]
-    path = out_dir / f"diff__{prop.name}__{which}_worse__{digest}.trace.json"
+    path = out_dir / f"diff__{safe_name(prop.name)}__{which}_worse__{digest}.trace.json"
     write_atomic(path, text, create_dirs=True)
     return path
 

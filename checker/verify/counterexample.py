@@ -86,8 +86,8 @@ def build(policy: Policy, policy_file: str | None, prop: dict[str, Any], verdict
 def file_name(doc: dict[str, Any]) -> str:
     digest = hashlib.sha256(json.dumps([doc["policy"]["sha256"], doc["property"], doc["requests"]],
                                        sort_keys=True).encode()).hexdigest()[:8]
-    safe = "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in (doc["policy"]["name"] or "policy"))
-    return f"{safe}__{doc['property']['name']}__{digest}.json"
+    policy, prop = fileio.safe_name(doc["policy"]["name"], "policy"), fileio.safe_name(doc["property"]["name"])
+    return f"{policy}__{prop}__{digest}.json"
 
 
 def write_atomic(path: Path, text: str) -> None:

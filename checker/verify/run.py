@@ -11,6 +11,7 @@ from pathlib import Path
 
 from checker.errors import InputError, InternalError, Problem
 from checker.exitcodes import ExitCode
+from checker.fileio import safe_name
 from checker.inputfiles import load_policy
 from checker.loading import load_model
 from checker.policy import Policy
@@ -219,7 +220,7 @@ def _write_certificate(policy: Policy, inv: Invariant, env: Environment, proof_d
                        meaning: str, lemma_names: list[str]) -> Path | None:
     if proof_dir is None:
         return None
-    path = proof_dir / f"{policy.name}__{inv.name}__N{env.requests}.smt2"
+    path = proof_dir / f"{safe_name(policy.name, 'policy')}__{safe_name(inv.name)}__N{env.requests}.smt2"
     cex.write_atomic(path, f"; batchcheck certificate: {inv.name} for policy {policy.name}, {env.requests} request "
                            f"slots, any depth.\n; The {meaning}.\n; Lemmas: {', '.join(lemma_names)}\n" + body)
     return path
