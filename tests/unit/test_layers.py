@@ -14,12 +14,12 @@ from pathlib import Path
 from tests.helpers import ROOT
 
 CHECKER = ROOT / "checker"
-INPUTS = ("policy", "workload", "traces", "requests", "profile", "loading", "errors", "inputfiles")
+INPUTS = ("policy", "workload", "traces", "requests", "profile", "loading", "errors", "inputfiles", "examples")
 CLI_LAYER = ("checker.cli", "checker.commands")
 # docs/design.md, "Who owns what": every module's layer, bottom up (a package or a module; the longest name wins)
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("checker.exitcodes", "checker.errors", "checker.fileio", "checker.loading", "checker.requests", "checker.policy",
-     "checker.workload", "checker.traces", "checker.profile", "checker.inputfiles", "checker.docgen",
+     "checker.workload", "checker.traces", "checker.profile", "checker.inputfiles", "checker.examples", "checker.docgen",
      "checker.strategies", "checker.importers", "checker.calibrate"),
     ("checker.semantics",),
     ("checker.engine", "checker.metrics", "checker.fastforward", "checker.smt", "checker.frames",

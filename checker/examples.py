@@ -1,0 +1,58 @@
+"""The shipped examples by name: ``vllm_v1`` for the policy spec/policies/vllm_v1.yaml, ``chat_mixed`` for the
+workload spec/workloads/chat_mixed.yaml, and so on, wherever batchcheck runs.
+
+The examples are spec/ in a checkout and the package ``batchcheck_examples`` in an installed wheel (the same
+folder: pyproject.toml maps one onto the other). A path that exists, or that has a folder or a suffix of its
+own, is always the user's file; only a bare name (``vllm_v1``, ``prefix_caching/vllm_v1``) that is no file
+here is looked up among the examples of the kind the argument asks for.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+# kind -> (folder under the examples, the suffix a name leaves out)
+KINDS: dict[str, tuple[str, str]] = {
+    "policy": ("policies", ".yaml"),
+    "workload": ("workloads", ".yaml"),
+    "profile": ("profiles", ".json"),
+    "slo": ("slo", ".slo.yaml"),
+    "audit": ("audit", ".yaml"),
+}
+
+
+def examples_root() -> Path | None:
+    """The folder of the shipped examples, or None where batchcheck was installed without them."""
+    try:
+        from importlib.resources import files
+
+        root = Path(str(files("batchcheck_examples")))
+    except (ImportError, TypeError):
+        return None
+    return root if (root / "policies").is_dir() else None
+
+
+def resolve(path: str | Path, kind: str) -> Path:
+    """The file ``path`` names: itself where it exists or is not a bare name; else the shipped example of
+    that name and kind when there is one; else ``path`` (whose loader then says that it does not exist)."""
+    p = Path(path)
+    text = str(path)
+    if p.exists() or p.suffix or text.startswith((".", "/", "~")) or not text:
+        return p
+    root = examples_root()
+    if root is None:
+        return p
+    folder, suffix = KINDS[kind]
+    candidate = root / folder / (text + suffix)
+    return candidate if candidate.is_file() else p
+
+
+def names(kind: str) -> list[str]:
+    """The shipped examples of a kind, by the names ``resolve`` takes."""
+    root = examples_root()
+    if root is None:
+        return []
+    folder, suffix = KINDS[kind]
+    base = root / folder
+    return sorted(str(f.relative_to(base))[:-len(suffix)] for f in base.rglob("*" + suffix)
+                  if not (suffix == ".yaml" and f.name.endswith(".slo.yaml")))
