@@ -57,18 +57,7 @@ def _engine_state(sg, node: int) -> tuple[SchedulerState, int]:
 
 
 def _engine_successors(sg, trans: Transition, s: SchedulerState, now: int) -> set[tuple]:
-    key = sg.canon.encode(s, now)
-    arrivals, cancels = trans.choices(key)
-    out = set()
-    for arriving in arrivals:
-        for cancelled in cancels:
-            c = s.copy()
-            live = live_positions(c)
-            new = [Request(sg.canon.spec(len(c.requests) + k, now, cid)) for k, cid in enumerate(arriving)]
-            c.requests += new
-            step(c, new, [c.requests[live[i]] for i in cancelled], now)
-            out.add(sg.canon.encode(c, now + sg.env.step_us))
-    return out
+    return {sg.canon.encode(c, now + sg.env.step_us) for c in _engine_successor_states(sg, trans, s, now)}
 
 
 @pytest.mark.parametrize("path,overrides,env", CASES, ids=IDS)
@@ -182,3 +171,43 @@ def test_caching_instances_choose_identities_and_off_policies_refuse_them():
         liveness_env(plain, identities=((0, 0),))
     with pytest.raises(InputError, match="prompt identities among"):
         LivenessEnv(2, (16,), (1,), identities=((5, 0),))
+
+
+def test_the_reduced_graph_is_the_quotient_of_the_unreduced_engine_states():
+    """Symmetry reduction stays sound with the cache: breadth-first over the engine's own states (no reduction:
+    request numbers, block ids and chain ints as the engine makes them, merged only when exactly equal, by the
+    explicit-state verifier's fingerprint), the canonical keys of the states within D iterations are exactly the
+    graph's nodes within D iterations."""
+    from checker.verify.explicit import fast_fingerprint
+
+    policy = _policy(CACHING, ["kv.num_blocks=5", "batch.max_num_seqs=1"])
+    env = LivenessEnv(2, (33,), (1, 2), identities=(None, (0, 0)))
+    sg = explore(policy, env)
+    assert sg.complete
+    canon, trans, depth = sg.canon, Transition(sg.canon, sg.env), 4
+    layer = {None: SchedulerState(policy, [])}
+    seen = {canon.encode(layer[None], 0)}
+    for k in range(depth):
+        now = k * env.step_us
+        following = {}
+        for s in layer.values():
+            for key in _engine_successor_states(sg, trans, s, now):
+                following.setdefault(fast_fingerprint(key), key)
+        layer = following
+        seen |= {canon.encode(s, now + env.step_us) for s in layer.values()}
+    assert seen == {sg.keys[u] for u in range(sg.states) if sg.depth[u] <= depth}
+    assert len(seen) > 30
+
+
+def _engine_successor_states(sg, trans: Transition, s: SchedulerState, now: int) -> list[SchedulerState]:
+    arrivals, cancels = trans.choices(sg.canon.encode(s, now))
+    out = []
+    for arriving in arrivals:
+        for cancelled in cancels:
+            c = s.copy()
+            live = live_positions(c)
+            new = [Request(sg.canon.spec(len(c.requests) + k, now, cid)) for k, cid in enumerate(arriving)]
+            c.requests += new
+            step(c, new, [c.requests[live[i]] for i in cancelled], now)
+            out.append(c)
+    return out
