@@ -211,3 +211,17 @@ def _engine_successor_states(sg, trans: Transition, s: SchedulerState, now: int)
             step(c, new, [c.requests[live[i]] for i in cancelled], now)
             out.append(c)
     return out
+
+
+def test_a_caching_lasso_is_confirmed_on_the_whole_key_of_the_engines_states():
+    from checker.liveness.check import _pool_closes, confirm_lasso
+    from checker.liveness.lasso import Lasso, find_lasso
+
+    policy = _policy(POLICIES / "strict_priority.yaml",
+                     ["kv.prefix_caching.enabled=true", "batch.max_num_seqs=1", "kv.num_blocks=4"])
+    sg = explore(policy, LivenessEnv(2, (32,), (1, 2), (0, 1), identities=((0, 0),)))
+    lasso = find_lasso(sg, "eventually_served")
+    specs, _, _ = confirm_lasso(policy, sg, lasso)
+    assert _pool_closes(policy, sg, lasso, specs)
+    shifted = Lasso(lasso.prop, lasso.prefix[:-1], lasso.cycle)  # ends one iteration early: not a cycle's ends
+    assert not _pool_closes(policy, sg, shifted, specs)
