@@ -141,6 +141,16 @@ def run_replay(counterexample: str | Path, policy: str | Path | None = None) -> 
     return "\n".join([head, replay_table(report), verdict]), report.violation is not None
 
 
+def run_check_metrics(policy: str | Path, scrapes: str | Path, checks: list[str] | None = None,
+                      stall_scrapes: int | None = None):
+    """Check what a server's Prometheus scrapes show against a policy (docs/check-metrics.md). Returns the
+    policy and a checker.checkmetrics.CheckMetricsResult; InputError (exit 2) for a bad file."""
+    from checker.checkmetrics import DEFAULT_STALL_SCRAPES, check_metrics, load_scrapes
+
+    pol = load_policy(policy)
+    return pol, check_metrics(pol, load_scrapes(scrapes), checks, stall_scrapes or DEFAULT_STALL_SCRAPES)
+
+
 # ----------------------------------------------------------------------------------------- importers
 def run_import(system: str, args: list[str] | tuple[str, ...] = (), config: str | Path | None = None, *,
                out: str | Path | None = None, name: str | None = None, vllm_version: str | None = None,

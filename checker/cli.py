@@ -27,6 +27,7 @@ VERB_MODULES: list[str] = [
     "checker.commands.diff",
     "checker.commands.ci",
     "checker.commands.calibrate",
+    "checker.commands.metrics",
 ]
 
 KINDS = ("policy", "workload", "trace", "profile", "audit-contract", "audit-workload", "slo")
