@@ -260,6 +260,7 @@ class Transition:
         table = [[self._spec(first_new + n, now, cid) for cid in class_ids] for n in range(limit)]
         self.choices_run += sum(len(class_ids) ** n for n in range(limit + 1)) * len(cancel_options)
         level: list[tuple[tuple[int, ...], SchedulerState]] = [((), base)]
+        adopted_n = found_n = 0  # choices with a prefix-cache hit adopted, found
         for n in range(limit + 1):
             last = n == limit
             following: list[tuple[tuple[int, ...], SchedulerState]] = []
@@ -290,8 +291,8 @@ class Transition:
                         hit = memo[mid] = (encode(t, next_now), d.num_scheduled_tokens, bool(d.finished), gone_mid,
                                            bool(d.cache_hits), ObservedPool.found > found)
                     succ, tokens, finished, gone_mid, adopted, found_hit = hit
-                    self.hit_choices += adopted
-                    self.found_choices += found_hit
+                    adopted_n += adopted
+                    found_n += found_hit
                     if left:  # source positions -> positions after phases 1-4 (the requests that stayed, in order)
                         gone = 0
                         j = 0
@@ -318,6 +319,8 @@ class Transition:
                         arrive_phase(c, [r], events)
                         following.append((arrived + (cid,), c))
             level = following
+        self.hit_choices += adopted_n
+        self.found_choices += found_n
         return out
 
     def _successors_whole(self, key: tuple) -> dict[tuple, dict[tuple, Label]]:
