@@ -115,11 +115,11 @@ def run_recheck(certificate: str | Path) -> tuple[str, int]:
 def run_replay(counterexample: str | Path, policy: str | Path | None = None) -> tuple[str, bool]:
     """Re-run a counterexample on the engine (under its own policy, or under another one). Returns the
     text to show (an iteration or request table and a verdict line) and whether it still fails."""
-    from checker.verify import counterexample as cex
+    from checker.bugreport.document import load_counterexample
     from checker.verify.replay import replay_counterexample, replay_table
 
     pol = load_policy(policy) if policy is not None else None
-    doc = cex.load(counterexample)
+    doc, _ = load_counterexample(counterexample)  # every section checked (types, bounds, states) before replaying
     if doc["property"].get("kind") == "slo":
         from checker.fuzz.counterexample import replay as replay_slo
 

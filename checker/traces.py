@@ -181,13 +181,16 @@ def load_azure_csv(path: str | Path, limit: int | None = None, class_column: str
     return _build(rows, source)
 
 
+MAX_TIME = 1e12  # an arrival time in a trace, in its unit (seconds or ms): the JSON trace's arrival_ms bound
+
+
 def _seconds(cell: str, column: str, line: int, source: str) -> float:
     try:
         value = float(cell)
     except ValueError:
         raise InputError(Problem(column, cell, "seconds as a number", line), source) from None
-    if not value >= 0 or value == float("inf"):
-        raise InputError(Problem(column, cell, "a finite number of seconds >= 0", line), source)
+    if not 0 <= value <= MAX_TIME:
+        raise InputError(Problem(column, cell, f"a finite number >= 0 and <= {MAX_TIME:g}", line), source)
     return value
 
 
@@ -199,7 +202,7 @@ def _timestamp_s(cell: str, column: str, line: int, source: str) -> float:
             digits = "".join(ch for ch in frac if ch.isdigit())
             text = f"{head}.{digits[:6]}{frac[len(digits):]}"
         return datetime.fromisoformat(text).timestamp()
-    except ValueError:
+    except (ValueError, OverflowError, OSError):  # not a date, or one outside what the platform's clock holds
         raise InputError(Problem(column, cell, "an ISO date-time such as 2023-11-16 18:15:46.6805900", line),
                          source) from None
 

@@ -15,11 +15,14 @@ from pydantic_core import PydanticCustomError
 
 from checker.fuzz.slo import Property
 from checker.loading import validate
-from checker.policy import Policy
+from checker.policy import MAX_TOKENS, Policy
 from checker.profile import Profile
 from checker.verify import counterexample as cex
 
-Tokens = Annotated[int, Field(ge=1)]
+Tokens = Annotated[int, Field(ge=1, le=MAX_TOKENS)]
+Millis = Annotated[float, Field(ge=0, le=1e12)]  # the JSON trace's bound (checker.traces.TraceRequest)
+MAX_ITERATIONS = 100_000
+"""The last iteration a counterexample may record: replay steps the engine that far."""
 
 
 class _Open(BaseModel):
@@ -28,14 +31,15 @@ class _Open(BaseModel):
 
 class CexRequest(_Open):
     id: Annotated[int, Field(ge=0)]
-    arrival_ms: Annotated[float, Field(ge=0)]
+    arrival_ms: Millis
     prompt_tokens: Tokens
     output_tokens: Tokens
     max_output_tokens: Tokens
-    priority: int = 0
-    tenant: int | str = 0
+    priority: Annotated[int, Field(ge=-1_000_000, le=1_000_000)] = 0
+    tenant: Annotated[int, Field(ge=0, le=1_000_000)] | str = 0
     class_: Annotated[str | None, Field(alias="class")] = None
-    cancel_after_ms: Annotated[float | None, Field(ge=0)] = None
+    cancel_after_ms: Millis | None = None
+    prompt_runs: list[tuple[Annotated[int, Field(ge=0, le=2**62)], Tokens]] | None = None
 
 
 class CexPolicy(_Open):
@@ -57,11 +61,11 @@ class CexProperty(_Open):
 
 
 class CexClock(_Open):
-    step_us: Annotated[int, Field(ge=1)]
+    step_us: Annotated[int, Field(ge=1, le=3_600_000_000)]
 
 
 class CexViolation(_Open):
-    iteration: Annotated[int | None, Field(ge=0)] = None
+    iteration: Annotated[int | None, Field(ge=0, le=MAX_ITERATIONS)] = None
 
 
 class CexProfile(_Open):
@@ -96,6 +100,10 @@ class CounterexampleDoc(_Open):
             if self.violation.iteration is None:
                 raise _inconsistent("violation.iteration", "<missing>", "the last iteration of the lasso's second turn"
                                     if self.is_lasso else "the iteration at which the invariant fails")
+            states = (self.model_extra or {}).get("states")
+            if isinstance(states, list) and self.violation.iteration != len(states) - 1:
+                raise _inconsistent("violation.iteration", self.violation.iteration,
+                                    f"{len(states) - 1}, the last of the {len(states)} recorded states")
             if self.is_lasso:
                 self._lasso_consistent()
         else:
