@@ -149,6 +149,8 @@ def load_arrivals(path: str | Path) -> Arrivals:
         for key in ("id", "arrival_step", "prompt_tokens", "output_tokens"):
             if key not in row:
                 raise InputError(Problem(f"[{i}].{key}", "<missing>", "this field to be given"), source)
+        if not isinstance(row["id"], (str, int)) or isinstance(row["id"], bool):
+            raise InputError(Problem(f"[{i}].id", row["id"], "a string or a whole number"), source)
         for key in ("arrival_step", "prompt_tokens", "output_tokens", "priority", "abort_step"):
             value = row.get(key)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):

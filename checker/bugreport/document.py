@@ -88,6 +88,8 @@ class CounterexampleDoc(_Open):
     @model_validator(mode="after")
     def _consistent(self) -> CounterexampleDoc:
         for index, row in enumerate(self.requests):
+            if self.property.kind != "slo" and not isinstance(row.tenant, int):  # SLO files name tenants
+                raise _inconsistent(f"requests[{index}].tenant", row.tenant, "a tenant number >= 0")
             if row.id != index:
                 raise _inconsistent(f"requests[{index}].id", row.id, f"{index} (requests numbered in order)")
             if row.max_output_tokens < row.output_tokens:

@@ -93,7 +93,9 @@ def import_policy(system: str, args: list[str] | tuple[str, ...] = (), config: s
     try:
         policy = validate(Policy, data, f"batchcheck import {system}")
     except InputError as exc:  # a combination the importer did not check first: say where it came from
-        raise InputError(exc.problems, f"the policy imported from {system}") from None
+        files = [config_text] if config_text else [a for a in args if Path(a).suffix in (".yaml", ".yml", ".pbtxt")]
+        raise InputError(exc.problems, f"the policy imported from {system}"
+                         + (f" ({', '.join(files)})" if files else "")) from None
     text = render(draft, args, config_text, name)
     return ImportResult(system, policy, data, text, list(draft.assumed), list(draft.approximated),
                         list(draft.ignored))

@@ -185,7 +185,7 @@ def import_trtllm(args: list[str], config: str | None, machine: Machine) -> Draf
         draft.assume("kv.block_size", 32, "tokens_per_block not given: the LLM API's default")
     else:
         draft.set("kv.block_size", block, block_arg.shown)
-    blocks, comment = _pool(given, draft, machine, block)
+    blocks, comment = _pool(given, draft, machine, block, source)
     draft.set("kv.num_blocks", blocks, comment)
 
     # --- the capacity scheduler
@@ -214,7 +214,7 @@ def import_trtllm(args: list[str], config: str | None, machine: Machine) -> Draf
     return draft
 
 
-def _pool(given: Given, draft: Draft, machine: Machine, block: int) -> tuple[int, str]:
+def _pool(given: Given, draft: Draft, machine: Machine, block: int, source: str | None) -> tuple[int, str]:
     max_tokens = given.take("kv_cache_config.max_tokens")
     fraction_arg = given.take("kv_cache_config.free_gpu_memory_fraction")
     tp_arg = given.take("tensor_parallel_size")
@@ -235,7 +235,7 @@ def _pool(given: Given, draft: Draft, machine: Machine, block: int) -> tuple[int
     else:
         if max_tokens is None and not machine.given():
             raise missing("kv_cache_config.max_tokens", "the KV pool size in tokens, or a machine: --gpu-memory-gib, "
-                          "--model-weights-gib, --kv-bytes-per-token or --profile")
+                          "--model-weights-gib, --kv-bytes-per-token or --profile", source)
         if fraction_arg is None:
             fraction = 0.9
             draft.assume_input("kv_cache_config.free_gpu_memory_fraction", 0.9, "the LLM API's default; sizes the "
@@ -258,5 +258,5 @@ def _pool(given: Given, draft: Draft, machine: Machine, block: int) -> tuple[int
         culprit = max_tokens if max_tokens is not None else fraction_arg
         if culprit is not None:
             raise refuse(culprit, f"a pool of at least one block ({block} tokens)")
-        raise missing("kv_cache_config.max_tokens", f"a pool of at least one block ({block} tokens)")
+        raise missing("kv_cache_config.max_tokens", f"a pool of at least one block ({block} tokens)", source)
     return blocks, comment

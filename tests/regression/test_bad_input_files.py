@@ -124,3 +124,37 @@ def test_mooncake_timestamp_1e308(tmp_path, capsys):
                     '{"timestamp": 1e308, "input_length": 5, "output_length": 2}\n')
     code, err = _run(capsys, "simulate", str(POLICIES / "vllm_v1.yaml"), "--trace", str(path))
     assert code == 2 and f"{path}:2: timestamp=" in err, err
+
+
+# ----------------------------------------------------------------------------------------- found by tests/fuzz
+def test_a_lasso_with_a_tenant_name_instead_of_a_number(tmp_path, capsys):
+    target = _mutated(tmp_path, LASSO, _set("requests.0.tenant", "x"))  # TypeError in replay's max()
+    code, err = _run(capsys, "replay", target)
+    assert code == 2 and "requests[0].tenant='x' (expected a tenant number >= 0)" in err, err
+
+
+def test_check_log_arrivals_with_an_id_that_is_a_list(tmp_path, capsys):
+    data = ROOT / "tests" / "data" / "checklog"
+    rows = json.loads((data / "arrivals.json").read_text())
+    rows[0]["id"] = ["q0"]  # TypeError: unhashable type: 'list'
+    arrivals = tmp_path / "arrivals.json"
+    arrivals.write_text(json.dumps(rows))
+    log = tmp_path / "log.jsonl"
+    log.write_text('{"step": 0, "scheduled": {}, "preempted": [], "finished": [], "aborted": [], "running": 0, '
+                   '"waiting": 0, "free_blocks": 64}\n')
+    code, err = _run(capsys, "check-log", str(data / "vllm_fcfs.yaml"), str(log), "--arrivals", str(arrivals))
+    assert code == 2 and f"{arrivals}: [0].id=['q0'] (expected a string or a whole number)" in err, err
+
+
+def test_an_imported_policy_out_of_range_names_the_config(tmp_path, capsys):
+    config = tmp_path / "vllm.yaml"
+    config.write_text("max_model_len: 9223372036854775808\nnum-gpu-blocks-override: 500\n")
+    code, err = _run(capsys, "import", "vllm", "--config", str(config))
+    assert code == 2 and f"the policy imported from vllm ({config}): max_model_len=" in err, err
+
+
+def test_trtllm_config_without_a_pool_names_the_config(tmp_path, capsys):
+    config = tmp_path / "llm_api.yaml"
+    config.write_text("max_seq_len: 8192\nmax_batch_size: 64\nkv_cache_config:\n  tokens_per_block: 32\n")
+    code, err = _run(capsys, "import", "trtllm", str(config))
+    assert code == 2 and f"batchcheck: error: {config}: kv_cache_config.max_tokens=<missing>" in err, err
