@@ -153,7 +153,9 @@ def load_arrivals(path: str | Path) -> Arrivals:
             raise InputError(Problem(f"[{i}].id", row["id"], "a string or a whole number"), source)
         for key in ("arrival_step", "prompt_tokens", "output_tokens", "priority", "abort_step"):
             value = row.get(key)
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+            optional = key in ("priority", "abort_step")  # null means not given; the others are required
+            if (value is not None or not optional) and (not isinstance(value, int) or isinstance(value, bool)
+                                                        or value < 0):
                 raise InputError(Problem(f"[{i}].{key}", value, "a whole number >= 0"), source)
         if row["prompt_tokens"] < 1 or row["output_tokens"] < 1:
             raise InputError(Problem(f"[{i}].prompt_tokens/output_tokens", f"{row['prompt_tokens']}/{row['output_tokens']}",

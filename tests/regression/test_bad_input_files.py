@@ -133,17 +133,21 @@ def test_a_lasso_with_a_tenant_name_instead_of_a_number(tmp_path, capsys):
     assert code == 2 and "requests[0].tenant='x' (expected a tenant number >= 0)" in err, err
 
 
-def test_check_log_arrivals_with_an_id_that_is_a_list(tmp_path, capsys):
+@pytest.mark.parametrize("field,value,message", [
+    ("id", ["q0"], "[0].id=['q0'] (expected a string or a whole number)"),  # TypeError: unhashable type
+    ("prompt_tokens", None, "[0].prompt_tokens=None (expected a whole number >= 0)"),  # None < 1: TypeError
+])
+def test_check_log_arrivals_with_a_bad_field(tmp_path, capsys, field, value, message):
     data = ROOT / "tests" / "data" / "checklog"
     rows = json.loads((data / "arrivals.json").read_text())
-    rows[0]["id"] = ["q0"]  # TypeError: unhashable type: 'list'
+    rows[0][field] = value
     arrivals = tmp_path / "arrivals.json"
     arrivals.write_text(json.dumps(rows))
     log = tmp_path / "log.jsonl"
     log.write_text('{"step": 0, "scheduled": {}, "preempted": [], "finished": [], "aborted": [], "running": 0, '
                    '"waiting": 0, "free_blocks": 64}\n')
     code, err = _run(capsys, "check-log", str(data / "vllm_fcfs.yaml"), str(log), "--arrivals", str(arrivals))
-    assert code == 2 and f"{arrivals}: [0].id=['q0'] (expected a string or a whole number)" in err, err
+    assert code == 2 and f"{arrivals}: {message}" in err, err
 
 
 def test_an_imported_policy_out_of_range_names_the_config(tmp_path, capsys):
