@@ -14,6 +14,8 @@ from checker.semantics.decision import StepDecision
 from checker.semantics.state import FIELDS, Request, SchedulerState
 from checker.smt.encode import SlotParams, SlotState, StepResult, symbolic_step
 from checker.smt.ops import IntOps, Z3Ops, bool_var, int_var, pin_and_eval
+from checker.smt.pool import (POOL_FIELDS, Pool, PoolState, Shape, canonical_of_engine, canonical_of_values,
+                              chained_code, empty_pool, identity_of, pool_from_engine, shape_for)
 
 PARAM_FIELDS = ("arrival_us", "prompt_len", "output_len", "max_output", "priority", "tenant")
 OUTPUT_NAMES = tuple(f"{f}" for f in FIELDS) + ("scheduled",)
@@ -119,3 +121,145 @@ class Z3Step:
 
 def differences(expected: dict[str, int], got: dict[str, int]) -> list[str]:
     return [f"{k}: engine={expected[k]} symbolic={got.get(k)}" for k in expected if got.get(k) != expected[k]]
+
+
+# ----------------------------------------------------------------------------------------- with prefix caching
+# The same pinning for a policy with kv.prefix_caching.enabled: the inputs also hold each slot's prompt identity
+# and the block pool (checker/smt/pool.py, records numbered by first appearance); the outputs also hold the pool
+# in a canonical form (pool.canonical: block names by first appearance, hashes as codes, the LRU order, each
+# hash's blocks in cache order) and the facts the cache invariants read.
+
+
+@dataclass(frozen=True)
+class CacheCaptured:
+    base: Captured
+    identities: tuple[int, ...]
+    pool: PoolState
+
+
+def cache_shape(policy: Policy, specs) -> Shape:
+    """The pool encoding's sizes for these requests: a table long enough for any of them."""
+    most = max((min(s.prompt_len + s.output_len, policy.max_model_len) for s in specs), default=1)
+    kv = policy.kv
+    return shape_for(len(specs), most, kv.num_blocks, kv.block_size, kv.prefix_caching.chained_hashes)
+
+
+def cache_capture(shape: Shape, s: SchedulerState, cancels: list[Request], now_us: int) -> CacheCaptured:
+    size = s.policy.kv.block_size
+    idents = tuple(identity_of(r.spec.content, r.prompt_len, size, f"requests[{r.rid}].content") for r in s.requests)
+    return CacheCaptured(capture(s, cancels, now_us), idents, pool_from_engine(shape, s.pool, s.requests))
+
+
+def _facts_dict(facts) -> dict[str, int]:
+    return {f"facts.{name}": int(v) for name, v in facts._asdict().items()}
+
+
+def cache_outputs_of_engine(shape: Shape, s: SchedulerState, d: StepDecision) -> dict[str, object]:
+    out: dict[str, object] = dict(outputs_of_engine(s, d))
+    out.update(canonical_of_engine(shape, s.pool, s.requests))
+    out["pool.overflow"] = False
+    out.update(_facts_dict(s.pool.facts(s.requests)))
+    return out
+
+
+def _cache_step(ops, policy: Policy, shape: Shape, params: list[SlotParams], slots: list[dict], next_seq, step,
+                counters, pool: PoolState, now, cancels) -> tuple[StepResult, Pool]:
+    state = _state(slots, next_seq, step, counters)
+    state.pool = Pool(ops, shape, pool)
+    result = symbolic_step(ops, policy, params, state, now, cancels)
+    return result, result.state.pool
+
+
+def _true_codes(ops, pool: Pool, params: list[SlotParams]) -> list[list]:
+    return [[chained_code(ops, pool.shape, prm.identity, prm.prompt_len, i, k) for k in range(pool.shape.table)]
+            for i, prm in enumerate(params)]
+
+
+def _pool_terms(result: StepResult, pool: Pool, ops, params) -> dict[str, object]:
+    st = pool.s
+    out: dict[str, object] = {}
+    for i in range(pool.shape.num_slots):
+        for k in range(pool.shape.table):
+            out[f"table{i}.{k}"] = st.table[i][k]
+        out[f"ncached{i}"] = st.ncached[i]
+    for name in POOL_FIELDS:
+        for j, v in enumerate(getattr(st, name)):
+            out[f"{name}{j}"] = v
+    out["clock"] = st.clock
+    out["overflow"] = st.overflow
+    facts = pool.facts([slot["blocks"] for slot in result.state.slots], _true_codes(ops, pool, params))
+    for name, v in facts._asdict().items():
+        out[f"facts.{name}"] = v
+    return out
+
+
+def _pool_values(shape: Shape, values: dict[str, object]) -> tuple[PoolState, dict[str, object]]:
+    """The canonical pool and the facts from the outputs' plain values."""
+    st = empty_pool(shape)
+    st.table = [[int(values[f"table{i}.{k}"]) for k in range(shape.table)] for i in range(shape.num_slots)]
+    st.ncached = [int(values[f"ncached{i}"]) for i in range(shape.num_slots)]
+    for name in POOL_FIELDS:
+        setattr(st, name, [int(values[f"{name}{j}"]) for j in range(shape.records)])
+    st.clock, st.overflow = int(values["clock"]), bool(values["overflow"])
+    blocks = [int(values[f"slot{i}.blocks"]) for i in range(shape.num_slots)]
+    out = canonical_of_values(shape, st, blocks)
+    out.update({k: int(v) for k, v in values.items() if k.startswith("facts.")})
+    return st, out
+
+
+def cache_int_outputs(policy: Policy, shape: Shape, c: CacheCaptured) -> dict[str, object]:
+    """The symbolic step with the pool, evaluated on ints."""
+    b = c.base
+    params = [SlotParams(*p, identity=ident) for p, ident in zip(b.params, c.identities)]
+    slots = [dict(zip(FIELDS, values)) for values in b.slots]
+    result, pool = _cache_step(IntOps, policy, shape, params, slots, b.next_seq, b.step, b.counters, c.pool.copy(),
+                               b.now_us, list(b.cancels))
+    flat = {k: int(v) for k, v in _flatten(result).items()}
+    _, canon = _pool_values(shape, {**flat, **_pool_terms(result, pool, IntOps, params)})
+    return {**flat, **canon}
+
+
+class Z3CacheStep:
+    """Z3Step with the block pool: the step over z3 variables (pool included), built once per (policy, shape,
+    tenants), then evaluated by pinning every variable to a captured state."""
+
+    def __init__(self, policy: Policy, shape: Shape, num_tenants: int):
+        n, m, length = shape.num_slots, shape.records, shape.table
+        self.shape = shape
+        self.params = [SlotParams(*(int_var(f"{f}_{i}") for f in PARAM_FIELDS), identity=int_var(f"identity_{i}"))
+                       for i in range(n)]
+        self.slots = [{f: int_var(f"{f}_{i}") for f in FIELDS} for i in range(n)]
+        self.next_seq, self.step, self.now = int_var("next_seq"), int_var("step"), int_var("now_us")
+        self.counters = [int_var(f"counter_{t}") for t in range(num_tenants)]
+        self.cancels = [bool_var(f"cancel_{i}") for i in range(n)]
+        self.pool = PoolState([[int_var(f"table_{i}_{k}") for k in range(length)] for i in range(n)],
+                              [int_var(f"ncached_{i}") for i in range(n)],
+                              *([int_var(f"{name}_{j}") for j in range(m)] for name in POOL_FIELDS),
+                              clock=int_var("clock"))
+        result, pool = _cache_step(Z3Ops, policy, shape, self.params, self.slots, self.next_seq, self.step,
+                                   self.counters, self.pool.copy(), self.now, self.cancels)
+        flat = {**_flatten(result), **_pool_terms(result, pool, Z3Ops, self.params)}
+        self.names = list(flat)
+        self.terms = list(flat.values())
+
+    def evaluate(self, c: CacheCaptured) -> dict[str, object]:
+        b = c.base
+        pins: list[tuple[object, object]] = []
+        for prm, values, ident in zip(self.params, b.params, c.identities):
+            pins += list(zip((getattr(prm, f) for f in PARAM_FIELDS), values)) + [(prm.identity, ident)]
+        for slot, values in zip(self.slots, b.slots):
+            pins += [(slot[f], v) for f, v in zip(FIELDS, values)]
+        pins += [(self.next_seq, b.next_seq), (self.step, b.step), (self.now, b.now_us)]
+        pins += list(zip(self.counters, b.counters)) + list(zip(self.cancels, b.cancels))
+        for i in range(self.shape.num_slots):
+            pins += list(zip(self.pool.table[i], c.pool.table[i])) + [(self.pool.ncached[i], c.pool.ncached[i])]
+        for name in POOL_FIELDS:
+            pins += list(zip(getattr(self.pool, name), getattr(c.pool, name)))
+        pins.append((self.pool.clock, c.pool.clock))
+        values = dict(zip(self.names, pin_and_eval(pins, self.terms)))
+        flat = {k: int(v) for k, v in values.items() if k.startswith(("slot", "counter")) or k in _GLOBALS}
+        _, canon = _pool_values(self.shape, values)
+        return {**flat, **canon}
+
+
+_GLOBALS = ("next_seq", "step", "kv_used", "swap_used")

@@ -29,6 +29,7 @@ from checker.policy import (
 from checker.errors import InputError, Problem
 from checker.semantics.state import Reason, Status
 from checker.smt.ops import Term, sum_terms
+from checker.smt.pool import Pool, chained_code, hash_code
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,7 @@ class SlotParams:
     max_output: Term
     priority: Term
     tenant: Term
+    identity: Term = 0  # prefix caching only: the prompt's identity (checker.smt.pool.IDENTITIES)
 
 
 @dataclass
@@ -51,10 +53,14 @@ class SlotState:
     next_seq: Term
     step: Term
     counters: list[Term]
+    pool: Pool | None = None  # prefix caching: the block pool with block identity (checker/smt/pool.py)
 
     @property
     def kv_used(self) -> Term:
-        """Blocks in use: always the sum of what the slots hold (one fact, stored once)."""
+        """Blocks in use: the sum of what the slots hold (one fact, stored once); with prefix caching the
+        distinct blocks held (a shared block counted once)."""
+        if self.pool is not None:
+            return self.pool.held()
         return sum_terms([slot["blocks"] for slot in self.slots])
 
     @property
@@ -62,7 +68,8 @@ class SlotState:
         return sum_terms([slot["swapped_blocks"] for slot in self.slots])
 
     def copy(self) -> SlotState:
-        return replace(self, slots=[dict(s) for s in self.slots], counters=list(self.counters))
+        pool = None if self.pool is None else self.pool.copy()
+        return replace(self, slots=[dict(s) for s in self.slots], counters=list(self.counters), pool=pool)
 
 
 @dataclass
@@ -94,7 +101,8 @@ def require_encodable(policy: Policy) -> None:
 class SymbolicStep:
     def __init__(self, ops, policy: Policy, params: list[SlotParams], state: SlotState, now_us: Term,
                  cancels: list[Term]):
-        require_encodable(policy)
+        if state.pool is None:
+            require_encodable(policy)  # a caching policy needs the pool in the state
         self.o = ops
         self.p = policy
         self.params = params
@@ -107,6 +115,9 @@ class SymbolicStep:
         self.preempted: list[Term] = [False] * self.n
         self.admitted: list[Term] = [False] * self.n
         self.growth_preempted: Term = False
+        self.pool = self.s.pool
+        self.order: list[Term] = [-1] * self.n  # when each slot was scheduled in this step (the release order)
+        self.scheduled_count: Term = 0
 
     # ------------------------------------------------------------------ helpers
     def st(self, i: int) -> Term:
@@ -242,6 +253,8 @@ class SymbolicStep:
             sl = s.slots[i]
             rel = o.and_(self.st(i) == int(Status.CANCELLED), sl["release_step"] != -1,
                          sl["release_step"] <= s.step)
+            if self.pool is not None:  # in slot order: the engine's holding list order (one lag, rid order)
+                self.pool.release([(i, rel, sl["blocks"], 0)])
             self.set(i, "blocks", rel, 0)
             self.set(i, "release_step", rel, -1)
 
@@ -301,6 +314,8 @@ class SymbolicStep:
             if lag > 0:
                 self.set(i, "release_step", holds, s.step + lag)
             else:
+                if self.pool is not None:
+                    self.pool.release([(i, holds, sl["blocks"], 0)])
                 self.set(i, "blocks", holds, 0)
             self.set(i, "reason", cancelling, int(Reason.ABORTED))
             self.set(i, "status", cancelling, int(Status.CANCELLED))
@@ -377,6 +392,15 @@ class SymbolicStep:
         """Schedule n tokens for the selected slot r (cond guards it): allocate blocks, charge budget."""
         o = self.o
         added = self.new_blocks(r, n)
+        pool = self.pool
+        if pool is not None:  # kv.allocate: the blocks from the pool, then the full blocks scheduled are cached
+            pool.take(sel, r["blocks"], added, cond)
+            codes, truths = pool.codes(self.select(sel, [prm.identity for prm in self.params]), r["prompt_len"],
+                                       self.select(sel, list(range(self.n))))
+            pool.cache(sel, codes, truths, o.min(r["num_computed"] + n, r["prompt_len"] + r["num_generated"]), cond)
+            for i in range(self.n):
+                self.order[i] = o.ite(o.and_(cond, sel[i]), self.scheduled_count, self.order[i])
+            self.scheduled_count = self.scheduled_count + o.b2i(cond)
         for i in range(self.n):
             c = o.and_(cond, sel[i])
             self.set(i, "blocks", c, self.s.slots[i]["blocks"] + added)
@@ -396,6 +420,8 @@ class SymbolicStep:
             refund_prefill = refund_prefill + o.ite(o.and_(v, self.in_prefill(self.view(i))), self.sched[i], 0)
             keep = sl["blocks"] - self.grown[i]
             swapped = o.and_(v, s.swap_used + keep <= self.p.kv.swap_blocks) if swap else False
+            if self.pool is not None:  # recompute only with the cache: every block freed, hashes kept
+                self.pool.release([(i, v, sl["blocks"], 0)])
             self.set(i, "swapped_blocks", swapped, keep)
             self.set(i, "num_computed", o.and_(v, o.not_(swapped)), 0)
             self.set(i, "blocks", v, 0)
@@ -442,12 +468,15 @@ class SymbolicStep:
         o, p = self.o, self.p
         n_slots = self.n
         cur = self.selected(sel)
+        hit = None
+        if self.pool is not None:  # kv.prefix_hit, looked up in every round (after each preemption too)
+            cur, hit, held = self.prefix_hit(sel, cur)
         n = self.num_new_tokens(cur)
         free = p.kv.num_blocks - self.s.kv_used - o.ite(self.running > 0, p.kv.watermark_blocks, 0)
-        fits_kv = self.new_blocks(cur, n) <= free
+        fits_kv = self.new_blocks(cur, n) <= free if hit is None else self.target_blocks(cur, n) - held <= free
         if p.admission.reserve_full_prompt:
             whole = o.max(self.target_blocks(cur, 0), self.blocks_for(cur["prompt_len"] + cur["num_generated"])) \
-                - cur["blocks"]
+                - (cur["blocks"] if hit is None else held)
             fits_kv = o.and_(fits_kv, whole <= free)
         fits = o.and_(n > 0, self.running < p.batch.max_num_seqs, fits_kv)
         do_admit = o.and_(active, fits)
@@ -460,7 +489,7 @@ class SymbolicStep:
             victim_exists = o.and_(o.or_(*running), margin > p.preemption.priority_inversion_threshold)
         do_preempt = o.and_(active, n > 0, o.not_(fits), victim_exists)
         do_fail = o.and_(active, o.not_(do_admit), o.not_(do_preempt))
-        self.admit(sel, cur, n, do_admit)
+        self.admit(sel, cur, n, do_admit, hit)
         if p.preempts_on_inversion:
             self.preempt(victim, do_preempt)
         return do_admit, do_fail
@@ -527,8 +556,31 @@ class SymbolicStep:
         loop["admitting"] = o.and_(admitting, o.not_(seq_full), o.not_(failed) if strict else True)
         loop["stopped"] = stopped
 
-    def admit(self, sel: list[Term], r: dict[str, Term], n: Term, cond: Term) -> None:
+    def prefix_hit(self, sel: list[Term], cur: dict[str, Term]) -> tuple[dict[str, Term], tuple, Term]:
+        """The selected waiting request's prefix-cache hit (kv.prefix_hit; none unless nothing is computed):
+        its fields as the admission check reads them (the chunk starts after the hit; kv.adopt's blocks), the
+        hit (length, chosen records) and the blocks admission counts as held (kv.can_admit)."""
+        o, p = self.o, self.p
+        size = p.kv.block_size
+        tokens = cur["prompt_len"] + cur["num_generated"]
+        codes, _ = self.pool.codes(self.select(sel, [prm.identity for prm in self.params]), cur["prompt_len"],
+                                   self.select(sel, list(range(self.n))))
+        limit = o.ite(cur["num_computed"] == 0, o.floor_div(tokens - 1, size), 0)
+        length, chosen, evictable = self.pool.hit(codes, limit)
+        held = cur["blocks"] + length - (evictable if p.kv.prefix_caching.count_evictable_hits else 0)
+        cur = {**cur, "num_computed": cur["num_computed"] + length * size,
+               "blocks": o.ite(length > 0, length, cur["blocks"])}
+        return cur, (length, chosen), held
+
+    def admit(self, sel: list[Term], r: dict[str, Term], n: Term, cond: Term, hit: tuple | None = None) -> None:
         o, s = self.o, self.s
+        if hit is not None:  # kv.adopt: the hit's blocks are the request's first, its tokens computed
+            length, chosen = hit
+            self.pool.adopt(sel, chosen, length, cond)
+            for i in range(self.n):
+                c = o.and_(cond, sel[i], length > 0)
+                self.set(i, "num_computed", c, r["num_computed"])
+                self.set(i, "blocks", c, r["blocks"])
         for i in range(self.n):
             c = o.and_(cond, sel[i])
             self.set(i, "swapped_blocks", c, 0)
@@ -545,6 +597,7 @@ class SymbolicStep:
         fair = p.queue.order is QueueOrder.TENANT_FAIR
         weights = p.queue.vtc_weights
         produced_all = []
+        holders = []  # finished requests free their blocks in the order they were scheduled (pool only)
         for i in range(self.n):
             sl, prm = s.slots[i], self.params[i]
             n = self.sched[i]
@@ -564,8 +617,13 @@ class SymbolicStep:
             self.set(i, "reason", finish, o.ite(generated >= prm.output_len, int(Reason.STOPPED),
                                                  int(Reason.LENGTH_CAPPED)))
             self.set(i, "status", finish, int(Status.FINISHED))
+            holders.append((i, finish, sl["blocks"]))
             self.set(i, "blocks", finish, 0)
             produced_all.append(produced)
+        if self.pool is not None:
+            self.pool.release([(i, finish, blocks, sum_terms([o.b2i(o.and_(f, self.order[q] < self.order[i]))
+                                                              for q, f, _ in holders if q != i]))
+                               for i, finish, blocks in holders])
         s.step = s.step + 1
         return produced_all
 
