@@ -32,7 +32,8 @@ content (docs/liveness.md, "Prefix caching"):
   prompt identities by its index in a table built from the request classes (``chain_ids``: interned by
   parent and block tokens, in class order, so every process names it alike); a chain of a live request's
   own tokens by (its live position, the block index); a chain no request can produce again (the own tokens
-  of a request that is gone) is an orphan, all orphans one name: no hit ever looks them up.
+  of a request that is gone, or a chain of no registered class) is an orphan, all orphans one name: no hit
+  ever looks them up.
 
 The representative a key decodes to gets a pool whose chains are interned in the Canon's own table
 (``chains``), shared by every representative: the step's hits compare chains as ints, so one table for all.
@@ -203,6 +204,7 @@ class Canon:
         top = min(prompt + max(output, max_output), self.policy.max_model_len)
         parent = NO_PARENT
         ids, defs = self.chain_ids, self.chain_defs
+        known = len(defs)
         for k in range(top // self.block_size + 1):
             entry = (parent if self.chained else NO_PARENT, block_tokens(content, prompt, k, self.block_size))
             chain = ids.get(entry)
@@ -210,6 +212,9 @@ class Canon:
                 chain = ids[entry] = len(defs)
                 defs.append(entry)
             parent = chain
+        if len(defs) > known:  # chains named ORPHAN so far may be this class's: name them again
+            self._names.clear()
+            self._other_names.clear()
 
     def _names_of(self, chains: Chains) -> list:
         """Engine chain -> name, for the chains of an interning table: RUN + chain, ORPHAN, or ("own", rid, k)
@@ -229,14 +234,11 @@ class Canon:
                     names.append(ORPHAN)
                 elif tokens[0] == "own":
                     names.append(tokens)
-                else:
+                else:  # a chain no registered class (no live request, no arrival to come) has is an orphan
                     up = NO_PARENT if parent == NO_PARENT else names[parent]
                     chain = self.chain_ids.get((up - RUN if up != NO_PARENT else NO_PARENT, tokens)) \
                         if type(up) is int and (up == NO_PARENT or up >= RUN) else None
-                    if chain is None:
-                        raise InternalError(f"liveness: a cached chain (parent {up}, tokens {tokens}) is not one of "
-                                            "the instance's prompt identities")
-                    names.append(RUN + chain)
+                    names.append(ORPHAN if chain is None else RUN + chain)
         return names
 
     def _engine_chain(self, name: int) -> int:

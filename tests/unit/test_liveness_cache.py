@@ -228,3 +228,14 @@ def test_a_caching_lasso_is_confirmed_on_the_whole_key_of_the_engines_states():
     assert _pool_closes(policy, sg, lasso, specs)
     shifted = Lasso(lasso.prop, lasso.prefix[:-1], lasso.cycle)  # ends one iteration early: not a cycle's ends
     assert not _pool_closes(policy, sg, shifted, specs)
+
+
+def test_a_chain_of_no_class_of_the_instance_is_an_orphan_until_a_class_has_it():
+    policy = _policy(CACHING, ["kv.num_blocks=6"])
+    canon = Canon(policy, 10_000, classes=LivenessEnv(1, (32,), (1,), identities=((0, 0),)).classes())
+    s = SchedulerState(policy, [RequestSpec(0, 0, 32, 1, 1, content=identity_content((1, 0), 32, 16))])
+    step(s, [s.requests[0]], [], 0)  # a group-1 request (no class of the instance has group 1) finishes
+    key = canon.encode(s, 10_000)
+    assert key[-4:] == (ORPHAN, 0, ORPHAN, 0)  # its two cached free blocks: nobody to come can hit them
+    canon.class_id((32, 1, 1, 0, 0, (1, 0)))  # now a class has group 1: its blocks are named by their chains
+    assert canon.encode(s, 10_000)[-4:] != (ORPHAN, 0, ORPHAN, 0)
