@@ -35,7 +35,7 @@ def build(policy: Policy, policy_file: str | None, profile: Profile, prop: Prope
         row["class"] = requests.class_names[spec.cls]
         row["tenant"] = requests.tenant_names[spec.tenant]
     return {
-        "#meta": {"format": "ITF", "source": "hypothesis search, shrunk",
+        "#meta": {"format": "ITF", "format-description": cex.ITF_DESCRIPTION, "source": "hypothesis search, shrunk",
                   "description": f"{prop.name} violated by {policy.name}"},
         "format": cex.FORMAT, "version": 1,
         "policy": {"name": policy.name, "file": policy_file, "sha256": cex.policy_hash(policy),
@@ -47,7 +47,8 @@ def build(policy: Policy, policy_file: str | None, profile: Profile, prop: Prope
         "profile": {"name": profile.name, "spec": profile.model_dump(mode="json")},
         "requests": rows,
         "violation": {"iteration": None},
-        "vars": ["iteration", "now_us", "kv_used", "scheduled", "admitted", "preempted", "finished"],
+        "vars": ["iteration", "now_us", "kv_used", "scheduled", "admitted", "preempted", "finished", "cancelled",
+                 "rejected"],
         "states": states,
     }
 

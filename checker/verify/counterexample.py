@@ -21,6 +21,7 @@ from checker.semantics.state import Status
 from checker.requests import RequestSpec
 
 FORMAT = "batchcheck-counterexample"
+ITF_DESCRIPTION = "https://apalache-mc.org/docs/adr/015adr-trace.html"  # the trace format of "vars" and "states"
 STATUS_NAMES = {int(s): s.name for s in Status}
 
 
@@ -70,7 +71,7 @@ def build(policy: Policy, policy_file: str | None, prop: dict[str, Any], verdict
                        "requests": [{"id": i, **r, "status": STATUS_NAMES[r["status"]]}
                                     for i, r in enumerate(f["requests"][:len(specs)])]})
     return {
-        "#meta": {"format": "ITF", "format-description": "https://apalache-mc.org/docs/adr/015adr-trace.html",
+        "#meta": {"format": "ITF", "format-description": ITF_DESCRIPTION,
                   "source": found_by, "description": f"{prop['name']} violated by {policy.name}"},
         "format": FORMAT, "version": 1,
         "policy": {"name": policy.name, "file": policy_file, "sha256": policy_hash(policy),
