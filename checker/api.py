@@ -17,7 +17,7 @@ from checker.engine import SimResult, simulate
 from checker.errors import InputError, Problem
 from checker.fuzz.slo import SLOFile
 from checker.fuzz.slo import load_slo, slo_file_for  # noqa: F401  (re-exported)
-from checker.inputfiles import load_policy
+from checker.inputfiles import PolicyInput, load_policy
 from checker.inputfiles import apply_overrides, trace_requests  # noqa: F401  (re-exported)
 from checker.loading import load_document, validate
 from checker.policy import Policy
@@ -84,7 +84,7 @@ def validate_file(path: str | Path, kind: str | None = None) -> str:
     return kind
 
 
-def run_simulation(policy: str | Path, workload: str | Path | None = None, trace: str | Path | None = None,
+def run_simulation(policy: PolicyInput, workload: str | Path | None = None, trace: str | Path | None = None,
                    profile: str | Path | None = None, limit: int | None = None, record: bool = False,
                    options: TraceOptions | None = None) -> SimResult:
     pol = load_policy(policy)
@@ -112,7 +112,7 @@ def run_recheck(certificate: str | Path) -> tuple[str, int]:
     return recheck_smt2(text), max(1, text.count(CERTIFICATE_BLOCK))
 
 
-def run_replay(counterexample: str | Path, policy: str | Path | None = None) -> tuple[str, bool]:
+def run_replay(counterexample: str | Path, policy: PolicyInput | None = None) -> tuple[str, bool]:
     """Re-run a counterexample on the engine (under its own policy, or under another one). Returns the
     text to show (an iteration or request table and a verdict line) and whether it still fails."""
     from checker.bugreport.document import load_counterexample
@@ -141,7 +141,7 @@ def run_replay(counterexample: str | Path, policy: str | Path | None = None) -> 
     return "\n".join([head, replay_table(report), verdict]), report.violation is not None
 
 
-def run_check_metrics(policy: str | Path, scrapes: str | Path, checks: list[str] | None = None,
+def run_check_metrics(policy: PolicyInput, scrapes: str | Path, checks: list[str] | None = None,
                       stall_scrapes: int | None = None):
     """Check what a server's Prometheus scrapes show against a policy (docs/check-metrics.md). Returns the
     policy and a checker.checkmetrics.CheckMetricsResult; InputError (exit 2) for a bad file."""

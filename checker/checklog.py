@@ -38,6 +38,7 @@ from checker.errors import InputError, InternalError, Problem
 from checker.fastforward import apply_stretch, next_steps_are_quiet_decodes, stretch_durations
 from checker.frames import Frame, TraceContext
 from checker.loading import json_lines, load_document
+from checker.inputfiles import PolicyInput
 from checker.policy import Policy
 from checker.requests import DEFAULT_HASH_BLOCK_TOKENS, RequestSpec, prefix_problem, prompt_content
 from checker.semantics.kv import blocks_for
@@ -1153,7 +1154,7 @@ def default_invariants(policy: Policy) -> list[str]:
     return [f"{name}:steps={lag}" if name == "cancellation_releases" else name for name in CHECK_LOG_INVARIANTS]
 
 
-def run_check_log(policy: str | Path, log: str | Path, arrivals: str | Path, invariants: list[str] | None = None,
+def run_check_log(policy: PolicyInput, log: str | Path, arrivals: str | Path, invariants: list[str] | None = None,
                   with_conformance: bool = False, *, follow: bool = False, follow_idle_s: float = 10.0,
                   progress: Callable[[CheckLogResult], None] | None = None,
                   fast_forward: bool = True) -> CheckLogResult:

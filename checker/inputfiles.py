@@ -15,12 +15,25 @@ from checker.policy import Policy
 from checker.traces import RequestSet, TraceOptions, load_requests
 
 
-def load_policy(path: str | Path) -> Policy:
+PolicyInput = str | Path | Policy  # what the library's entry points take: a file, or a Policy built in Python
+
+
+def load_policy(path: PolicyInput) -> Policy:
+    """The policy a file holds (named after the file when it names none); a Policy object as it is (named
+    "policy" when it names none), so that library callers can build or vary policies in Python."""
+    if isinstance(path, Policy):
+        return path if path.name is not None else path.model_copy(update={"name": "policy"})
     data, lines = load_document(path)
     policy = validate(Policy, data, str(path), lines)
     if policy.name is None:
         policy = policy.model_copy(update={"name": Path(path).stem})
     return policy
+
+
+def policy_source(policy: PolicyInput) -> str | None:
+    """The file a policy came from, as results and counterexamples record it (None for a Policy object: its
+    whole spec is recorded anyway)."""
+    return None if isinstance(policy, Policy) else str(policy)
 
 
 def apply_overrides(policy: Policy, overrides: list[str] | None) -> Policy:

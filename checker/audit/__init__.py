@@ -18,7 +18,7 @@ from typing import Any
 from checker.audit.fluid import BOUNDS, CLAIM, WITHIN, AuditResult, audit
 from checker.audit.records import AuditClass, AuditContract, AuditWorkload, Slo, canonical_json, content_id
 from checker.errors import InputError, Problem
-from checker.inputfiles import load_policy, trace_requests
+from checker.inputfiles import PolicyInput, load_policy, policy_source, trace_requests
 from checker.loading import LineMap, load_document, load_model, validate
 from checker.profile import DEFAULT_PROFILE, load_profile
 from checker.traces import TraceOptions
@@ -89,7 +89,7 @@ def audit_files(contract_path: str | Path, workload_path: str | Path) -> AuditRe
     return audit(contract, workload, cid, content_id(workload))
 
 
-def run_derived_audit(policy: str | Path, workload: str | Path | None = None, profile: str | Path | None = None, *,
+def run_derived_audit(policy: PolicyInput, workload: str | Path | None = None, profile: str | Path | None = None, *,
                       queue_slo_ms: int | None = None, ttft_slo_ms: int | None = None,
                       tpot_slo_ms: int | None = None, trace: str | Path | None = None,
                       trace_options: TraceOptions | None = None) -> AuditResult:
@@ -102,7 +102,7 @@ def run_derived_audit(policy: str | Path, workload: str | Path | None = None, pr
 
     pol = load_policy(policy)
     prof = load_profile(profile)
-    sources = {"policy_source": str(policy), "profile_source": str(profile or DEFAULT_PROFILE),
+    sources = {"policy_source": policy_source(policy) or f"policy {pol.name} (a Policy object)", "profile_source": str(profile or DEFAULT_PROFILE),
                "queue_slo_ms": queue_slo_ms, "ttft_slo_ms": ttft_slo_ms, "tpot_slo_ms": tpot_slo_ms}
     if trace is not None:
         rs = trace_requests(trace, trace_options)

@@ -25,7 +25,7 @@ from checker.fuzz import counterexample as fuzz_cex
 from checker.fuzz.seeds import SeedCorpus, seed_corpus, shrink
 from checker.fuzz.slo import Outcome, Property, evaluate, load_slo
 from checker.fuzz.strategies import STRESSES, Draw, adversarial, ranges, request_maker, to_requests
-from checker.inputfiles import load_policy, trace_requests
+from checker.inputfiles import PolicyInput, load_policy, policy_source, trace_requests
 from checker.metrics import lazy_summary
 from checker.policy import Policy
 from checker.profile import Profile, load_profile
@@ -186,7 +186,7 @@ def run_property(policy: Policy, workload: Workload, profile: Profile, prop: Pro
     return result
 
 
-def run_fuzz(policy: str | Path, workload: str | Path, slo: str | Path | None = None,
+def run_fuzz(policy: PolicyInput, workload: str | Path, slo: str | Path | None = None,
              properties: list[str] | None = None, max_examples: int = 200, time_budget_s: float = 60.0,
              seed: int = 0, profile: str | Path | None = None, out_dir: str | Path | None = "counterexamples",
              database_dir: str | Path | None = ".batchcheck/hypothesis", max_requests: int = 20,
@@ -221,7 +221,7 @@ def run_fuzz(policy: str | Path, workload: str | Path, slo: str | Path | None = 
             if seed_trace is not None:
                 search.update(seed_trace=str(seed_trace), seed_windows_run=result.seeds_run,
                               found_in_seed_window=result.seed_found)
-            doc = fuzz_cex.build(pol, str(policy), prof, prop, result.outcome, requests, search)
+            doc = fuzz_cex.build(pol, policy_source(policy), prof, prop, result.outcome, requests, search)
             replayed = fuzz_cex.replay(doc)
             if not replayed.violated:
                 raise InternalError(f"the shrunk trace for {prop.name} does not fail when replayed "
