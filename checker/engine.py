@@ -10,15 +10,18 @@ from __future__ import annotations
 
 import gc
 import time
+from bisect import bisect_left
 from dataclasses import dataclass, field
+from itertools import accumulate
 
-from checker.fastforward import apply_stretch, next_steps_are_quiet_decodes, stretch_durations
+from checker.fastforward import (apply_stretch, arrivals_may_join, joins_behind_head, next_steps_are_quiet_decodes,
+                                 stretch_durations)
 from checker.metrics import RequestTimes, summarize
 from checker.policy import Policy, QueueOrder
 from checker.profile import Profile
-from checker.semantics.decision import StepDecision
+from checker.semantics.decision import DecisionBuilder, StepDecision
 from checker.semantics.state import TERMINAL, Request, SchedulerState
-from checker.semantics.step import step
+from checker.semantics.step import arrive_phase, step
 from checker.traces import RequestSet
 
 DEFAULT_MAX_STEPS = 50_000_000
@@ -77,6 +80,9 @@ class _Clock:
         if self.ci < len(self.cancels):
             times.append(self.cancels[self.ci].spec.cancel_us)
         return min(times) if times else None
+
+    def next_cancel_time(self) -> int | None:
+        return self.cancels[self.ci].spec.cancel_us if self.ci < len(self.cancels) else None
 
 
 def _next_timeout(s: SchedulerState, now_us: int) -> int | None:
@@ -180,7 +186,8 @@ def _simulate(policy: Policy, requests: RequestSet, profile: Profile, record: bo
             now += dt
             result.busy_us += dt
             if fast_forward and next_steps_are_quiet_decodes(s, d):
-                now = _skip_quiet_decodes(s, result, clock, now, max_steps)
+                now, left = _skip_quiet_decodes(s, result, clock, now, max_steps)
+                unfinished -= left
         if not d.is_quiet:
             quiet_since = None
         elif not s.holding:
@@ -207,12 +214,18 @@ def _livelock_limit(s: SchedulerState) -> int:
     return 2 * live + LIVELOCK_SLACK_TOKENS
 
 
-def _skip_quiet_decodes(s: SchedulerState, result: SimResult, clock: _Clock, now: int, max_steps: int) -> int:
-    horizon = [t for t in (clock.next_time(), _next_internal_event(s, now)) if t is not None]
+def _skip_quiet_decodes(s: SchedulerState, result: SimResult, clock: _Clock, now: int,
+                        max_steps: int) -> tuple[int, int]:
+    """Apply the quiet decode steps that follow; return the time after them and how many requests arriving
+    during them were rejected (arrivals behind the queue's head join the stretch: fastforward.arrivals_may_join)."""
+    join = arrivals_may_join(s)
+    horizon = [t for t in (clock.next_cancel_time() if join else clock.next_time(), _next_internal_event(s, now))
+               if t is not None]
     durations = stretch_durations(s, result.profile, now, min(horizon) if horizon else None,
                                   max_steps - result.steps)
+    rejected = _join_arrivals(s, result, clock, now, durations) if join and durations else 0
     if not durations:
-        return now
+        return now, rejected
     k, total = len(durations), sum(durations)
     apply_stretch(s, k)
     t = result.times
@@ -230,4 +243,34 @@ def _skip_quiet_decodes(s: SchedulerState, result: SimResult, clock: _Clock, now
     result.kv_peak_blocks = max(result.kv_peak_blocks, s.kv_used)
     if s.waiting and len(s.running) < s.policy.batch.max_num_seqs:
         result.idle_slot_steps += k
-    return now + total
+    result.waiting_peak = max(result.waiting_peak, len(s.waiting))
+    return now + total, rejected
+
+
+def _join_arrivals(s: SchedulerState, result: SimResult, clock: _Clock, now: int, durations: list[int]) -> int:
+    """Run the arrive phase of each step of the stretch for the requests due then, as plain stepping would
+    (step j, starting at starts[j], takes the arrivals after starts[j - 1] up to starts[j]); cut the stretch
+    (``durations``, in place) before the first step with an arrival that would go ahead of the queue's head.
+    Return how many were rejected (their time is the start of their step, as RequestTimes.observe sets it)."""
+    starts = list(accumulate(durations, initial=now))
+    arrivals, k = clock.arrivals, len(durations)
+    rejected = 0
+    out = DecisionBuilder()
+    while clock.ai < len(arrivals):
+        j = bisect_left(starts, arrivals[clock.ai].arrival_us, 0, k)  # the first step starting at or after it
+        if j == k:
+            break
+        due = clock.ai
+        while due < len(arrivals) and arrivals[due].arrival_us <= starts[j]:
+            due += 1
+        batch = arrivals[clock.ai:due]
+        if not all(joins_behind_head(s, r) for r in batch):
+            del durations[j:]  # plain stepping takes this step
+            break
+        arrive_phase(s, batch, out)
+        clock.ai = due
+        for rid, _ in out.rejected:
+            result.times.done[rid] = starts[j]
+        rejected += len(out.rejected)
+        out.rejected.clear()
+    return rejected

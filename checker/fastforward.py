@@ -25,6 +25,15 @@ in two ways: a take evicts one of the hit's blocks, or a decode caches the block
 The stretch stops before the first step that would do either (the hit stays as the quiet step saw it,
 and the argument above holds again). That needs the quiet step's waiting pass to have run after its
 decodes (decode-first); under prefill-first and mixed passes, with someone waiting, plain stepping goes on.
+
+Arrivals during a stretch (``arrivals_may_join``, ``joins_behind_head``): with someone waiting, strict
+head-of-line blocking, a queue order that does not change while requests wait, no queue timeout and a
+long-prefill threshold that does not read the queue's length, a request that arrives and goes behind the
+queue's head changes nothing the stretch's steps do: every waiting pass tries the head only, with the same
+budget, slots and (falling) free blocks as the quiet step's, and stops there; the arrival's own admission
+control reads the queue's and the batch's lengths and the policy, not the tokens the batch has decoded. So
+the engine lets such arrivals join (or be rejected) at the step they are due and goes on; the stretch stops
+before the first step with an arrival that would go ahead of the head.
 tests/conformance/test_fastforward.py pins this module to plain
 stepping: same final state, same pool, same metrics.
 """
@@ -64,6 +73,24 @@ def next_steps_are_quiet_decodes(s: SchedulerState, d: StepDecision) -> bool:
     return bool(
         len(d.scheduled) == len(s.running) and not d.num_prefill_tokens
         and not (d.admitted or d.preempted or d.finished) and not time_varying(s))
+
+
+def arrivals_may_join(s: SchedulerState) -> bool:
+    """Whether requests may arrive during a quiet stretch (behind the queue's head: joins_behind_head) without
+    changing its steps: someone waits, only the head is tried (strict head-of-line blocking) in a static
+    queue order, no queue timeout (an arrival would bring one), and the step's long-prefill threshold does not
+    read the queue's length (threshold_adaptive divides the budget by it)."""
+    p = s.policy
+    chunking = p.chunking
+    return bool(s.waiting and p.queue.head_of_line is HeadOfLine.STRICT and not time_varying(s)
+                and p.timeouts.queue_timeout_ms is None
+                and not (chunking.long_prefill_token_threshold and chunking.threshold_adaptive))
+
+
+def joins_behind_head(s: SchedulerState, r: Request) -> bool:
+    """Whether the arriving request, if admission control lets it in, is enqueued behind the queue's head."""
+    key = key_function(s, 0)  # a static order (arrivals_may_join): the clock is not read
+    return bool(s.waiting) and key(r) > key(s.waiting[0])
 
 
 def stretch_durations(s: SchedulerState, profile: Profile, start_us: int, horizon_us: int | None,

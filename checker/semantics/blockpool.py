@@ -49,15 +49,18 @@ def _tokens_from(content: PromptContent, i: int, pos: int, prompt_len: int, lo: 
     """block_tokens of the block [lo, hi), reading the content from run i on (which starts at token pos <= lo:
     the runs before it end at or before lo, so they add nothing)."""
     runs: list[list[int]] = []
-    for first, n in content[i:]:
+    for j in range(i, len(content)):
+        first, n = content[j]
         a, b = max(lo, pos), min(hi, pos + n)
         if a < b:
             _add_run(runs, first + a - pos, b - a)
         pos += n
         if pos >= hi:
             break
-    for _ in range(max(lo, prompt_len), hi):
+    outputs = hi - max(lo, prompt_len)
+    if outputs > 0:  # the output tokens: only the first can extend a run (a run of one id never extends itself)
         _add_run(runs, GREEDY_OUTPUT_TOKEN, 1)
+        runs.extend([GREEDY_OUTPUT_TOKEN, 1] for _ in range(outputs - 1))
     return tuple((a, n) for a, n in runs)
 
 
@@ -72,11 +75,14 @@ class Chains(dict):
     """(parent chain, block tokens) -> chain: a chain is its index in order of first use, so equal chains are
     equal ints. ``runs`` is a memo for BlockPool._run_chains (not part of the table: len() counts chains only)."""
 
-    __slots__ = ("runs",)
+    __slots__ = ("runs", "cursors")
 
     def __init__(self) -> None:
         super().__init__()
         self.runs: dict[tuple[int, int], list[int]] = {}  # (parent, first token id) -> chains of consecutive blocks
+        # rid -> (content, i, pos): where BlockPool.chain stopped in that content, run i starting at token pos
+        # (the runs before it end at or before pos). A hint, valid for any block starting at or after pos.
+        self.cursors: dict[int, tuple[PromptContent, int, int]] = {}
 
 
 class BlockPool:
@@ -137,17 +143,25 @@ class BlockPool:
         content = r.spec.content
         if content is None:
             rid = r.rid
+            intern, append = chains.setdefault, chain.append
             if self.chained:
                 parent = chain[-1] if chain else NO_PARENT
                 for j in range(k, n):
-                    parent = chains.setdefault((parent, ("own", rid, j)), len(chains))
-                    chain.append(parent)
+                    parent = intern((parent, ("own", rid, j)), len(chains))
+                    append(parent)
             else:
                 for j in range(k, n):
-                    chain.append(chains.setdefault((NO_PARENT, ("own", rid, j)), len(chains)))
+                    append(intern((NO_PARENT, ("own", rid, j)), len(chains)))
             return chain
         size, prompt_len, chained = self.block_size, r.prompt_len, self.chained
-        i, pos, runs = 0, 0, len(content)
+        runs = len(content)
+        cursors = chains.cursors
+        cursor = cursors.get(r.rid)
+        if cursor is not None and cursor[0] is content and cursor[2] <= k * size:
+            i, pos = cursor[1], cursor[2]
+        else:
+            i, pos = 0, 0
+        output_key = None
         while k < n:
             lo = k * size
             while i < runs and pos + content[i][1] <= lo:  # the run holding token lo
@@ -162,9 +176,16 @@ class BlockPool:
                     chain.extend(self._run_chains(parent, first + lo - pos, count))
                     k += count
                     continue
-            chain.append(chains.setdefault((parent, _tokens_from(content, i, pos, prompt_len, lo, lo + size)),
-                                           len(chains)))
+                key = _tokens_from(content, i, pos, prompt_len, lo, lo + size)
+            elif lo >= prompt_len:  # output tokens only: what _tokens_from gives for such a block
+                if output_key is None:
+                    output_key = ((GREEDY_OUTPUT_TOKEN, 1),) * size
+                key = output_key
+            else:
+                key = _tokens_from(content, i, pos, prompt_len, lo, lo + size)
+            chain.append(chains.setdefault((parent, key), len(chains)))
             k += 1
+        cursors[r.rid] = (content, i, pos)
         return chain
 
     def _run_chains(self, parent: int, t0: int, count: int) -> list[int]:
@@ -202,8 +223,25 @@ class BlockPool:
         return known[:count]
 
     def _key(self, r: Request, k: int) -> Key:
+        """The key of block k: ("own", rid, k), or block_tokens(content, prompt_len, k, block_size) read from the
+        request's cursor on (the runs before it end before the block, so they add nothing)."""
         content = r.spec.content
-        return ("own", r.rid, k) if content is None else block_tokens(content, r.prompt_len, k, self.block_size)
+        if content is None:
+            return ("own", r.rid, k)
+        size = self.block_size
+        lo = k * size
+        cursor = self.chains.cursors.get(r.rid)
+        if cursor is not None and cursor[0] is content and cursor[2] <= lo:
+            i, pos = cursor[1], cursor[2]
+        else:
+            i, pos = 0, 0
+        runs = len(content)
+        while i < runs and pos + content[i][1] <= lo:
+            pos += content[i][1]
+            i += 1
+        if i == runs and lo >= r.prompt_len:  # output tokens only
+            return ((GREEDY_OUTPUT_TOKEN, 1),) * size
+        return _tokens_from(content, i, pos, r.prompt_len, lo, lo + size)
 
     def true_chain(self, r: Request, n: int) -> list[int]:
         """The chains of the request's first n full blocks as chained hashes would name them (what the

@@ -1,5 +1,6 @@
 """The block pool's fast paths equal their definitions: chains interned per run of consecutive token ids
-(with the memo of runs seen before) equal block-by-block interning with block_tokens, table order included;
+(with the memo of runs seen before, and the cursor into each request's content) equal block-by-block interning
+with block_tokens, table order included;
 takes of many uncached blocks, and takes that compact the LRU dict, leave the pool as one-at-a-time takes."""
 
 from __future__ import annotations
@@ -56,6 +57,34 @@ def test_chains_equal_block_by_block_interning(size, chained, data):
         fast, slow = data.draw(st.sampled_from(pairs))
         n = data.draw(st.integers(0, (fast.prompt_len + 40) // size + 1))  # past the prompt: output blocks too
         assert pool.chain(fast, n) == chain_by_definition(table, slow, n, size, chained)
+    assert list(pool.chains.items()) == list(table.items())
+
+
+@settings(max_examples=200, deadline=None, database=None, derandomize=True)
+@given(st.sampled_from([1, 2, 4, 16]), st.data())
+def test_chain_cursors_are_only_hints(size, data):
+    """BlockPool.chain resumes its walk of a request's content where the last call stopped (Chains.cursors, by
+    rid): requests that share a rid with other contents, and chains started again from the first block, give
+    the chains of block-by-block interning all the same, and BlockPool._key (which reads from the cursor too, for
+    fast-forward's known_chain) gives block_tokens's keys."""
+    pool = BlockPool(64, size)
+    table: dict = {}
+    specs = []
+    for _ in range(data.draw(st.integers(1, 4))):
+        prompt, content = data.draw(contents(0))  # one rid for all of them
+        specs.append(RequestSpec(rid=0, arrival_us=0, prompt_len=prompt, output_len=1, max_output=1, content=content))
+    live = [(Request(spec), Request(spec)) for spec in specs]
+    for _ in range(data.draw(st.integers(1, 30))):
+        j = data.draw(st.integers(0, len(live) - 1))
+        if data.draw(st.integers(0, 4)) == 0:  # the same spec, its chain started again
+            live[j] = Request(specs[j]), Request(specs[j])
+        fast, slow = live[j]
+        n = data.draw(st.integers(0, (fast.prompt_len + 40) // size + 1))
+        assert pool.chain(fast, n) == chain_by_definition(table, slow, n, size, True)
+        k = data.draw(st.integers(0, (fast.prompt_len + 40) // size + 1))  # a key read from the cursor (known_chain)
+        content = fast.spec.content
+        key = ("own", 0, k) if content is None else block_tokens(content, fast.prompt_len, k, size)
+        assert pool._key(fast, k) == key
     assert list(pool.chains.items()) == list(table.items())
 
 
