@@ -9,7 +9,7 @@ from pathlib import Path
 
 from checker.errors import InputError, InternalError, Problem
 from checker.exitcodes import ExitCode
-from checker.inputfiles import apply_overrides, load_policy
+from checker.inputfiles import PolicyInput, apply_overrides, load_policy, policy_source
 from checker.liveness.canon import STATUS_AT, identities_need_the_cache, live_field
 from checker.liveness.explore import (DEFAULT_MAX_STATES, Choice, LivenessEnv, StateGraph, Transition, explore,
                                       instance_env, live_positions, make_canon)
@@ -204,6 +204,10 @@ def save_lasso(policy: Policy, policy_file: str | None, sg: StateGraph, lasso: L
                     "cycle_starts_after_iteration": prefix - 1, "replayed_iterations": prefix + 2 * cycle,
                     "note": "the state after iteration prefix-1, after one turn and after two turns is the same "
                             "canonical state; replay runs the prefix and two turns"}
+    # ITF's lasso: after the last state comes states[loop] again (states hold the frames after iterations
+    # 0..prefix+2*cycle-1; the last equals the one after iteration prefix-1+cycle as a canonical state, so its
+    # successor is the one after iteration prefix+cycle): the second turn is the loop, the first is in the prefix
+    doc["loop"] = prefix + cycle
     doc["graph"] = sg.summary()
     # "_lasso" in the name: no_deadlock is also a bounded invariant, whose files share the policy__name prefix
     name = cex.file_name(doc).replace(f"__{lasso.prop}__", f"__{lasso.prop}_lasso__", 1)
@@ -313,7 +317,7 @@ def untouched_limits(policy: Policy, env: LivenessEnv) -> str:
             "--requests, or smaller limits with --set (e.g. --set batch.max_num_seqs=1)")
 
 
-def run_liveness(policy: str | Path, properties: list[str] | None = None, requests: int = 2,
+def run_liveness(policy: PolicyInput, properties: list[str] | None = None, requests: int = 2,
                  prompts: tuple[int, ...] | None = None, outputs: tuple[int, ...] = (1, 2),
                  priorities: tuple[int, ...] | None = None, tenants: int = 1, cancellations: bool = False,
                  arrivals_per_step: int | None = None, step_ms: float = 10.0, overrides: list[str] | None = None,
@@ -333,7 +337,7 @@ def run_liveness(policy: str | Path, properties: list[str] | None = None, reques
     pol = apply_overrides(load_policy(policy), overrides)
     env = liveness_env(pol, requests, prompts, outputs, priorities, tenants, cancellations, arrivals_per_step, step_ms,
                        identities)
-    return check_liveness(pol, str(policy), env, properties, max_states or DEFAULT_MAX_STATES, timeout_s,
+    return check_liveness(pol, policy_source(policy), env, properties, max_states or DEFAULT_MAX_STATES, timeout_s,
                           Path(out_dir) if out_dir is not None else None, overrides, progress, jobs)
 
 

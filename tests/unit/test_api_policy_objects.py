@@ -54,3 +54,10 @@ def test_check_log_takes_a_policy_object(tmp_path):
     (tmp_path / "log.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
     result = api.run_check_log(policy, tmp_path / "log.jsonl", tmp_path / "arrivals.json", with_conformance=True)
     assert result.violation is None and result.conformance.agreeing == result.steps
+
+
+def test_liveness_takes_a_policy_object():
+    policy = api.load_policy(POLICIES / "strict_priority.yaml")
+    small = policy.model_copy(update={"name": "sp1", "batch": policy.batch.model_copy(update={"max_num_seqs": 1})})
+    report = api.run_liveness(small, out_dir=None)
+    assert any(r.verdict == "VIOLATED" for r in report.results), report

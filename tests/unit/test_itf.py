@@ -93,4 +93,9 @@ def test_fresh_counterexamples_of_each_kind_are_itf_traces(tmp_path, capsys):
     kinds = {json.loads(f.read_text())["property"]["kind"] for f in files}
     assert {"slo", "liveness"} <= kinds and len(kinds) == 3, kinds
     for f in files:
-        assert itf_problems(json.loads(f.read_text())) == [], f.name
+        doc = json.loads(f.read_text())
+        assert itf_problems(doc) == [], f.name
+        if doc["property"]["kind"] == "liveness":  # a lasso: the second turn is ITF's loop
+            lasso = doc["lasso"]
+            assert len(doc["states"]) == lasso["prefix_iterations"] + 2 * lasso["cycle_iterations"]
+            assert doc["loop"] == lasso["prefix_iterations"] + lasso["cycle_iterations"]
