@@ -8,7 +8,7 @@ instance, any number of iterations), NO_COUNTEREXAMPLE (no lasso among the state
 max_states or timeout_s cut the graph: inconclusive, gated by ``[gate] inconclusive``), VACUOUS (no lasso,
 but the instance never reaches the policy's limits, or, on a policy with prefix caching, no admission ever finds
 a cached prefix: inconclusive too). A caching policy's instance draws its prompts from prefix group 0 (the
-liveness default; the entry has no identities key yet), and the message says how often the cache was hit.
+liveness default; an entry's ``identities`` chooses others), and the message says how often the cache was hit.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def run_liveness_checks(checks: Sequence[Check]) -> list:
         report = run_liveness(paths["policy"], [c.rule for c in checks], first.requests, inst.prompts,
                               inst.outputs, inst.priorities, inst.tenants, inst.cancellations,
                               inst.arrivals_per_step, inst.step_ms, list(inst.overrides), inst.max_states,
-                              first.timeout_s, cex_dir)
+                              first.timeout_s, cex_dir, identities=inst.identities)
         seconds = (time.monotonic() - started) / len(checks)  # one exploration, shared
         graph = _graph(report)
         shared = {"graph": report.as_dict()["graph"], "environment": report.env.as_dict()}

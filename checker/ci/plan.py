@@ -54,6 +54,7 @@ class LivenessInstance:
     step_ms: float
     max_states: int
     overrides: tuple[str, ...]
+    identities: tuple | None = None  # prompt identities (checker.requests.IDENTITIES entries), None: the default
 
 
 @dataclass(frozen=True)
@@ -329,13 +330,16 @@ def _diff_checks(res: _Resolver, i: int, entry: DiffEntry, modules: tuple) -> li
 
 
 _LIVENESS_OPTIONS = {"--requests": "requests", "--prompts": "prompts", "--outputs": "outputs",
-                     "--priorities": "priorities", "--arrivals-per-step": "arrivals_per_step", "--step-ms": "step_ms"}
-_INSTANCE_KEYS = ("prompts", "outputs", "priorities", "tenants", "cancellations", "arrivals_per_step", "step_ms")
+                     "--priorities": "priorities", "--arrivals-per-step": "arrivals_per_step", "--step-ms": "step_ms",
+                     "--identities": "identities"}
+_INSTANCE_KEYS = ("prompts", "outputs", "priorities", "tenants", "cancellations", "identities", "arrivals_per_step",
+                  "step_ms")
 
 
 def _liveness_checks(res: _Resolver, i: int, entry: LivenessEntry) -> list[Check]:
     """One check per (policy, property); each policy's overrides and instance are checked here, located at
     the key of the entry (an override that breaks the policy: at that override)."""
+    from checker.liveness.canon import IDENTITY_TOKENS
     from checker.liveness.check import liveness_env
     from checker.liveness.lasso import PROPERTIES
 
@@ -344,7 +348,8 @@ def _liveness_checks(res: _Resolver, i: int, entry: LivenessEntry) -> list[Check
     instance = LivenessInstance(
         tuple(entry.prompts) if entry.prompts else None, tuple(entry.outputs),
         tuple(entry.priorities) if entry.priorities else None, entry.tenants, entry.cancellations,
-        entry.arrivals_per_step, entry.step_ms, entry.max_states, tuple(entry.set))
+        entry.arrivals_per_step, entry.step_ms, entry.max_states, tuple(entry.set),
+        tuple(IDENTITY_TOKENS[t] for t in entry.identities) if entry.identities else None)
     shown = [("requests", entry.requests)]
     for key in _INSTANCE_KEYS:
         value = getattr(entry, key)
@@ -365,7 +370,7 @@ def _liveness_checks(res: _Resolver, i: int, entry: LivenessEntry) -> list[Check
         try:
             liveness_env(overridden, entry.requests, instance.prompts, instance.outputs,
                          instance.priorities, entry.tenants, entry.cancellations, entry.arrivals_per_step,
-                         entry.step_ms)
+                         entry.step_ms, instance.identities)
         except InputError as exc:
             p = exc.problems[0]
             key = _LIVENESS_OPTIONS.get(p.path, "")

@@ -30,6 +30,7 @@ def project(tmp_path, monkeypatch):
         path = make_project(tmp_path, config)
         for name in ("strict_priority.yaml", "priority_aging.yaml"):
             shutil.copy(POLICIES / name, tmp_path / "spec" / "policies" / name)
+        shutil.copy(POLICIES / "prefix_caching" / "vllm_v1.yaml", tmp_path / "spec" / "policies" / "cached.yaml")
         return path
     return make
 
@@ -114,6 +115,11 @@ BAD = [
     ('[[liveness]]\npolicies = ["spec/policies/vllm_v1.yaml"]\nset = ["max_num_seqs"]\n',
      ("batchcheck.toml:3: liveness[0].set[0]='max_num_seqs' (expected FIELD.PATH=VALUE, e.g. batch.max_num_seqs=1 "
       "in spec/policies/vllm_v1.yaml)")),
+    ('[[liveness]]\npolicies = ["spec/policies/vllm_v1.yaml"]\nidentities = ["g0"]\n',
+     ("batchcheck.toml:3: liveness[0].identities=['g0'] (expected only with kv.prefix_caching.enabled: true (without "
+      "the cache a prompt's tokens are never read) for spec/policies/vllm_v1.yaml)")),
+    ('[[liveness]]\npolicies = ["spec/policies/cached.yaml"]\nidentities = ["g2"]\n',
+     "batchcheck.toml:3: liveness[0].identities[0]='g2' (expected one of: own, g0, g1 or g0+1)"),
     ('[[liveness]]\npolicies = ["spec/policies/priority_aging.yaml"]\nstep_ms = 300\n',
      ("batchcheck.toml:3: liveness[0].step_ms=300 (expected a divisor of the aging interval (1000 ms), so that ages "
       "are whole iterations for spec/policies/priority_aging.yaml)")),
@@ -121,7 +127,7 @@ BAD = [
      ("batchcheck.toml:4: liveness[0].outputs[0]=0 (expected a number >= 1)\n"
       "batchcheck.toml:3: liveness[0].max_states=0 (expected a number >= 1)\n"
       "batchcheck.toml:5: liveness[0].request=2 (expected a known key; did you mean requests? allowed here: arrivals_per_step, "
-      "cancellations, level, max_states, outputs, policies, priorities, prompts, properties, requests, set, "
+      "cancellations, identities, level, max_states, outputs, policies, priorities, prompts, properties, requests, set, "
       "step_ms, tenants, timeout_s)")),
 ]
 
@@ -143,3 +149,12 @@ def test_an_instance_that_never_reaches_the_limits_is_vacuous_not_proved(capsys,
     assert "VACUOUS            eventually_served  no lasso in the complete graph, but no request ever waits in this " \
            "instance (1 request(s) in flight, every arrival admitted in its iteration, none rejected)" in out
 
+
+
+def test_a_caching_policys_instance_takes_its_prompt_identities_from_the_entry(capsys, project):
+    project('[[liveness]]\npolicies = ["spec/policies/cached.yaml"]\nset = ["kv.num_blocks=6", '
+            '"batch.max_num_seqs=1"]\nprompts = [20, 40]\nidentities = ["g0", "g1"]\n'
+            'properties = ["eventually_served"]\n')
+    code, out, _ = run(capsys, "ci", "--jobs", "1", *OUTPUTS)
+    assert code == 0, out
+    assert "prompts {20, 40}, prompt identities {g0, g1}" in out
