@@ -20,32 +20,17 @@ policies=()
 if [ -n "${INPUT_POLICIES:-}" ]; then
   read -r -a policies <<< "$INPUT_POLICIES"
 fi
-# the config (as ci finds it) and its counterexample folder; empty when there is none (ci then says why)
+# the config's counterexample folder (as ci finds the config); empty when there is none (ci then says why)
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-{ read -r config; read -r folder; } < <(python3 "$here/inputs.py" config "${INPUT_CONFIG:-}" 2>/dev/null)
-run=1
-if [ -n "${INPUT_CHANGED_SINCE:-}" ]; then
-  if ! changed=$(git diff --name-only --diff-filter=AMR "$INPUT_CHANGED_SINCE...HEAD" 2>"$out/git.err"); then
-    { echo "batchcheck: error: changed-since='$INPUT_CHANGED_SINCE' (expected a git ref of this checkout:"
-      echo "$(head -1 "$out/git.err")); check out with fetch-depth: 0"; } > "$out/stderr.txt"
-    code=2; run=0
-  elif [ -z "${config:-}" ] || ! grep -qxF "$(realpath --relative-to="$(git rev-parse --show-toplevel)" "$config")" <<< "$changed"; then
-    while IFS= read -r f; do  # the changed files that are policies (not workflows or workloads)
-      policies+=("$f")
-    done < <(python3 "$here/inputs.py" policies <<< "$changed" 2>/dev/null)
-    if [ ${#policies[@]} -eq 0 ]; then
-      echo "batchcheck: no policy file changed since $INPUT_CHANGED_SINCE: nothing to check" > "$out/stderr.txt"
-      code=0; run=0
-    fi
-  fi  # the config itself changed: every check runs
-fi
-if [ $run -eq 1 ]; then
-  batchcheck "${args[@]}" "${policies[@]}" 2> >(tee "$out/stderr.txt" >&2)
-  code=$?
-  wait  # the tee
-fi
+folder=$(python3 "$here/inputs.py" "${INPUT_CONFIG:-}" 2>/dev/null)
+# changed-since: ci --base selects the checks of the policy files changed since the ref (every check when the
+# config itself changed) and runs the base diffs ([[diff]] entries without old/new) against it
+[ -n "${INPUT_CHANGED_SINCE:-}" ] && args+=(--base "$INPUT_CHANGED_SINCE")
+batchcheck "${args[@]}" "${policies[@]}" 2> >(tee "$out/stderr.txt" >&2)
+code=$?
+wait  # the tee
 
-if [ ! -s "$summary" ]; then  # bad config or input (exit 2), a crash, or nothing to check: say why
+if [ ! -s "$summary" ]; then  # bad config or input (exit 2) or a crash: say why
   {
     echo "## batchcheck: exit $code"
     echo

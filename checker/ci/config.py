@@ -109,10 +109,14 @@ class FuzzEntry(_Strict):
 
 
 class DiffEntry(_Strict):
-    """Two versions of a policy to compare (``batchcheck diff OLD NEW``): see checker/ci/diffhook.py."""
+    """Two versions of a policy to compare (``batchcheck diff OLD NEW``): see checker/ci/diffhook.py. Without
+    ``old`` and ``new``, each policy file (``policies``, else the top-level ones) that changed since
+    ``batchcheck ci --base REF`` is compared with its own version at REF."""
 
-    old: str
-    new: str
+    old: str | None = None
+    new: str | None = None
+    policies: Names | None = None
+    """Base-diff entries only: the policy files compared with their version at --base (default: the top level's)."""
     invariants: Names | None = None
     requests: Requests | None = None
     depth: Depth | None = None

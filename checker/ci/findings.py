@@ -7,7 +7,7 @@ import hashlib
 from dataclasses import dataclass
 
 from checker.ci.results import FAILED, INCONCLUSIVE, Result
-from checker.ci.locations import fields_for, locate
+from checker.ci.locations import changed_lines, fields_for, locate, locate_change
 from checker.ci.plan import DIFF, FUZZ, LIVENESS, VERIFY, Check, PolicyInfo
 
 ERROR, WARNING, NOTE = "error", "warning", "note"  # SARIF levels
@@ -62,6 +62,10 @@ class Finding:
 
 
 def make_finding(check: Check, result: Result, policy: PolicyInfo, inconclusive_gates: bool) -> Finding:
-    field, line = locate(fields_for(check.kind, check.rule, check.metric), policy.lines)
+    fields = fields_for(check.kind, check.rule, check.metric)
+    if check.kind == DIFF and check.old is not None:  # where the change is (the pull request's lines)
+        field, line = locate_change(fields, policy.lines, changed_lines(check.old.text, check.policy.text))
+    else:
+        field, line = locate(fields, policy.lines)
     gating = check.level == ERROR and (result.outcome != INCONCLUSIVE or inconclusive_gates)
     return Finding(check, result, field, line, gating)

@@ -79,3 +79,31 @@ def locate(fields: tuple[str, ...], lines: LineMap) -> tuple[str, int]:
     if ("name",) in lines:
         return fields[0] if fields else DOCUMENT, lines[("name",)]
     return fields[0] if fields else DOCUMENT, 1
+
+
+def changed_lines(old_text: str, new_text: str) -> set[int]:
+    """The 1-based lines of NEW that a diff from OLD inserts or replaces (where a reviewer's change is)."""
+    import difflib
+
+    old, new = old_text.splitlines(), new_text.splitlines()
+    changed: set[int] = set()
+    for tag, _, _, j1, j2 in difflib.SequenceMatcher(None, old, new, autojunk=False).get_opcodes():
+        if tag in ("replace", "insert"):
+            changed.update(range(j1 + 1, j2 + 1))
+    return changed
+
+
+def locate_change(fields: tuple[str, ...], lines: LineMap, changed: set[int]) -> tuple[str, int]:
+    """A diff finding: at the first of its fields that stands on a changed line; else at the first changed line
+    that holds a field (a regression caused by kv.num_blocks is annotated at that line, which a pull request's
+    review shows, not at an unchanged one that GitHub hides); else as ``locate``."""
+    for path in fields:
+        key = tuple(path.split("."))
+        if lines.get(key) in changed:
+            return path, lines[key]
+    on_changed = sorted((line, -len(key), key) for key, line in lines.items() if line in changed)
+    if on_changed:
+        line, _, key = on_changed[0]
+        return ".".join(key), line
+    return locate(fields, lines)
+

@@ -16,10 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from checker.ci.config import CiConfig, DiffEntry, Level, LivenessEntry
+from checker.ci.gitbase import changed_files, text_at
 from checker.ci.tomllines import LineMap
 from checker.errors import InputError, Problem
 from checker.inputfiles import apply_overrides, load_policy
-from checker.loading import _line_for, load_model, parse_yaml, read_text
+from checker.loading import _line_for, load_model, parse_yaml, read_text, validate
 
 VERIFY = "verify"
 FUZZ = "fuzz"
@@ -107,6 +108,7 @@ class Plan:
     checks: list[Check] = field(default_factory=list)
     policies: dict[str, PolicyInfo] = field(default_factory=dict)
     not_configured: list[str] = field(default_factory=list)  # --policy files no entry covers
+    notes: list[str] = field(default_factory=list)  # what the plan left out and why (base diffs)
 
 
 def materialise(folder: Path, files: dict[str, InputFile | None]) -> dict[str, str | None]:
@@ -116,7 +118,7 @@ def materialise(folder: Path, files: dict[str, InputFile | None]) -> dict[str, s
         if ref is None:
             out[role] = None
             continue
-        path = folder / f"in{i}" / Path(ref.shown).name
+        path = folder / f"in{i}" / Path(ref.shown.split("@", 1)[0]).name  # PATH@REF: a policy at --base
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(ref.text, encoding="utf-8")
         out[role] = str(path)
@@ -189,12 +191,24 @@ class _Resolver:
         return found
 
     def policy(self, ref: InputFile) -> PolicyInfo:
+        if ref.shown not in self.policies and "@" in ref.shown and not (self.root / ref.shown).is_file():
+            return self._policy_at_base(ref)
         if ref.shown not in self.policies:
             pol = load_policy(os.path.relpath(self.root / ref.shown))
             _, lines = parse_yaml(ref.text, ref.shown)
             self.policies[ref.shown] = PolicyInfo(ref.shown, pol.name or Path(ref.shown).stem, lines,
                                                   pol.kv.block_size)
         return self.policies[ref.shown]
+
+    def _policy_at_base(self, ref: InputFile) -> PolicyInfo:
+        """A policy as it was at --base (PATH@REF), validated from its text."""
+        from checker.policy import Policy
+
+        data, lines = parse_yaml(ref.text, ref.shown)
+        pol = validate(Policy, data, ref.shown, lines)
+        info = PolicyInfo(ref.shown, pol.name or Path(ref.shown.split("@")[0]).stem, lines, pol.kv.block_size)
+        self.policies[ref.shown] = info
+        return info
 
     def entry_policies(self, section: str, index: int, own: list[str] | None) -> list[InputFile]:
         if own is not None:
@@ -214,10 +228,14 @@ def _invariant(res: _Resolver, loc: tuple[Any, ...], text: str):
         raise res.fail(loc, text, exc.problems[0].expected) from None
 
 
-def build_plan(config: CiConfig, lines: LineMap, source: str, only: list[str] | None = None) -> Plan:
+def build_plan(config: CiConfig, lines: LineMap, source: str, only: list[str] | None = None,
+               base: str | None = None) -> Plan:
     """Resolve globs, load and check every input, and list the checks (``only``: keep the checks of
-    these policy files, e.g. the ones a pull request changed)."""
+    these policy files, e.g. the ones a pull request changed). ``base``: a git ref; [[diff]] entries without
+    old/new compare each changed policy with its version there, and without ``only`` the checks kept are
+    those of the policy files changed since it (all of them when the config itself changed)."""
     root = Path(source).resolve().parent
+    changed = changed_files(root, base) if base is not None else None
     res = _Resolver(config, lines, source, root)
     d = config.defaults
     modules: list[InputFile | str] = []
@@ -250,7 +268,10 @@ def build_plan(config: CiConfig, lines: LineMap, source: str, only: list[str] | 
     for i, entry in enumerate(config.fuzz):
         _fuzz_checks(res, plan, i, entry)
     for i, entry in enumerate(config.diff):
-        plan.checks += _diff_checks(res, i, entry, tuple(modules))
+        if entry.old is None and entry.new is None:
+            plan.checks += _base_diff_checks(res, plan, i, entry, tuple(modules), base, changed)
+        else:
+            plan.checks += _diff_checks(res, i, entry, tuple(modules))
     for i, entry in enumerate(config.liveness):
         plan.checks += _liveness_checks(res, i, entry)
     plan.policies = res.policies
@@ -260,7 +281,12 @@ def build_plan(config: CiConfig, lines: LineMap, source: str, only: list[str] | 
         if check.level == "error" and first.level != "error":
             unique[check.key] = replace(first, level="error")
     plan.checks = list(unique.values())
-    if only is not None:
+    if only is None and changed is not None and Path(source).resolve() not in changed:
+        only = [str(root / shown) for shown in res.policies if (root / shown).resolve() in changed]
+        if not only:
+            plan.notes.append(f"no policy file of the config changed since {base}: nothing to check")
+            plan.checks = []
+    if only:
         _keep_only(plan, res, only)
     return plan
 
@@ -304,17 +330,25 @@ def _fuzz_checks(res: _Resolver, plan: Plan, i: int, entry) -> None:
                 max_requests=entry.max_requests))
 
 
-def _diff_checks(res: _Resolver, i: int, entry: DiffEntry, modules: tuple) -> list[Check]:
+def _diff_checks(res: _Resolver, i: int, entry: DiffEntry, modules: tuple,
+                 old_ref: InputFile | None = None, new_ref: InputFile | None = None) -> list[Check]:
     """Both policies must exist and count their KV pools in the same unit (tokens per block): the diff
     compares pool sizes and blocks in use between them. One check per invariant."""
     from checker.diff.run import DIFF_INVARIANTS
 
     d = res.config.defaults
-    old_ref = res.file(("diff", i, "old"), entry.old, "policy")
-    new_ref = res.file(("diff", i, "new"), entry.new, "policy")
+    if old_ref is None:
+        for key in ("old", "new"):
+            if getattr(entry, key) is None:
+                raise res.fail(("diff", i), f"<no {key}>", "both old and new, or neither (a base diff: each changed "
+                               "policy against its version at batchcheck ci --base REF)")
+        if entry.policies is not None:
+            raise res.fail(("diff", i, "policies"), entry.policies, "policies only in a base diff (no old, no new)")
+        old_ref = res.file(("diff", i, "old"), entry.old, "policy")
+        new_ref = res.file(("diff", i, "new"), entry.new, "policy")
     old, new = res.policy(old_ref), res.policy(new_ref)
     if old.block_size != new.block_size:
-        raise res.fail(("diff", i, "new"), entry.new,
+        raise res.fail(("diff", i, "new"), entry.new or new_ref.shown,
                        f"a policy with the same KV block size as {old.shown} ({old.block_size} tokens per block) to "
                        f"compare their pools; it has {new.block_size}")
     checks = []
@@ -334,6 +368,30 @@ _LIVENESS_OPTIONS = {"--requests": "requests", "--prompts": "prompts", "--output
                      "--identities": "identities"}
 _INSTANCE_KEYS = ("prompts", "outputs", "priorities", "tenants", "cancellations", "identities", "arrivals_per_step",
                   "step_ms")
+
+
+def _base_diff_checks(res: _Resolver, plan: Plan, i: int, entry: DiffEntry, modules: tuple, base: str | None,
+                      changed: set[Path] | None) -> list[Check]:
+    """Each policy of the entry that changed since ``base``, against its own text there (OLD is shown as
+    PATH@REF). Without --base the entry compares nothing, and says so."""
+    policies = res.entry_policies("diff", i, entry.policies)
+    if base is None or changed is None:
+        plan.notes.append(f"diff[{i}] compares each changed policy with its version at --base REF: no --base given, "
+                          "not run")
+        return []
+    checks = []
+    for ref in policies:
+        path = (res.root / ref.shown).resolve()
+        if path not in changed:
+            continue
+        text = text_at(res.root, base, path)
+        if text is None:
+            plan.notes.append(f"diff[{i}]: {ref.shown} is new since {base}: nothing to compare")
+            continue
+        old_ref = InputFile(f"{ref.shown}@{base}", text)
+        res.policy(old_ref)
+        checks += _diff_checks(res, i, entry, modules, old_ref, ref)
+    return checks
 
 
 def _liveness_checks(res: _Resolver, i: int, entry: LivenessEntry) -> list[Check]:

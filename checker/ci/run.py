@@ -63,18 +63,19 @@ def find_config(start: Path | None = None) -> Path:
 
 def run_ci(config: str | Path | None = None, jobs: int | None = None, scheduler: Any = None,
            junit: str | None = None, sarif: str | None = None, summary: str | None = None,
-           policies: list[str] | None = None, done: Callable[[int, int, Check, Result], None] | None = None
-           ) -> CiOutcome:
+           policies: list[str] | None = None, done: Callable[[int, int, Check, Result], None] | None = None,
+           base: str | None = None) -> CiOutcome:
     """Run the checks a project config names (``policies``: only those of these policy files). ``jobs``:
     local worker processes (default: the config's ``jobs``, else the CPU count); ``scheduler``: a Dask
     scheduler address or distributed.Client instead. Bad input raises InputError before anything runs;
     files are written only after every check has finished. Without ``config``, the nearest batchcheck.toml
-    from the working directory up is used."""
+    from the working directory up is used. ``base``: a git ref (``ci --base``): the checks of the policy files
+    changed since it, and [[diff]] entries without old/new compare each with its version there."""
     started = time.monotonic()
     if config is None:
         config = find_config()
     cfg, lines = load_config(config)
-    plan = build_plan(cfg, lines, str(config), policies)
+    plan = build_plan(cfg, lines, str(config), policies, base)
     checks = plan.checks
     total = len(checks)
 
@@ -93,6 +94,7 @@ def run_ci(config: str | Path | None = None, jobs: int | None = None, scheduler:
     inconclusive_gates = cfg.gate.inconclusive == "error"
     findings = [make_finding(c, r, plan.policies[c.policy.shown], inconclusive_gates) for c, r in pairs]
     outcome = CiOutcome(plan, findings, exit_code(findings), 0.0, where)
+    outcome.notes += plan.notes
     if plan.not_configured:
         outcome.notes.append("not covered by any entry of the config (not checked): " + ", ".join(plan.not_configured))
     if not checks:

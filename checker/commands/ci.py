@@ -25,7 +25,7 @@ def _ci(args: argparse.Namespace) -> int:
 
     only = (args.policy or []) + args.policies
     outcome = run_ci(args.config, jobs=args.jobs, scheduler=args.scheduler, junit=args.junit, sarif=args.sarif,
-                     summary=args.summary, policies=only or None, done=done)
+                     summary=args.summary, policies=only or None, done=done, base=args.base)
     if progress:
         print("\r\033[K", end="", file=sys.stderr, flush=True)
     for f in outcome.findings:
@@ -53,6 +53,9 @@ def register(verbs) -> None:
                    "needs batchcheck[scale]")
     p.add_argument("--policy", action="append", metavar="FILE", help="only the checks of this policy file "
                    "(repeatable; e.g. the files a pull request changed)")
+    p.add_argument("--base", metavar="REF", help="a git ref (e.g. origin/main): only the checks of the policy files "
+                   "changed since it (all when batchcheck.toml changed), and [[diff]] entries without old/new "
+                   "compare each changed policy with its version at REF")
     p.add_argument("--junit", metavar="FILE", help="write JUnit XML here")
     p.add_argument("--sarif", metavar="FILE", help="write SARIF 2.1.0 here (for code scanning)")
     p.add_argument("--summary", metavar="FILE", help="write a markdown summary here (for a PR comment)")

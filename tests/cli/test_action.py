@@ -113,7 +113,7 @@ def test_a_base_ref_the_checkout_lacks_is_a_clear_error(tmp_path):
     repo = team_repo(tmp_path)
     outputs, summary = run_action(repo, changed_since="origin/nope")
     assert outputs["exit-code"] == "2"
-    assert "changed-since='origin/nope' (expected a git ref of this checkout" in summary
+    assert "--base='origin/nope' (expected a git ref of this repository" in summary
 
 
 def test_action_yml_wires_the_steps():
