@@ -172,7 +172,7 @@ def _audit(args: argparse.Namespace) -> int:
 
 # verify's options that the bounded check reads and verify --liveness does not
 _BMC_ONLY = ("invariant", "invariant_module", "depth", "workload", "no_audit", "prompt_range", "output_range",
-             "no_cancellations", "unbounded", "proof_dir")
+             "no_cancellations", "unbounded", "proof_dir", "cache_method")
 
 
 def _verify(args: argparse.Namespace) -> int:
@@ -212,7 +212,8 @@ def _verify(args: argparse.Namespace) -> int:
 
     env, results = run_verify(args.policy, args.invariant, args.requests, args.depth, args.timeout, args.workload,
                               args.out, args.prompt_range, args.output_range, not args.no_cancellations, args.step_ms,
-                              args.unbounded, args.proof_dir, args.invariant_module, terminal_progress())
+                              args.unbounded, args.proof_dir, args.invariant_module, terminal_progress(),
+                              cache_method=args.cache_method)
     terminal_progress.clear()
     code = overall_exit(results)
     if args.json:
@@ -414,6 +415,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--unbounded", action="store_true",
                    help="after the bounded check, try to prove the invariant for any number of iterations (induction)")
     p.add_argument("--proof-dir", default="proofs", metavar="DIR", help="where proof certificates go (default proofs/)")
+    p.add_argument("--cache-method", choices=("explicit", "z3"), default="explicit",
+                   help="a policy with prefix caching: explicit-state search on the engine (default) or z3 bounded "
+                        "model checking with the block pool (small pools)")
     p.add_argument("--out", default="counterexamples", metavar="DIR", help="where counterexamples go (default counterexamples/)")
     p.add_argument("--json", action="store_true")
     from checker.commands import liveness as liveness_cli  # the liveness verb's instance options, defined once

@@ -37,11 +37,20 @@ class Unrolling:
         """``requests``: share the arrivals of another unrolling (a product of two policies on the same
         symbolic trace); ``tag`` prefixes this unrolling's variable names so the two stay apart."""
         self.smt, self.policy, self.env, self.n, self.tag = smt, policy, env, n, tag
+        caching = policy.kv.prefix_caching.enabled
         if requests is None:
-            requests = symbolic_requests(smt, Z3Ops, env, n)
+            if caching:  # the prompts' identities too, from finite domains (checker/verify/cache_bmc.py)
+                from checker.verify.cache_bmc import cache_requests
+                requests = cache_requests(smt, Z3Ops, policy, env, n)
+            else:
+                requests = symbolic_requests(smt, Z3Ops, env, n)
             smt.add(*requests.constraints)
         self.requests: SymbolicRequests = requests
         self.state = initial_state(n, env.tenants)
+        self.shape = None
+        if caching:  # the block pool with block identity (checker/smt/pool.py), empty at the start
+            from checker.verify.cache_bmc import initial_pool
+            self.shape, self.state.pool = initial_pool(policy, env, n)
         self.frames: list[Frame] = []
         self.ctx = TraceContext(policy, tuple(self.requests.params), self.frames)
 
@@ -59,15 +68,28 @@ class Unrolling:
 
         slots = [{f: fresh(f"{f}_{i}@{k}", slot[f]) for f in FIELDS} for i, slot in enumerate(result.state.slots)]
         st = result.state
+        facts = None
+        if st.pool is not None:
+            from checker.verify.cache_bmc import fresh_pool
+            pool, facts = fresh_pool(st.pool, [slot["blocks"] for slot in slots], self.requests.params, fresh, k)
         self.state = SlotState(slots=slots, next_seq=fresh(f"next_seq@{k}", st.next_seq),
                                step=fresh(f"step@{k}", st.step),
-                               counters=[fresh(f"counter_{t}@{k}", c) for t, c in enumerate(st.counters)])
+                               counters=[fresh(f"counter_{t}@{k}", c) for t, c in enumerate(st.counters)],
+                               pool=None if facts is None else pool)
         self.frames.append(Frame(
             slots=tuple(slots),
             scheduled=tuple(fresh(f"scheduled_{i}@{k}", x) for i, x in enumerate(result.scheduled)),
             produced=tuple(fresh(f"produced_{i}@{k}", x, True) for i, x in enumerate(result.produced)),
             preempted=tuple(fresh(f"preempted_{i}@{k}", x, True) for i, x in enumerate(result.preempted)),
-            kv_used=self.state.kv_used, now_us=now, counters=tuple(self.state.counters)))
+            kv_used=self.state.kv_used if facts is None else facts.held, now_us=now,
+            counters=tuple(self.state.counters), pool=facts))
+
+    def concrete_requests(self, horizon: int) -> list[RequestSpec]:
+        specs = concrete_requests(self.smt, self.requests, self.env, horizon)
+        if self.shape is None:
+            return specs
+        from checker.verify.cache_bmc import with_contents
+        return with_contents(self.smt, self.requests, self.policy, specs)
 
     def frame_values(self, upto: int) -> list[dict]:
         """The model's frames 0..upto-1 as plain values (what the counterexample file stores)."""
@@ -138,7 +160,7 @@ def _shortest_violation(policy: Policy, inv: Invariant, params: dict[str, int], 
         if result == "unknown":
             return "unknown", depth - 1, None, True
         if result == "sat":
-            found = Found(n, depth, concrete_requests(smt, u.requests, env, depth), u.frame_values(depth))
+            found = Found(n, depth, u.concrete_requests(depth), u.frame_values(depth))
             return "violated", depth, found, True
     reachable = True
     if check_trigger:
@@ -159,7 +181,7 @@ def _proved_for_any_depth(policy: Policy, inv: Invariant, params: dict[str, int]
     any depth: then no unrolling of n slots is needed. A failed or timed-out attempt proves nothing."""
     from checker.verify.induction import prove, supported
 
-    if not supported(inv, params):
+    if not supported(inv, params) or policy.kv.prefix_caching.enabled:  # no induction over the pool (yet)
         return False
     seconds = min(INDUCTION_SHORTCUT_S, deadline.left_ms() / 1000)
     return seconds > 0 and prove(policy, inv, params, replace(env, requests=n), seconds).status == "proved"

@@ -100,6 +100,10 @@ class Checked:
                 "seconds": round(self.seconds, 3), "notes": self.notes, "method": self.method or None}
 
 
+# How verify checks a policy with prefix caching (both bounded, over the same finite domains; docs/prefix-caching.md)
+CACHE_METHODS = ("explicit", "z3")
+DEFAULT_CACHE_METHOD = "explicit"
+
 DEFAULT_INVARIANTS = ("kv_never_overcommitted", "token_budget", "seq_cap", "request_conservation")
 
 
@@ -281,9 +285,11 @@ def run_verify(policy: str | Path, invariants: list[str] | None = None, requests
                prompt: tuple[int, int] | None = None, output: tuple[int, int] | None = None,
                cancellations: bool = True, step_ms: float = 10.0, unbounded: bool = False,
                proof_dir: str | Path | None = "proofs", invariant_modules: list[str] | None = None,
-               progress=None):
-    """Check invariants of a policy with z3 (bounded model checking), or by explicit-state search on the engine
-    for a policy with prefix caching (checker/verify/explicit.py); returns (environment, results)."""
+               progress=None, cache_method: str = DEFAULT_CACHE_METHOD):
+    """Check invariants of a policy with z3 (bounded model checking); a policy with prefix caching by
+    ``cache_method``: "explicit", explicit-state search on the engine (checker/verify/explicit.py), or "z3", z3
+    bounded model checking with the block pool (checker/verify/cache_bmc.py), both over the same finite domains;
+    returns (environment, results)."""
     load_entry_points()
     for module in invariant_modules or []:
         load_module(module)
@@ -293,9 +299,18 @@ def run_verify(policy: str | Path, invariants: list[str] | None = None, requests
     env = default_environment(pol, requests, depth, wl, prompt, output, cancellations, round(step_ms * 1000))
     out = Path(out_dir) if out_dir is not None else None
     proofs = Path(proof_dir) if proof_dir is not None else None
-    if pol.kv.prefix_caching.enabled:  # one explicit-state search on the engine for all of them (explicit.py)
+    if cache_method not in CACHE_METHODS:
+        raise InputError(Problem("--cache-method", cache_method, " or ".join(CACHE_METHODS)))
+    if pol.kv.prefix_caching.enabled:
         from checker.verify import explicit
         env = explicit.explicit_environment(pol, env, [inv for inv, _ in chosen])
+        if cache_method == "z3":  # z3 BMC over the pool encoding, one invariant at a time (cache_bmc.py)
+            from checker.verify import cache_bmc
+            if unbounded:
+                raise InputError(Problem("--unbounded", True, "no proof method covers the prefix cache yet: a "
+                                         "bounded check only (drop --unbounded)"))
+            return env, cache_bmc.check_many(pol, str(policy), chosen, env, timeout_s, out, progress)
+        # one explicit-state search on the engine for all of them (explicit.py)
         return env, explicit.check_many(pol, str(policy), chosen, env, timeout_s, out, unbounded, progress)
     return env, [check_one(pol, str(policy), inv, params, env, timeout_s, out, unbounded, proofs, progress)
                  for inv, params in chosen]
