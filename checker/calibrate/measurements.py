@@ -62,6 +62,7 @@ class MeasurementTable:
     model: ModelShape
     rows: tuple[Measurement, ...]
     source: str = "<measurements>"
+    notes: tuple[str, ...] = ()  # how the source was read where it differs from the documented columns
 
     def features(self) -> np.ndarray:
         """rows x (prefill_tokens, prefill_attention, decode_seqs, decode_kv_tokens), as floats."""

@@ -12,6 +12,19 @@ add), plus the CPU overhead of a step (schedule, prepare inputs, sampler, proces
 operator tables have no all-reduce times, so tensor-parallel communication is not included.
 Non-attention operators are interpolated linearly in the number of tokens between profiled counts
 (exact at them); attention rows and CPU overheads are used at their profiled shapes.
+
+Any model: the profile files do not say how many layers the model has, so that comes from the model's
+Hugging Face ``config.json`` (``num_hidden_layers``) or a flag (``--layers``), or a preset. Real profiles of
+other models differ from llama-2-70b's in documented ways, handled so (``VidurImport.notes`` lists each):
+
+- an operator of LAYER_OPERATORS whose columns the file lacks is not in that model (phi-2 has no
+  post-attention norm: attention and MLP read the same normed input) and counts 0; the projections and the
+  MLP (REQUIRED_OPERATORS) must be there;
+- a row with an empty cell where a time or shape is needed was not profiled for that operator: it is left
+  out (counted); a file with no usable row is an error;
+- without ``cpu_overheads.csv`` (Vidur's compute profiles of other models ship none; Vidur itself does not
+  model CPU overhead by default) the CPU time per step is 0;
+- without ``attention.csv`` there is nothing to build iterations from: an error that says how to get one.
 """
 
 from __future__ import annotations
@@ -34,6 +47,7 @@ MS = 1000.0  # microseconds per millisecond
 LAYER_OPERATORS = ("input_layernorm", "attn_pre_proj", "attn_rope", "attn_post_proj", "post_attention_layernorm",
                    "mlp_up_proj", "mlp_act", "mlp_down_proj", "add")
 MODEL_OPERATORS = ("emb",)  # once per iteration, not per layer
+REQUIRED_OPERATORS = ("attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj")  # present in every model
 CPU_PARTS = ("schedule_median", "sampler_e2e_median", "prepare_inputs_e2e_median", "process_model_outputs_median")
 ATTENTION_SHAPE = ("n_embd", "n_q_head", "n_kv_head", "num_tensor_parallel_workers", "batch_size",
                    "prefill_chunk_size", "kv_cache_size", "is_prefill")
@@ -50,6 +64,24 @@ class VidurModel:
 
 LLAMA_2_70B = VidurModel("llama-2-70b", 80, "meta-llama/Llama-2-70b-hf")
 KNOWN_MODELS = {m.name: m for m in (LLAMA_2_70B,)}
+MAX_LAYERS = 1024
+
+
+def model_from_hf_config(path: str | Path, name: str | None = None) -> VidurModel:
+    """The layer count (and the name the CPU-overhead rows use) from a Hugging Face config.json."""
+    import json
+
+    source = str(path)
+    try:
+        data = json.loads(read_text(path))
+    except json.JSONDecodeError as exc:
+        raise InputError(Problem("", "<unparsable>", f"JSON: {exc.msg}", exc.lineno), source) from None
+    layers = data.get("num_hidden_layers", data.get("n_layer")) if isinstance(data, dict) else None
+    if not isinstance(layers, int) or isinstance(layers, bool) or not 1 <= layers <= MAX_LAYERS:
+        raise InputError(Problem("num_hidden_layers", layers, f"the model's layer count, 1..{MAX_LAYERS} (a Hugging "
+                                 "Face config.json)"), source)
+    model = name or data.get("_name_or_path") or Path(path).resolve().parent.name
+    return VidurModel(str(model).rsplit("/", 1)[-1].lower(), layers, str(model))
 
 
 @dataclass(frozen=True)
@@ -65,6 +97,13 @@ class Grid:
 
 
 def _table(path: Path) -> tuple[list[str], list[list[str]]]:
+    if not path.is_file():
+        if path.name == "attention.csv":
+            raise InputError(Problem("attention.csv", "<missing>", "Vidur's attention profile: no attention profile "
+                                     f"in {path.parent} (Vidur profiles attention apart from the MLP operators: run "
+                                     "`python -m vidur.profiling.attention.main` for this model and GPU, or add "
+                                     "the attention.csv of the same model, GPU and tensor-parallel degree)"), str(path))
+        raise InputError(Problem("", str(path), "an existing Vidur profile file"), str(path))
     reader = csv.reader(io.StringIO(read_text(path)))
     header = next(reader, [])
     return header, [row for row in reader if row]
@@ -87,26 +126,40 @@ def _number(text: str, column: str, line: int, path: Path) -> float:
     return value
 
 
+def _median(op: str) -> str:
+    return f"time_stats.{op}.median"
+
+
 class _LayerOps:
     """Non-attention operator times (us) by token count, for one tensor-parallel degree."""
 
-    def __init__(self, path: Path, tensor_parallel: int):
+    def __init__(self, path: Path, tensor_parallel: int, notes: list[str] | None = None):
         header, rows = _table(path)
-        columns = [f"time_stats.{op}.median" for op in LAYER_OPERATORS + MODEL_OPERATORS]
-        _require(header, columns + ["num_tokens", "num_tensor_parallel_workers", "n_embd", "n_head", "n_kv_head"], path)
+        present = [op for op in LAYER_OPERATORS if _median(op) in header]
+        absent = [op for op in LAYER_OPERATORS if op not in present]
+        _require(header, [_median(op) for op in REQUIRED_OPERATORS + MODEL_OPERATORS]
+                 + ["num_tokens", "num_tensor_parallel_workers", "n_embd", "n_head", "n_kv_head"], path)
+        if absent and notes is not None:
+            notes.append(f"{path.name}: no {', '.join(absent)} columns: not in this model, counted 0")
         at = {c: header.index(c) for c in header}
         by_tokens: dict[float, list[tuple[float, float]]] = defaultdict(list)
         self.shape: tuple[int, int, int] | None = None
+        needed = ["num_tensor_parallel_workers", "num_tokens", "n_embd", "n_head", "n_kv_head"] + \
+            [_median(op) for op in present + list(MODEL_OPERATORS)]
+        skipped = 0
         for line, row in enumerate(rows, start=2):
+            if any(row[at[c]].strip() == "" for c in needed):
+                skipped += 1  # not profiled for every operator this model has: left out
+                continue
             if int(_number(row[at["num_tensor_parallel_workers"]], "num_tensor_parallel_workers", line, path)) \
                     != tensor_parallel:
                 continue
-            self.shape = tuple(int(row[at[c]]) for c in ("n_embd", "n_head", "n_kv_head"))
-            layer = sum(_number(row[at[f"time_stats.{op}.median"]], f"time_stats.{op}.median", line, path)
-                        for op in LAYER_OPERATORS)
-            model = sum(_number(row[at[f"time_stats.{op}.median"]], f"time_stats.{op}.median", line, path)
-                        for op in MODEL_OPERATORS)
+            self.shape = tuple(int(_number(row[at[c]], c, line, path)) for c in ("n_embd", "n_head", "n_kv_head"))
+            layer = sum(_number(row[at[_median(op)]], _median(op), line, path) for op in present)
+            model = sum(_number(row[at[_median(op)]], _median(op), line, path) for op in MODEL_OPERATORS)
             by_tokens[_number(row[at["num_tokens"]], "num_tokens", line, path)].append((layer * MS, model * MS))
+        if skipped and notes is not None:
+            notes.append(f"{path.name}: {skipped} row(s) with empty cells left out")
         if not by_tokens:
             raise InputError(Problem("num_tensor_parallel_workers", tensor_parallel,
                                      "a tensor-parallel degree with rows in mlp.csv"), str(path))
@@ -123,9 +176,14 @@ class _LayerOps:
 
 
 class _CpuOverhead:
-    """Engine CPU time per step (us) by batch size, for one model; clamped outside the profiled sizes."""
+    """Engine CPU time per step (us) by batch size, for one model; clamped outside the profiled sizes. Without
+    the file: 0 (``missing``)."""
 
     def __init__(self, path: Path, model_name: str):
+        self.missing = not path.is_file()
+        if self.missing:
+            self.batch, self.us = np.array([1.0]), np.array([0.0])
+            return
         header, rows = _table(path)
         _require(header, list(CPU_PARTS) + ["model_name", "batch_size"], path)
         at = {c: header.index(c) for c in header}
@@ -149,6 +207,7 @@ class _Attention:
     prefill: dict[tuple[int, int], float]  # (chunk, kv before it) -> us per layer
     decode: dict[tuple[int, int], float]  # (batch size, kv per sequence) -> us per layer
     shape: tuple[int, int, int, int]  # hidden, heads, kv heads, tensor parallel
+    skipped: int = 0  # rows with an empty cell where this phase needs one
 
 
 def _attention(path: Path) -> _Attention:
@@ -160,10 +219,15 @@ def _attention(path: Path) -> _Attention:
     prefill: dict[tuple[int, int], list[float]] = defaultdict(list)
     decode: dict[tuple[int, int], list[float]] = defaultdict(list)
     shapes = set()
+    skipped = 0
     for line, row in enumerate(rows, start=2):
-        shapes.add(tuple(int(row[at[c]]) for c in ATTENTION_SHAPE[:4]))
         is_prefill = row[at["is_prefill"]] == "True"
         core = "time_stats.attn_prefill.median" if is_prefill else "time_stats.attn_decode.median"
+        key_columns = ("prefill_chunk_size", "kv_cache_size") if is_prefill else ("batch_size", "kv_cache_size")
+        if any(row[at[c]].strip() == "" for c in (core, times[2], times[3], *ATTENTION_SHAPE[:4], *key_columns)):
+            skipped += 1  # this phase was not profiled for this shape: left out
+            continue
+        shapes.add(tuple(int(_number(row[at[c]], c, line, path)) for c in ATTENTION_SHAPE[:4]))
         us = MS * sum(_number(row[at[c]], c, line, path) for c in (core, times[2], times[3]))
         if is_prefill:
             key = (int(row[at["prefill_chunk_size"]]), int(row[at["kv_cache_size"]]))
@@ -173,9 +237,10 @@ def _attention(path: Path) -> _Attention:
             decode[key].append(us)
     if len(shapes) != 1:
         raise InputError(Problem("n_embd,n_q_head,n_kv_head,num_tensor_parallel_workers", sorted(shapes),
-                                 "one model shape per attention.csv"), str(path))
+                                 "one model shape per attention.csv (and at least one row without empty cells)"),
+                         str(path))
     return _Attention({k: float(np.median(v)) for k, v in prefill.items()},
-                      {k: float(np.median(v)) for k, v in decode.items()}, shapes.pop())
+                      {k: float(np.median(v)) for k, v in decode.items()}, shapes.pop(), skipped)
 
 
 def import_vidur(directory: str | Path, model: VidurModel = LLAMA_2_70B, grid: Grid = Grid(),
@@ -185,13 +250,18 @@ def import_vidur(directory: str | Path, model: VidurModel = LLAMA_2_70B, grid: G
     if not root.is_dir():
         raise InputError(Problem("", str(root), "a directory with Vidur's mlp.csv, attention.csv and "
                                  "cpu_overheads.csv"), str(root))
+    notes: list[str] = []
     attention = _attention(root / "attention.csv")
+    if attention.skipped:
+        notes.append(f"attention.csv: {attention.skipped} row(s) with empty cells left out")
     hidden, heads, kv_heads, tensor_parallel = attention.shape
-    ops = _LayerOps(root / "mlp.csv", tensor_parallel)
+    ops = _LayerOps(root / "mlp.csv", tensor_parallel, notes)
     if ops.shape != (hidden, heads, kv_heads):
         raise InputError(Problem("n_embd,n_head,n_kv_head", list(ops.shape or ()),
                                  f"{[hidden, heads, kv_heads]}, the shape in attention.csv"), str(root / "mlp.csv"))
     cpu = _CpuOverhead(root / "cpu_overheads.csv", model.cpu_model_name)
+    if cpu.missing:
+        notes.append("no cpu_overheads.csv: the engine's CPU time per step is not included (0)")
     layers = model.layers
 
     def iteration(tokens: int, seqs: int, attention_us: float) -> float:
@@ -221,4 +291,4 @@ def import_vidur(directory: str | Path, model: VidurModel = LLAMA_2_70B, grid: G
     shape = ModelShape(name=model.name, layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads,
                        dtype_bytes=2, tensor_parallel=tensor_parallel)
     name = device or f"vidur-{root.name}"
-    return MeasurementTable(name, shape, tuple(rows), str(root))
+    return MeasurementTable(name, shape, tuple(rows), str(root), tuple(notes))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from checker.commands.shell import MAX_TOKENS, SEED, arg_type, number
 from checker.exitcodes import ExitCode
@@ -44,11 +45,20 @@ def _measure(args: argparse.Namespace) -> int:
 
 
 def _import_vidur(args: argparse.Namespace) -> int:
-    from checker.calibrate.vidur import KNOWN_MODELS, Grid, import_vidur
+    from checker.calibrate.vidur import KNOWN_MODELS, Grid, VidurModel, import_vidur, model_from_hf_config
 
-    table = import_vidur(args.directory, KNOWN_MODELS[args.model],
+    if args.model_config is not None:
+        model = model_from_hf_config(args.model_config, args.model_name)
+    elif args.layers is not None:
+        name = args.model_name or Path(args.directory).name
+        model = VidurModel(name.rsplit("/", 1)[-1].lower(), args.layers, name)
+    else:
+        model = KNOWN_MODELS[args.model]
+    table = import_vidur(args.directory, model,
                          Grid(prefill_stride=args.prefill_stride, decode_stride=args.decode_stride), args.device)
     table.write(args.out)
+    for note in table.notes:
+        print(f"note: {note}")
     kinds = {k: sum(1 for m in table.rows if m.kind == k) for k in ("prefill", "decode", "mixed")}
     print(f"{args.out}: {len(table.rows)} batch shapes of {table.model.name} from {args.directory} "
           f"({kinds['prefill']} prefill, {kinds['decode']} decode, {kinds['mixed']} mixed)")
@@ -132,6 +142,11 @@ def register(verbs) -> None:
     v.add_argument("--out", required=True, metavar="FILE.csv")
     v.add_argument("--model", choices=sorted(KNOWN_MODELS), default="llama-2-70b",
                    help="layer count and CPU-overhead rows of this model (default llama-2-70b)")
+    v.add_argument("--model-config", metavar="config.json", help="any model: its Hugging Face config.json gives the "
+                   "layer count (num_hidden_layers); overrides --model")
+    v.add_argument("--layers", type=_positive, metavar="N", help="any model: its layer count (overrides --model)")
+    v.add_argument("--model-name", metavar="NAME", help="with --model-config or --layers: the model's name as "
+                   "cpu_overheads.csv writes it (e.g. meta-llama/Llama-2-7b-hf)")
     v.add_argument("--device", metavar="NAME", help="device name in the table (default: vidur-DIRNAME)")
     v.add_argument("--prefill-stride", type=_positive, default=Grid.prefill_stride, metavar="N",
                    help=f"keep every N-th profiled prefill shape (default {Grid.prefill_stride})")
