@@ -58,7 +58,12 @@ def main() -> int:
             kind = kinds[i % len(kinds)]
             seed = rnd.choice(seeds[kind.name])
             case_seed = rnd.randrange(2**32)
-            text = mutant(kind, seed, random.Random(case_seed))
+            try:
+                text = mutant(kind, seed, random.Random(case_seed))
+            except (RecursionError, ValueError) as exc:  # the mutator's own failure: not a case
+                codes["mutator error"] += 1
+                broken.append(f"{kind.name} {seed[0]} case seed {case_seed}: mutator: {exc!r}")
+                continue
             folder = Path(tmp) / f"c{i % 50}"
             t0 = time.monotonic()
             signal.alarm(args.hang_s)

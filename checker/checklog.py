@@ -39,7 +39,7 @@ from checker.fastforward import apply_stretch, next_steps_are_quiet_decodes, str
 from checker.frames import Frame, TraceContext
 from checker.loading import json_lines, load_document
 from checker.inputfiles import PolicyInput
-from checker.policy import Policy
+from checker.policy import MAX_TOKENS, Policy
 from checker.requests import DEFAULT_HASH_BLOCK_TOKENS, RequestSpec, prefix_problem, prompt_content
 from checker.semantics.kv import blocks_for
 from checker.semantics.state import FIELDS, Reason, SchedulerState, Status
@@ -57,6 +57,7 @@ except ImportError:  # pragma: no cover - depends on the environment
 
 STEP_US = 1000  # log steps are placed 1 ms apart on the engine's clock
 LOG_KEYS = ("step", "scheduled", "preempted", "finished", "aborted", "running", "waiting", "free_blocks")
+MAX_STEP = 10_000_000  # a log's step numbers, and arrivals' arrival_step / abort_step (docs/cli.md, Input limits)
 CHECK_LOG_INVARIANTS = ("kv_never_overcommitted", "token_budget", "seq_cap", "request_conservation",
                         "scheduled_requests_run", "cancellation_releases")  # the last with the policy's release lag
 # Invariants that read the blocks each request holds, which a log cannot show once cache hits and shared blocks
@@ -158,9 +159,11 @@ def load_arrivals(path: str | Path) -> Arrivals:
             if (value is not None or not optional) and (not isinstance(value, int) or isinstance(value, bool)
                                                         or value < 0):
                 raise InputError(Problem(f"[{i}].{key}", value, "a whole number >= 0"), source)
-        if row["prompt_tokens"] < 1 or row["output_tokens"] < 1:
+            if key in ("arrival_step", "abort_step") and value is not None and value > MAX_STEP:
+                raise InputError(Problem(f"[{i}].{key}", value, f"a step number from 0 to {MAX_STEP:,}"), source)
+        if not (1 <= row["prompt_tokens"] <= MAX_TOKENS and 1 <= row["output_tokens"] <= MAX_TOKENS):
             raise InputError(Problem(f"[{i}].prompt_tokens/output_tokens", f"{row['prompt_tokens']}/{row['output_tokens']}",
-                                     "both >= 1"), source)
+                                     f"both from 1 to {MAX_TOKENS:,}"), source)
         rows.append(row)
         contents.append(_content(row, i, source))  # i: the row's position in the file, as the harness numbers it
     order = sorted(range(len(rows)), key=lambda i: (rows[i]["arrival_step"], i))
@@ -218,8 +221,9 @@ def parse_step(rec: Any, line_no: int, arrivals: Arrivals, source: str) -> LogSt
                 lists.append(_ids_slowly(ids, name, line_no, arrivals, source))
         else:
             lists.append(_ids_slowly(ids, name, line_no, arrivals, source))
-    if k.__class__ is not int or k < 0:
-        raise InputError(Problem("step", k, "a step number (a whole number >= 0)", line_no), source)
+    if k.__class__ is not int or not 0 <= k <= MAX_STEP:
+        raise InputError(Problem("step", k, f"a step number (a whole number from 0 to {MAX_STEP:,})", line_no),
+                         source)
     if running.__class__ is not int or waiting.__class__ is not int or free.__class__ is not int:
         name, value = next((n, v) for n, v in (("running", running), ("waiting", waiting), ("free_blocks", free))
                            if v.__class__ is not int)

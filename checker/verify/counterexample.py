@@ -107,7 +107,11 @@ def load(path: str | Path) -> dict[str, Any]:
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise InputError(Problem("format", data.get("format") if isinstance(data, dict) else data,
                                  f"'{FORMAT}' (a counterexample written by batchcheck)"), str(path))
-    needed = ("policy", "property", "requests", "profile") if data.get("property", {}).get("kind") == "slo" else \
+    prop = data.get("property")
+    if not isinstance(prop, dict):
+        raise InputError(Problem("property", prop if prop is not None else "<missing>",
+                                 "a mapping (kind, name, ...): the property the counterexample violates"), str(path))
+    needed = ("policy", "property", "requests", "profile") if prop.get("kind") == "slo" else \
         ("policy", "property", "requests", "clock", "violation")
     for key in needed:
         if key not in data:

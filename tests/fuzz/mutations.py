@@ -13,6 +13,7 @@ traceback.
 from __future__ import annotations
 
 import contextlib
+import copy
 import csv
 import gzip
 import io
@@ -63,21 +64,21 @@ def mutate_data(data: Any, rnd: random.Random) -> Any:
         op = rnd.choice(("replace", "replace", "replace", "delete", "unknown", "grow", "nest", "numeric"))
         if not path:
             if op == "replace":
-                data = rnd.choice(HOSTILE)
+                data = copy.deepcopy(rnd.choice(HOSTILE))
             continue
         parent, last = _get(data, path[:-1]), path[-1]
         here = parent[last]
         if op == "replace":
-            parent[last] = rnd.choice(HOSTILE)
+            parent[last] = copy.deepcopy(rnd.choice(HOSTILE))  # a copy: later mutations must not change HOSTILE
         elif op == "delete":
             del parent[last]
         elif op == "unknown" and isinstance(here, dict):
-            here[rnd.choice(("extra", "kv", "name", "0", ""))] = rnd.choice(HOSTILE)
+            here[rnd.choice(("extra", "kv", "name", "0", ""))] = copy.deepcopy(rnd.choice(HOSTILE))
         elif op == "grow" and isinstance(here, list) and here:
             parent[last] = here * rnd.choice((2, 3, 50))
         elif op == "nest":
             value: Any = here
-            for _ in range(rnd.choice((2, 70, 200))):
+            for _ in range(rnd.choice((2, 70, 150))):
                 value = [value]
             parent[last] = value
         elif op == "numeric" and isinstance(here, (int, float)) and not isinstance(here, bool):
@@ -210,6 +211,9 @@ KINDS: dict[str, Kind] = {k.name: k for k in [
     Kind("checklog-log", "jsonl", _checklog_log,
          ("check-log", str(ROOT / "tests/data/checklog/vllm_fcfs.yaml"), "{file}", "--arrivals", "{dir}/arrivals.json"),
          _checklog_arrivals),
+    Kind("checklog-conformance", "jsonl", _checklog_log,
+         ("check-log", str(ROOT / "tests/data/checklog/vllm_fcfs.yaml"), "{file}", "--arrivals", "{dir}/arrivals.json",
+          "--conformance"), _checklog_arrivals),
     Kind("checklog-arrivals", "json", lambda: list(_checklog_arrivals().items()),
          ("check-log", str(ROOT / "tests/data/checklog/vllm_fcfs.yaml"), "{dir}/log.jsonl", "--arrivals", "{file}"),
          lambda: {"log.jsonl": _checklog_log()[0][1]}),
@@ -225,7 +229,11 @@ def mutant(kind: Kind, seed: tuple[str, str], rnd: random.Random) -> str:
         data = load(text, kind.fmt)
     except Exception:  # noqa: BLE001 -- a seed the mutator cannot parse: mutate its text
         return mutate_text(text, rnd)
-    return dump(mutate_data(data, rnd), kind.fmt)
+    mutated = mutate_data(data, rnd)
+    try:
+        return dump(mutated, kind.fmt)
+    except RecursionError:  # PyYAML's representer recurses per level: write it as JSON, which is YAML too
+        return json.dumps(mutated, allow_nan=True)
 
 
 def run_case(kind: Kind, seed: tuple[str, str], text: str, folder: Path) -> tuple[int, str, Path]:

@@ -136,6 +136,7 @@ def test_a_lasso_with_a_tenant_name_instead_of_a_number(tmp_path, capsys):
 @pytest.mark.parametrize("field,value,message", [
     ("id", ["q0"], "[0].id=['q0'] (expected a string or a whole number)"),  # TypeError: unhashable type
     ("prompt_tokens", None, "[0].prompt_tokens=None (expected a whole number >= 0)"),  # None < 1: TypeError
+    ("arrival_step", 2**63, "[0].arrival_step=9223372036854775808 (expected a step number from 0 to 10,000,000)"),
 ])
 def test_check_log_arrivals_with_a_bad_field(tmp_path, capsys, field, value, message):
     data = ROOT / "tests" / "data" / "checklog"
@@ -162,3 +163,23 @@ def test_trtllm_config_without_a_pool_names_the_config(tmp_path, capsys):
     config.write_text("max_seq_len: 8192\nmax_batch_size: 64\nkv_cache_config:\n  tokens_per_block: 32\n")
     code, err = _run(capsys, "import", "trtllm", str(config))
     assert code == 2 and f"batchcheck: error: {config}: kv_cache_config.max_tokens=<missing>" in err, err
+
+
+def test_check_log_conformance_with_a_step_beyond_the_limit(tmp_path, capsys):
+    """The lockstep engine stepped from 0 towards step 2**63 (a hang found by bench/input_fuzz.py)."""
+    data = ROOT / "tests" / "data" / "checklog"
+    log = tmp_path / "log.jsonl"
+    log.write_text('{"step": 9223372036854775808, "scheduled": {}, "preempted": [], "finished": [], "aborted": [], '
+                   '"running": 0, "waiting": 0, "free_blocks": 64}\n')
+    started = time.monotonic()
+    code, err = _run(capsys, "check-log", str(data / "vllm_fcfs.yaml"), str(log), "--arrivals",
+                     str(data / "arrivals.json"), "--conformance")
+    assert time.monotonic() - started < 10
+    assert code == 2 and f"{log}:1: step=9223372036854775808 (expected a step number (a whole number from 0 to " \
+        "10,000,000))" in err, err
+
+
+def test_a_counterexample_whose_property_is_not_a_mapping(tmp_path, capsys):
+    target = _mutated(tmp_path, LASSO, _set("property", "x"))  # AttributeError in cex.load
+    code, err = _run(capsys, "replay", target)
+    assert code == 2 and "property='x' (expected a mapping" in err, err
