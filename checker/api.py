@@ -190,13 +190,13 @@ def run_ci(config: str | Path | None = None, jobs: int | None = None, scheduler=
 
 
 # ----------------------------------------------------------------------------------------- bug reports
-def run_report(counterexample: str | Path, out_dir: str | Path = "reports"):
+def run_report(counterexample: str | Path, out_dir: str | Path = "reports", html: bool = False):
     """Replay a counterexample on the engine and write a markdown bug report and a PNG timeline into
-    ``out_dir`` (docs/report.md). Returns the ReportFiles; InputError (exit 2) for a bad file or an
-    unwritable directory, with nothing written."""
+    ``out_dir`` (docs/report.md), with ``html`` also an interactive HTML page. Returns the ReportFiles;
+    InputError (exit 2) for a bad file or an unwritable directory, with nothing written."""
     from checker.bugreport.build import write_report
 
-    return write_report(counterexample, out_dir)
+    return write_report(counterexample, out_dir, html)
 
 
 def write_run_plot(result: SimResult, path: str | Path) -> Path:

@@ -28,6 +28,7 @@ class ReportFiles:
     png: Path
     still_violated: bool
     verdict_line: str
+    html: Path | None = None
 
 
 def counterexample_timeline(r: ReplayedCounterexample) -> Timeline:
@@ -91,8 +92,9 @@ def write_together(files: list[tuple[Path, str | bytes]], flag: str) -> None:
         raise
 
 
-def write_report(counterexample: str | Path, out_dir: str | Path = "reports") -> ReportFiles:
-    """Replay a counterexample on the engine and write ``<name>.md`` and ``<name>.png`` into ``out_dir``."""
+def write_report(counterexample: str | Path, out_dir: str | Path = "reports", html: bool = False) -> ReportFiles:
+    """Replay a counterexample on the engine and write ``<name>.md`` and ``<name>.png`` into ``out_dir`` (with
+    ``html``, also ``<name>.html``: the same content and an interactive timeline, one static file)."""
     r = replay_for_report(counterexample)
     timeline = counterexample_timeline(r)
     png = render_png(timeline)
@@ -105,8 +107,15 @@ def write_report(counterexample: str | Path, out_dir: str | Path = "reports") ->
     text = markdown.render(r, timeline, excerpt, rules, f"{stem}.png", str(counterexample))
     out = _output_dir(out_dir)
     md_path, png_path = out / f"{stem}.md", out / f"{stem}.png"
-    write_together([(png_path, png), (md_path, text)], "--out")
-    return ReportFiles(md_path, png_path, r.still_violated, r.verdict_line)
+    files: list[tuple[Path, str | bytes]] = [(png_path, png), (md_path, text)]
+    html_path = None
+    if html:
+        from checker.bugreport import html as html_report
+
+        html_path = out / f"{stem}.html"
+        files.append((html_path, html_report.render(text, timeline, f"{stem}: bug report")))
+    write_together(files, "--out")
+    return ReportFiles(md_path, png_path, r.still_violated, r.verdict_line, html_path)
 
 
 def write_run_plot(result: SimResult, path: str | Path, max_rows: int = MAX_ROWS) -> Path:
