@@ -14,7 +14,7 @@ from checker.bugreport import markdown
 from checker.bugreport.plot import render_png
 from checker.bugreport.replayed import ReplayedCounterexample, replay_for_report, time_edges
 from checker.bugreport.rules import implicated_rules, policy_excerpt, policy_overrides
-from checker.bugreport.timeline import Timeline, build_timeline
+from checker.bugreport.timeline import ClassLatency, Timeline, build_timeline
 from checker.engine import SimResult
 from checker.errors import InputError, Problem
 from checker.fileio import write_atomic
@@ -55,7 +55,26 @@ def run_timeline(result: SimResult, max_rows: int = MAX_ROWS) -> Timeline:
     if t.rows_capped:
         stride = t.rows[1].rid - t.rows[0].rid if len(t.rows) > 1 else len(specs)
         t.title += f"\nrows: every {_ordinal(stride)} request in arrival order ({len(t.rows)} of {len(specs):,} shown)"
+    t.latency = class_latency(result, x_label)
     return t
+
+
+def class_latency(result: SimResult, x_label: str) -> list[ClassLatency]:
+    """Per class, each request's TTFT and queue delay against its arrival (every request, not only the rows)."""
+    from checker.metrics import UNSET
+
+    times, names = result.times, result.requests.class_names
+    scale = 1e6 if x_label == "time (s)" else 1e3  # the x axis's unit (time_edges)
+    out = [ClassLatency(name, [], [], []) for name in names]
+    for spec in result.requests.specs:
+        first, scheduled = times.first_token[spec.rid], times.first_scheduled[spec.rid]
+        if first == UNSET or scheduled == UNSET:
+            continue
+        c = out[spec.cls]
+        c.arrival.append(spec.arrival_us / scale)
+        c.ttft_ms.append((first - spec.arrival_us) / 1e3)
+        c.queue_ms.append((scheduled - spec.arrival_us) / 1e3)
+    return [c for c in out if c.arrival]
 
 
 def _ordinal(n: int) -> str:

@@ -24,6 +24,7 @@ WIDTH_IN = 13.0
 DPI = 100
 ROW_IN = 0.34  # height of one request row
 PANEL_IN = 1.7  # height of each panel below
+CLASS_COLORS = ("#4c78a8", "#f58518", "#54a24b", "#b279a2", "#e45756", "#72b7b2", "#9d755d", "#bab0ac")
 TITLE_IN = 0.9
 BAR_HEIGHT = 0.62
 MAX_BARS = 120  # iterations drawn one bar each; beyond, the lower panels are binned
@@ -227,11 +228,12 @@ def draw(t: Timeline) -> Figure:
     """The figure: requests, tokens against the budget, KV blocks against the pool."""
     rows_in = max(1.0, ROW_IN * len(t.rows) + 0.5)
     binned = t.steps > MAX_BARS
-    panels = [rows_in] + [PANEL_IN] * (3 if binned else 2)
+    latency = 2 if t.latency else 0  # whole runs: TTFT and queue delay by class, below the KV panel
+    panels = [rows_in] + [PANEL_IN] * ((3 if binned else 2) + latency)
     fig = Figure(figsize=(WIDTH_IN, TITLE_IN + sum(panels)), dpi=DPI, layout="constrained")
     FigureCanvasAgg(fig)
     axes = fig.subplots(len(panels), 1, sharex=True, height_ratios=panels)
-    ax_req, ax_tok, ax_kv = axes[0], axes[-2], axes[-1]
+    ax_req, ax_tok, ax_kv = axes[0], axes[-2 - latency], axes[-1 - latency]
     fig.suptitle(t.title, fontsize=11, fontweight="bold")
     if t.steps == 0:
         ax_req.text(0.5, 0.5, "no iterations", transform=ax_req.transAxes, ha="center")
@@ -242,6 +244,9 @@ def draw(t: Timeline) -> Figure:
         _draw_queue(axes[1], t)
     _draw_tokens(ax_tok, t)
     _draw_kv(ax_kv, t)
+    if latency:
+        _draw_latency(axes[-2], t, "ttft_ms", "TTFT (ms)\nby arrival")
+        _draw_latency(axes[-1], t, "queue_ms", "queue delay (ms)\nby arrival")
     if t.violation is not None:
         for ax in axes:
             ax.axvspan(t.edges[t.violation], t.edges[t.violation + 1], color=VIOLATION_COLOR, alpha=0.13, zorder=0)
@@ -256,8 +261,18 @@ def draw(t: Timeline) -> Figure:
     for ax in axes:
         ax.grid(axis="x", color="#e6e6e6", linewidth=0.6)
         ax.set_axisbelow(True)
-    ax_kv.set_xlabel(t.x_label)
+    axes[-1].set_xlabel(t.x_label if not latency else f"{t.x_label} (latency panels: at each request's arrival)")
     return fig
+
+
+def _draw_latency(ax, t: Timeline, series: str, label: str) -> None:
+    """One point per request that got its first token: its latency at its arrival, coloured by class."""
+    for i, c in enumerate(t.latency or []):
+        ax.scatter(c.arrival, getattr(c, series), s=6, color=CLASS_COLORS[i % len(CLASS_COLORS)], alpha=0.7,
+                   label=f"{c.name} ({len(c.arrival):,})", linewidths=0)
+    ax.set_ylabel(label)
+    ax.set_ylim(bottom=0)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=8, frameon=False)
 
 
 def render_png(t: Timeline) -> bytes:

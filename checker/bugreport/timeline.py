@@ -82,6 +82,17 @@ class RequestRow:
 
 
 @dataclass
+class ClassLatency:
+    """One request class's latencies over a run: per request that got its first token, its arrival (on the
+    timeline's x axis), TTFT and queue delay (ms)."""
+
+    name: str
+    arrival: list[float]
+    ttft_ms: list[float]
+    queue_ms: list[float]
+
+
+@dataclass
 class Timeline:
     title: str
     x_label: str
@@ -99,6 +110,7 @@ class Timeline:
     violation: int | None = None  # the iteration at which the property fails
     violation_label: str = ""
     cycle: tuple[int, int] | None = None  # a lasso: (first iteration of its cycle's first turn, cycle length)
+    latency: list[ClassLatency] | None = None  # whole runs (simulate --plot): TTFT and queue delay over time
 
     @property
     def steps(self) -> int:
@@ -124,9 +136,10 @@ def shown_requests(total: int, max_rows: int) -> list[int]:
     return list(range(0, total, stride))
 
 
-def request_label(spec: RequestSpec, class_names: Sequence[str]) -> str:
+def request_label(spec: RequestSpec, class_names: Sequence[str], priority: bool = False) -> str:
     cls = f" {class_names[spec.cls]}" if len(class_names) > 1 else ""
-    return f"req {spec.rid}{cls} ({spec.prompt_len} in, {spec.output_len} out)"
+    prio = f", prio {spec.priority}" if priority else ""
+    return f"req {spec.rid}{cls} ({spec.prompt_len} in, {spec.output_len} out{prio})"
 
 
 class _DecodeClassifier:
@@ -163,7 +176,8 @@ def build_timeline(policy: Policy, specs: Sequence[RequestSpec], decisions: Sequ
     if len(edges) != len(decisions) + 1:
         raise ValueError(f"{len(edges)} edges for {len(decisions)} iterations")
     shown = shown_requests(len(specs), max_rows if max_rows is not None else len(specs))
-    rows = {rid: RequestRow(rid, request_label(specs[rid], class_names)) for rid in shown}
+    priority = len({s.priority for s in specs}) > 1  # rows say each request's priority where they differ
+    rows = {rid: RequestRow(rid, request_label(specs[rid], class_names, priority)) for rid in shown}
     state: dict[int, _State] = {}
     active: set[int] = set()  # shown requests that have arrived and are not done
     requeued: set[int] = set()

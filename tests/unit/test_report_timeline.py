@@ -85,11 +85,15 @@ def test_a_whole_run_caps_its_rows_says_so_and_draws_a_readable_png():
                        "rows: every 9th request in arrival order (36 of 323 shown)")
     fig = draw(t)
     assert len(fig.axes[0].get_yticklabels()) == 36
-    assert len(fig.axes) == 4  # requests, running/waiting (binned), tokens, KV
+    # requests, running/waiting (binned), tokens, KV, TTFT and queue delay by class
+    assert [ax.get_ylabel() for ax in fig.axes][-2:] == ["TTFT (ms)\nby arrival", "queue delay (ms)\nby arrival"]
+    assert len(fig.axes) == 6
+    assert [(c.name, len(c.arrival)) for c in t.latency] == [("interactive", 281), ("background", 42)]
+    assert t.rows[0].label == "req 0 interactive (342 in, 310 out, prio 0)"  # priorities differ in this workload
     png = render_png(t)
     assert png.startswith(PNG_SIGNATURE)
     width, height = int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")
-    assert width == 1300 and 1200 < height < 2400
+    assert width == 1300 and 1200 < height < 2800
     assert 50_000 < len(png) < 2_000_000
 
 
