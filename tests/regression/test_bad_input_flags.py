@@ -26,7 +26,7 @@ CASES = [
     ("fuzz", P, "--seed", "-1"), ("fuzz", P, "--seed", HUGE), ("fuzz", P, "--max-examples", "0"),
     ("fuzz", P, "--time-budget", "nan"), ("fuzz", P, "--time-budget", "-1"), ("fuzz", P, "--max-requests", "0"),
     ("fuzz", P, "--seed-windows", "0"),
-    ("diff", P, P, "--seed", "-1"), ("diff", P, P, "--timeout", "inf"), ("diff", P, P, "--threshold", "nan"),
+    ("diff", P, P, "--seed", "-1"), ("diff", P, P, "--timeout", "inf"),
     ("diff", P, P, "--min-delta", "inf"), ("diff", P, P, "--requests", HUGE), ("diff", P, P, "--fuzz-budget", "nan"),
     ("diff", P, P, "--max-examples", "0"), ("diff", P, P, "--depth", "-1"),
     ("audit", "--policy", P, "--workload", "w.yaml", "--queue-slo-ms", "-1"),
@@ -79,3 +79,12 @@ def test_the_window_and_rate_scale_are_checked_in_the_library_too():
                     TraceOptions(rate_scale=float("nan"))):
         with pytest.raises(InputError, match="expected"):
             options.check()
+
+
+def test_diff_threshold_nan_is_refused_by_the_library_range(capsys):
+    """--threshold keeps its library check (0 to 100, the message tests/cli pins); NaN is outside it too."""
+    from tests.helpers import POLICIES
+
+    v1 = str(POLICIES / "vllm_v1.yaml")
+    assert main(["diff", v1, v1, "--threshold", "nan"]) == 2
+    assert "--threshold=nan (expected a relative increase between 0 and 100" in capsys.readouterr().err
