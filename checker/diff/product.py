@@ -10,7 +10,7 @@ replayed on the engine before the witness is returned: a disagreement is a bug i
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from checker.errors import InternalError
 from checker.policy import Policy
@@ -48,7 +48,13 @@ class WitnessSearch:
 def _shortest(keeps: Policy, breaks: Policy, inv: Invariant, params: dict[str, int], env: Environment, n: int,
               deadline: Deadline, progress: Progress | None) -> tuple[str, int, Witness | None]:
     smt = SmtSession()
-    requests = symbolic_requests(smt, Z3Ops, env, n)
+    caching = next((p for p in (keeps, breaks) if p.kv.prefix_caching.enabled), None)
+    if caching is not None:  # the prompts' identities too, over finite domains that cover both pools
+        from checker.verify.cache_bmc import cache_requests
+        env = product_domains(keeps, breaks, env)
+        requests = cache_requests(smt, Z3Ops, caching, env, n)
+    else:
+        requests = symbolic_requests(smt, Z3Ops, env, n)
     smt.add(*requests.constraints)
     good = Unrolling(smt, keeps, env, n, requests, tag="keeps.")
     bad = Unrolling(smt, breaks, env, n, requests, tag="breaks.")
@@ -72,8 +78,29 @@ def _shortest(keeps: Policy, breaks: Policy, inv: Invariant, params: dict[str, i
             return "unknown", t, None
         if result == "sat":
             specs = concrete_requests(smt, requests, env, depth)
+            if caching is not None:
+                from checker.verify.cache_bmc import with_contents
+                specs = with_contents(smt, requests, caching, specs)
             return "found", depth, Witness(specs, depth, bad.frame_values(depth), minimal=False)
     return "none", env.depth, None
+
+
+def product_domains(a: Policy, b: Policy, env: Environment) -> Environment:
+    """With prefix caching: the finite domains of both policies' explicit searches together (prompt lengths at
+    either pool's boundaries), as z3 BMC over the pool encoding takes them (checker/verify/cache_bmc.py)."""
+    from checker.verify.cache_bmc import PoolEnvironment, domain_environment
+
+    if isinstance(env, PoolEnvironment):
+        return env
+    x, y = (domain_environment(p, env, []) for p in (a, b))
+    why = dict(zip(y.prompts, y.prompt_why))
+    why.update(zip(x.prompts, x.prompt_why))
+    prompts = tuple(sorted(why))
+    return replace(x, prompts=prompts, prompt_why=tuple(why[p] for p in prompts),
+                   outputs=tuple(sorted(set(x.outputs) | set(y.outputs))),
+                   max_outputs=tuple(dict.fromkeys(x.max_outputs + y.max_outputs)),
+                   search_priorities=tuple(sorted(set(x.search_priorities) | set(y.search_priorities))),
+                   search_tenants=max(x.search_tenants, y.search_tenants))
 
 
 def witness(keeps: Policy, breaks: Policy, inv: Invariant, params: dict[str, int], env: Environment,

@@ -147,11 +147,6 @@ def run_diff(old: str | Path, new: str | Path, workload: str | Path | None = Non
         raise InputError(Problem("kv.block_size", pair.new.kv.block_size,
                                  f"the same KV block size as OLD {old} ({pair.old.kv.block_size} tokens per block) to "
                                  "compare their pools", lines().get(("kv", "block_size"))), str(new))
-    for path, pol in ((old, pair.old), (new, pair.new)):  # before any check runs (or writes a counterexample)
-        if pol.kv.prefix_caching.enabled:
-            raise InputError(Problem("kv.prefix_caching.enabled", True, "false for diff: its product encoding (z3) "
-                                     "does not model block identity yet; check each policy with verify (explicit "
-                                     "search on the engine) or compare them with simulate / fuzz"), str(path))
     if not 0 <= threshold <= 100:
         raise InputError(Problem("--threshold", threshold, "a relative increase between 0 and 100 (0.2 = 20 %)"))
     if workload is None and (slo is not None or slo_properties):

@@ -92,10 +92,10 @@ def max_context(o, policy: Policy, prompt_len: Term, max_output: Term) -> Term:
 def require_encodable(policy: Policy) -> None:
     """Refuse (exit 2) a policy with a rule the encoding does not cover yet, rather than check a different one."""
     if policy.kv.prefix_caching.enabled:
-        raise InputError(Problem("kv.prefix_caching.enabled", True, "false for diff and proofs: they do not use "
-                                 "the z3 encoding of the block pool (checker/smt/pool.py) yet; `verify` checks a "
-                                 "caching policy (explicit search on the engine, or --cache-method z3), and "
-                                 "simulate, fuzz and check-log run the engine with the cache"))
+        raise InputError(Problem("kv.prefix_caching.enabled", True, "false for proofs (induction): they do not "
+                                 "use the z3 encoding of the block pool (checker/smt/pool.py) yet; `verify` and "
+                                 "`diff` check a caching policy within bounds, and simulate, fuzz and check-log run "
+                                 "the engine with the cache"))
 
 
 class SymbolicStep:

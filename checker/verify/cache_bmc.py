@@ -30,10 +30,29 @@ from invariants.catalogue import Invariant
 METHOD = "z3 bounded model checking with the block pool"
 
 
-def domain_environment(policy: Policy, env: Environment, invariants: list[Invariant]) -> ExplicitEnvironment:
+@dataclasses.dataclass(frozen=True)
+class PoolEnvironment(ExplicitEnvironment):
+    """The explicit search's finite domains, described as this method's (its prompt identities are the encoding's)."""
+
+    def domains(self) -> str:
+        return describe_domains(self)
+
+    def describe(self) -> list[str]:
+        lines = super().describe()
+        lines[1] = f"{METHOD} (z3, exact pool encoding, checker/smt/pool.py): " + self.domains()
+        return lines
+
+    def as_dict(self) -> dict:
+        return {**super().as_dict(), "method": METHOD,
+                "prompt_identities": [identity_name(c) for c in range(len(IDENTITIES))]}
+
+
+def domain_environment(policy: Policy, env: Environment, invariants: list[Invariant]) -> PoolEnvironment:
     """The explicit search's finite domains (prompt identities: this encoding's)."""
+    if isinstance(env, PoolEnvironment):
+        return env
     xenv = env if isinstance(env, ExplicitEnvironment) else explicit_environment(policy, env, invariants)
-    return xenv
+    return PoolEnvironment(**{f.name: getattr(xenv, f.name) for f in dataclasses.fields(xenv)})
 
 
 def describe_domains(xenv: ExplicitEnvironment) -> str:
@@ -98,7 +117,7 @@ def check_many(policy: Policy, policy_file: str | None, invariants: list[tuple[I
     from checker.verify.run import Checked, Verdict, confirm_on_engine, save_counterexample
 
     xenv = domain_environment(policy, env, [inv for inv, _ in invariants])
-    domains = describe_domains(xenv)
+    domains = xenv.domains()
     out = []
     for inv, params in invariants:
         started = time.monotonic()

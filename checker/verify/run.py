@@ -309,6 +309,7 @@ def run_verify(policy: str | Path, invariants: list[str] | None = None, requests
             if unbounded:
                 raise InputError(Problem("--unbounded", True, "no proof method covers the prefix cache yet: a "
                                          "bounded check only (drop --unbounded)"))
+            env = cache_bmc.domain_environment(pol, env, [inv for inv, _ in chosen])
             return env, cache_bmc.check_many(pol, str(policy), chosen, env, timeout_s, out, progress)
         # one explicit-state search on the engine for all of them (explicit.py)
         return env, explicit.check_many(pol, str(policy), chosen, env, timeout_s, out, unbounded, progress)
