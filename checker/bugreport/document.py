@@ -39,7 +39,8 @@ class CexRequest(_Open):
     tenant: Annotated[int, Field(ge=0, le=1_000_000)] | str = 0
     class_: Annotated[str | None, Field(alias="class")] = None
     cancel_after_ms: Millis | None = None
-    prompt_runs: list[tuple[Annotated[int, Field(ge=0, le=2**62)], Tokens]] | None = None
+    # generated workloads' prompts use negative token ids (checker.workload.TokenNames), traces' positive ones
+    prompt_runs: list[tuple[Annotated[int, Field(ge=-2**62, le=2**62)], Tokens]] | None = None
 
 
 class CexPolicy(_Open):
