@@ -145,7 +145,7 @@ class LivenessEntry(_Strict):
     cancellations: bool = False
     identities: Annotated[list[Literal["own", "g0", "g1", "g0+1"]], Field(min_length=1)] | None = None
     """Prompt identities (liveness --identities; prefix caching only; default: g0 for a caching policy)."""
-    arrivals_per_step: Annotated[int, Field(ge=0, le=MAX_REQUESTS)] | None = None
+    arrivals_per_step: Annotated[int, Field(ge=1, le=MAX_REQUESTS)] | None = None
     """At most this many arrivals per iteration (default: as many as there are free places)."""
     step_ms: Annotated[float, Field(gt=0, le=3_600_000)] = 10.0
     max_states: Annotated[int, Field(ge=1, le=MAX_STATES)] = 200_000

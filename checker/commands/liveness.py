@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from checker.commands.shell import terminal_progress
+from checker.commands.shell import SECONDS, STEP_MS, number, terminal_progress
 from checker.liveness.canon import IDENTITY_TOKENS
 from checker.liveness.lasso import PROPERTIES
 
@@ -81,14 +81,17 @@ def add_instance_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--outputs", type=_ints, default=(1, 2), metavar="LIST", help="output lengths (default 1:2)")
     p.add_argument("--priorities", type=_ints, metavar="LIST",
                    help="priorities (default 0,1 when the policy reads priorities, else 0)")
-    p.add_argument("--tenants", type=int, default=1, metavar="N", help="tenants (default 1)")
+    p.add_argument("--tenants", type=number(int, 1, 64, unit="tenants"), default=1, metavar="N",
+                   help="tenants (default 1)")
     p.add_argument("--cancellations", action="store_true", help="clients may cancel live requests (default: never)")
-    p.add_argument("--arrivals-per-step", type=int, metavar="K", help="at most K arrivals per iteration "
+    p.add_argument("--arrivals-per-step", type=number(int, 1, 64), metavar="K", help="at most K arrivals per iteration "
                    "(default: as many as there are free places)")
     p.add_argument("--set", action="append", metavar="FIELD=VALUE",
                    help="override a policy field for this instance, e.g. batch.max_num_seqs=1 (repeatable)")
-    p.add_argument("--max-states", type=int, metavar="N", help="stop exploring after N states (default 200,000)")
-    p.add_argument("--jobs", type=int, default=1, metavar="N", help="explore with N worker processes (the same "
+    p.add_argument("--max-states", type=number(int, 1, 100_000_000, unit="states"), metavar="N",
+                   help="stop exploring after N states (default 200,000)")
+    p.add_argument("--jobs", type=number(int, 1, 1024, unit="processes"), default=1, metavar="N",
+                   help="explore with N worker processes (the same "
                    "graph; default 1)")
 
 
@@ -97,10 +100,11 @@ def register(verbs) -> None:
         "liveness", help="explore a small instance's state graph for starvation, livelock and deadlock lassos",
         description=DESCRIPTION + " The same check runs as `verify --liveness`.")
     p.add_argument("policy", metavar="POLICY")
-    p.add_argument("--requests", type=int, default=2, metavar="N", help="requests in the system at once (default 2)")
+    p.add_argument("--requests", type=number(int, 1, 16, unit="requests"), default=2, metavar="N",
+                   help="requests in the system at once (default 2)")
     add_instance_arguments(p)
-    p.add_argument("--step-ms", type=float, default=10.0, metavar="MS", help="clock: ms per iteration (default 10)")
-    p.add_argument("--timeout", type=float, default=60.0, metavar="S", help="seconds for the exploration (default 60)")
+    p.add_argument("--step-ms", type=STEP_MS, default=10.0, metavar="MS", help="clock: ms per iteration (default 10)")
+    p.add_argument("--timeout", type=SECONDS, default=60.0, metavar="S", help="seconds for the exploration (default 60)")
     p.add_argument("--out", default="counterexamples", metavar="DIR", help="where lasso files go (default "
                    "counterexamples/)")
     p.add_argument("--json", action="store_true")

@@ -71,8 +71,9 @@ class LivenessEnv:
             raise InputError(Problem("--requests", self.requests, ">= 1"))
         if not self.priorities:
             raise InputError(Problem("--priorities", "<empty>", "at least one priority"))
-        if self.arrivals_per_step is not None and self.arrivals_per_step < 0:
-            raise InputError(Problem("--arrivals-per-step", self.arrivals_per_step, ">= 0"))
+        if self.arrivals_per_step is not None and self.arrivals_per_step < 1:  # 0: nothing ever arrives
+            raise InputError(Problem("--arrivals-per-step", self.arrivals_per_step, ">= 1 (with 0 nothing ever arrives, "
+                                     "and every property would hold on an empty system)"))
         if self.step_us < 1:
             raise InputError(Problem("--step-ms", self.step_us / 1000, "> 0"))
 
