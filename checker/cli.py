@@ -240,6 +240,11 @@ def _recheck(args: argparse.Namespace) -> int:
     from checker.api import run_recheck
 
     result, queries = run_recheck(args.certificate)
+    code = ExitCode.OK if result == "unsat" else ExitCode.VIOLATED if result == "sat" else ExitCode.INCONCLUSIVE
+    if args.json:
+        print(json.dumps({"certificate": str(args.certificate), "holds": result == "unsat", "solver": result,
+                          "queries": queries, "exit_code": int(code)}, indent=1))
+        return code
     if result == "unsat":
         what = "the step query is" if queries == 1 else f"each of its {queries} queries (one per scheduler action) is"
         print(f"{args.certificate}: certificate holds ({what} unsat with a fresh solver)")
@@ -261,11 +266,25 @@ def _fuzz(args: argparse.Namespace) -> int:
                        terminal_progress(), args.seed_trace, _options_for(args, args.seed_trace, "--seed-trace TRACE"),
                        args.seed_windows)
     terminal_progress.clear()
+    code = ExitCode.VIOLATED if any(r.violated for r in results) else ExitCode.OK
+    if args.json:
+        print(json.dumps({"policy": str(args.policy), "workload": str(args.workload),
+                          "notes": results[0].seed_notes if results else [],
+                          "results": [_fuzz_json(r) for r in results], "exit_code": int(code)}, indent=1))
+        return code
     for note in results[0].seed_notes if results else []:
         print(f"note: {note}")
     for r in results:
         print(r.line())
-    return ExitCode.VIOLATED if any(r.violated for r in results) else ExitCode.OK
+    return code
+
+
+def _fuzz_json(r) -> dict:
+    o = r.outcome
+    return {"property": r.prop.name, "kind": r.prop.kind, "verdict": "VIOLATED" if r.violated else "NO_COUNTEREXAMPLE",
+            "examples": r.examples, "seconds": round(r.seconds, 3), "requests": len(r.trace) if r.violated else None,
+            "observed": None if o is None else o.observed, "allowed": None if o is None else o.allowed,
+            "counterexample": None if r.counterexample is None else str(r.counterexample)}
 
 
 def _check_log(args: argparse.Namespace) -> int:
@@ -287,10 +306,23 @@ def _check_log(args: argparse.Namespace) -> int:
                       follow_idle_s=idle_s,
                       progress=progress if args.follow else None)
     names = ", ".join(inv.name for inv, _ in r.invariants)
+    violation, conf = r.violation, r.conformance
+    if args.json:
+        code = ExitCode.VIOLATED if violation is not None or (conf is not None and conf.first_divergence is not None) \
+            else ExitCode.OK
+        print(json.dumps({
+            "log": str(args.log), "steps": r.steps, "requests": r.requests, "done": r.done,
+            "invariants": [inv.name for inv, _ in r.invariants], "notes": r.notes[:5], "notes_total": r.notes_total,
+            "violation": None if violation is None else {"invariant": violation.invariant, "step": violation.step,
+                                                         "line": violation.line, "context": violation.context},
+            "conformance": None if conf is None else {"steps": conf.steps, "agreeing": conf.agreeing,
+                                                      "first_divergence": conf.first_divergence,
+                                                      "detail": conf.detail or None},
+            "stopped": r.stopped, "exit_code": int(code)}, indent=1))
+        return code
     for note in r.notes[:5]:
         print(f"note: {note}")
     code = ExitCode.OK
-    violation, conf = r.violation, r.conformance
     if violation is None:
         print(f"{args.log}: {r.steps} steps, no violation of {names}")
     else:
@@ -322,11 +354,19 @@ def _import(args: argparse.Namespace) -> int:
         print(f"\nThe options of {args.system} that batchcheck reads: docs/importers.md")
         return ExitCode.OK
     own, system_args = split_options(args.args)
+    if "--json" in system_args:  # batchcheck's flag, after SYSTEM (no supported system has one of that name)
+        system_args = [a for a in system_args if a != "--json"]
+        args.json = True
     options = {key: getattr(args, key) for key, _ in OWN_OPTIONS.values() if getattr(args, key) is not None}
     for key in set(options) & set(own):
         raise UsageError(f"--{key.replace('_', '-')} given twice (before and after {args.system})")
     options.update(own)
     result = run_import(args.system, system_args, **options)
+    if args.json:
+        print(json.dumps({"system": result.system, "policy": result.policy.model_dump(mode="json"),
+                          "assumed": result.assumed, "approximated": result.approximated, "ignored": result.ignored,
+                          "out": options.get("out")}, indent=1))
+        return ExitCode.OK
     for note in result.notes():
         print(f"batchcheck: {note}", file=sys.stderr)
     if options.get("out") is None:
@@ -377,6 +417,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="vllm, sglang, tgi, trtllm or triton")
     p.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS", help="SYSTEM's own arguments")
     p.add_argument("--out", metavar="FILE", help="write the policy here (atomically) instead of to stdout")
+    p.add_argument("--json", action="store_true", help="print the policy and the assumed / approximated / ignored "
+                   "notes as JSON on stdout (with --out the file is written too)")
     p.add_argument("--name", metavar="NAME", help="policy name (default: the file name)")
     p.add_argument("--config", metavar="FILE", help="vLLM YAML config, TensorRT-LLM LLM-API YAML or Triton config.pbtxt")
     p.add_argument("--vllm-version", metavar="X.Y", help="vllm: the version whose semantics and defaults apply "
@@ -432,6 +474,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = verbs.add_parser("recheck", help="verify a PROVED verdict's certificate with a fresh solver",
                          description="Exit 0: the certificate holds; 1: it does not; 3: the solver could not decide.")
     p.add_argument("certificate", metavar="FILE.smt2")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(run=_recheck)
 
     p = verbs.add_parser("replay", help="re-run a counterexample on the engine, iteration by iteration",
@@ -476,6 +519,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="counterexamples", metavar="DIR")
     p.add_argument("--database", default=".batchcheck/hypothesis", metavar="DIR",
                    help="Hypothesis example database (earlier failures are tried first); 'none' to disable")
+    p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.set_defaults(run=_fuzz)
 
     p = verbs.add_parser("check-log", help="check the invariants on a real scheduler's per-step log",
@@ -492,6 +536,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "verdict so far; stop at a violation, when every request is done, or when idle")
     p.add_argument("--follow-idle-s", type=SECONDS, metavar="S", help="with --follow: stop after S seconds without a "
                    "new line (default 10)")
+    p.add_argument("--json", action="store_true", help="print the verdict as JSON (with --follow: once, at the end)")
     p.set_defaults(run=_check_log)
 
     for module in VERB_MODULES:  # verbs in their own module (checker/commands): each has register(verbs)
