@@ -413,6 +413,8 @@ class Observed:
         self.holding: set[int] = set()  # blocks != 0
         self.held = 0  # blocks summed over the requests
         self.done = 0  # finished or aborted
+        # requests cancelled at some step so far -> [(step t, status from t on)], the status before first
+        self.status_since: dict[int, list[tuple[int, int]]] = {}
         # Aborted requests still holding blocks, in abort order (caching off: the log's free blocks say when
         # they are freed; with the cache they are freed at once, see release_aborted)
         self.aborted_holding: dict[int, None] = {}
@@ -461,6 +463,10 @@ class Observed:
             self.waiting.add(r)
         elif new in DONE:
             self.done += 1
+        if new == CANCELLED and r not in self.status_since:
+            self.status_since[r] = [(-1, old)]
+        if r in self.status_since:
+            self.status_since[r].append((self.t, new))
 
     def _blocks(self, r: int, s: dict[str, int], b: int) -> None:
         old = s["blocks"]
@@ -567,6 +573,15 @@ class Observed:
         return (f"step {e.step}: the log counts running={e.running} waiting={e.waiting}, the arrivals and "
                 f"events give running={running} waiting={waiting}")
 
+    def status_at(self, r: int, j: int) -> int:
+        """A request's status after log step j, for a request that has been cancelled (status_since)."""
+        status = None
+        for t, value in self.status_since[r]:
+            if t > j:
+                break
+            status = value
+        return status
+
     def slot_at(self, r: int, j: int) -> dict[str, int]:
         """Request r's slot after the step at log position j (j >= t - keep)."""
         for tc, old in self.history.get(r, ()):
@@ -639,7 +654,10 @@ class _Frames:
 #   conservation  the requests whose status or blocks changed in the step, with the KV in use less the
 #                 blocks of the others (each request's own conditions read only its own fields, which
 #                 held when they last changed; the sum is the same; no pool, so no shared blocks);
-#   preempted     the requests preempted in the step (the count only grows there).
+#   preempted     the requests preempted in the step (the count only grows there);
+#   cancelled     (cancellation_releases) the requests holding KV now that have been cancelled: only those can
+#                 fail (cancelled at the window's start, still holding now); the predicate reads their status
+#                 then and their blocks now, and gets exactly those (the status from status_since).
 # The first step evaluates every request, so each request's initial state is checked once.
 INCREMENTAL: dict[Callable, str] = {
     catalogue.kv_never_overcommitted: "globals",
@@ -651,6 +669,7 @@ INCREMENTAL: dict[Callable, str] = {
     catalogue.seq_cap: "running",
     catalogue.request_conservation: "conservation",
     catalogue.bounded_preemptions: "preempted",
+    catalogue.cancellation_releases: "cancelled",
 }
 
 # Invariants that look back a bounded number of steps: how many (from their parameters), and which
@@ -669,7 +688,6 @@ INCREMENTAL: dict[Callable, str] = {
 #               request can fail, only against one admitted in the step, and its condition only gets
 #               easier as it is less urgent).
 WINDOW: dict[Callable, tuple[Callable[[dict[str, int]], int], str]] = {
-    catalogue.cancellation_releases: (lambda p: p["steps"], "holding"),
     catalogue.decode_progress: (lambda p: p["gap"], "running"),
     catalogue.bounded_starvation: (lambda p: p["steps"], "live"),
     catalogue.no_deadlock: (lambda p: p["steps"] - 1 if p["steps"] > 0 else 0, "witness"),
@@ -858,6 +876,29 @@ class Incremental:
                 _bound(seen)
             return ok
         return check
+
+    def _cancelled(self, inv: Invariant, full: dict[str, int]) -> Callable[[int], bool]:
+        check, obs, steps = inv.check, self.obs, full["steps"]
+
+        empty: list[bool] = []  # the verdict on no request (the same at every step once t >= steps)
+
+        def holds(t: int) -> bool:
+            since = obs.status_since
+            rids = [r for r in obs.holding if r in since] if since else []
+            if not rids and empty and t >= steps:
+                return empty[0]
+            now = tuple([obs.slots[r] for r in rids])
+            then = tuple([{**obs.slots[r], "status": obs.status_at(r, t - steps)} for r in rids]) if rids else ()
+            frames = [None] * (steps + 1)  # only frames t - steps and t are read
+            frames[0] = _frame(then, (0,) * len(rids), (False,) * len(rids), (False,) * len(rids), obs.kv_used, 0)
+            frames[-1] = _frame(now, (0,) * len(rids), (False,) * len(rids), (False,) * len(rids), obs.kv_used,
+                                obs.now_us)
+            ctx = _context(self.policy, tuple([self.params[r] for r in rids]), _Frames(t - steps, frames))
+            ok = bool(check(IntOps, ctx, t, **full))
+            if not rids and t >= steps and not empty:
+                empty.append(ok)
+            return ok
+        return holds
 
     def _preempted(self, inv: Invariant, full: dict[str, int]) -> Callable[[int], bool]:
         holds, obs = self._evaluator(inv, full), self.obs
