@@ -24,13 +24,14 @@ from __future__ import annotations
 
 import json
 import math
+from functools import partial
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from checker.errors import InputError, Problem
-from checker.loading import read_text
+from checker.loading import parse_json, read_text
 from checker.policy import Policy
 
 # quantity -> the metric names that carry it, vLLM's then SGLang's
@@ -49,8 +50,6 @@ NAME_OF = {name: quantity for quantity, names in QUANTITIES.items() for name in 
 ENGINE_LABELS_IGNORED = ("model_name",)
 DEFAULT_STALL_SCRAPES = 3
 CHECKS = ("seq_cap", "kv_never_overcommitted", "queue_bound", "no_deadlock", "prefix_caching_matches_policy")
-MAX_SCRAPE_FILE_BYTES = 2 * 1024 ** 3  # a week of 5-second scrapes of one engine is ~8 GB of text with
-# histograms; this bound keeps a file that is not scrapes from being read whole
 
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)(?:\s+(-?\d+))?\s*$")
 _LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
@@ -197,14 +196,10 @@ def _engine(labels: str, line: int, source: str) -> Engine:
 def load_scrapes(path: str | Path) -> Scrapes:
     """Scrapes from a file: the Prometheus text format (concatenated scrapes) or a query_range JSON answer."""
     source = str(path)
-    p = Path(path)
-    if p.is_file() and p.stat().st_size > MAX_SCRAPE_FILE_BYTES:
-        raise InputError(Problem("", f"{p.stat().st_size} bytes", f"at most {MAX_SCRAPE_FILE_BYTES} bytes of "
-                                 "scrapes (split the recording)"), source)
-    text = read_text(path)
+    text = read_text(path)  # within the input limits (docs/cli.md): split a longer recording
     if text.lstrip().startswith(("{", "[")):
         try:
-            data = json.loads(text)
+            data = parse_json(text, source)
         except json.JSONDecodeError as exc:
             raise InputError(Problem("", "<unparsable>", f"JSON: {exc.msg}", exc.lineno), source) from None
         raw, times = parse_query_range(data, source)
@@ -240,22 +235,21 @@ def _known(values: list[float | None]) -> Iterator[tuple[int, float]]:
     return ((k, v) for k, v in enumerate(values) if v is not None)
 
 
-def _bound(check: str, quantity: str, limit: float | None, what: str, limit_name: str,
+def _bound(check: str, quantity: str, limit: float, what: str, limit_name: str,
            scale: Callable[[float], str] = lambda v: f"{v:g}") -> Callable[[Scrapes, Series, Policy], Finding]:
     def run(scrapes: Scrapes, s: Series, policy: Policy) -> Finding:
         values = s.values.get(quantity)
         if values is None:
             return Finding(check, "UNKNOWN", f"no {what} series in the scrapes ({' or '.join(QUANTITIES[quantity])})",
                            s.engine)
-        bound = limit
         known = list(_known(values))
         top = max(v for _, v in known)
         for k, v in known:
-            if v > bound:
+            if v > limit:
                 return Finding(check, "VIOLATED", f"{what} {scale(v)} at {_at(scrapes, k)} > {limit_name} "
-                                                  f"{scale(bound)}", s.engine, k)
+                                                  f"{scale(limit)}", s.engine, k)
         return Finding(check, "HOLDS", f"on {len(known)} scrapes ({what} at most {scale(top)}, {limit_name} "
-                                       f"{scale(bound)})", s.engine)
+                                       f"{scale(limit)})", s.engine)
     return run
 
 
@@ -289,7 +283,7 @@ def _segments(scrapes: Scrapes, s: Series) -> list[range]:
     return [range(a, b) for a, b in zip(cuts, cuts[1:]) if b > a]
 
 
-def check_stall(scrapes: Scrapes, s: Series, policy: Policy, stall: int = DEFAULT_STALL_SCRAPES) -> Finding:
+def check_stall(scrapes: Scrapes, s: Series, policy: Policy, stall: int) -> Finding:
     running, waiting = s.values.get("running"), s.values.get("waiting")
     if running is None or waiting is None:
         return Finding("no_deadlock", "UNKNOWN", "no running or waiting series in the scrapes", s.engine)
@@ -360,15 +354,12 @@ def check_metrics(policy: Policy, scrapes: Scrapes, checks: list[str] | None = N
     for name in chosen:
         if name not in CHECK_FUNCTIONS:
             raise InputError(Problem("--check", name, "one of: " + ", ".join(CHECKS)))
+    functions = {**CHECK_FUNCTIONS, "no_deadlock": partial(check_stall, stall=stall_scrapes)}
     findings = []
     for s in scrapes.series.values():
         if "running" not in s.values and "waiting" not in s.values and "kv_usage" not in s.values:
             continue  # a label set of other series only (e.g. a reason-split gauge): not an engine
-        for name in chosen:
-            if name == "no_deadlock":
-                findings.append(check_stall(scrapes, s, policy, stall_scrapes))
-            else:
-                findings.append(CHECK_FUNCTIONS[name](scrapes, s, policy))
+        findings += [functions[name](scrapes, s, policy) for name in chosen]
     return CheckMetricsResult(scrapes, findings)
 
 

@@ -71,9 +71,11 @@ def model_from_hf_config(path: str | Path, name: str | None = None) -> VidurMode
     """The layer count (and the name the CPU-overhead rows use) from a Hugging Face config.json."""
     import json
 
+    from checker.loading import parse_json
+
     source = str(path)
     try:
-        data = json.loads(read_text(path))
+        data = parse_json(read_text(path), source)
     except json.JSONDecodeError as exc:
         raise InputError(Problem("", "<unparsable>", f"JSON: {exc.msg}", exc.lineno), source) from None
     layers = data.get("num_hidden_layers", data.get("n_layer")) if isinstance(data, dict) else None

@@ -125,6 +125,7 @@ def test_sglang_names_and_a_restart(tmp_path):
     ("just words here\n", "(expected a Prometheus sample"),
     ("other_metric 1\n", "(expected scrapes with vLLM"),
     ('{"data": {"resultType": "vector", "result": []}}', "data.resultType='vector' (expected matrix"),
+    ("[" * 100_000 + "]" * 100_000, "(expected nesting at most 64 levels deep"),  # a RecursionError before
 ])
 def test_bad_scrapes_are_located_errors(tmp_path, capsys, text, message):
     path = tmp_path / "bad.prom"

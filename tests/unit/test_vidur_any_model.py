@@ -58,6 +58,9 @@ def test_the_layer_count_comes_from_a_hugging_face_config(tmp_path):
     config.write_text(json.dumps({"_name_or_path": "microsoft/phi-2", "num_hidden_layers": 32, "hidden_size": 2560}))
     model = model_from_hf_config(config)
     assert (model.name, model.layers, model.cpu_model_name) == ("phi-2", 32, "microsoft/phi-2")
+    config.write_text("[" * 100_000 + "]" * 100_000)  # deeper than the parser goes: an input error, not a crash
+    with pytest.raises(InputError):
+        model_from_hf_config(config)
     config.write_text(json.dumps({"hidden_size": 2560}))
     with pytest.raises(InputError) as error:
         model_from_hf_config(config)
