@@ -205,7 +205,7 @@ class _Resolver:
         from checker.policy import Policy
 
         data, lines = parse_yaml(ref.text, ref.shown)
-        pol = validate(Policy, data, ref.shown, lines)
+        pol = validate(Policy, data, ref.shown, lambda: lines)
         info = PolicyInfo(ref.shown, pol.name or Path(ref.shown.split("@")[0]).stem, lines, pol.kv.block_size)
         self.policies[ref.shown] = info
         return info

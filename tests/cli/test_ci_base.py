@@ -102,3 +102,16 @@ def test_bad_base_input_exits_2(capsys, repo, config, argv, message):
     code, out, err = run(capsys, "ci", "--jobs", "1", *argv)
     assert (code, out) == (2, "")
     assert err == f"batchcheck: error: {message}\n"
+
+
+def test_a_policy_that_was_invalid_at_base_is_a_located_error(capsys, repo):
+    prod = repo / "policies" / "prod.yaml"
+    text = prod.read_text()
+    prod.write_text(text.replace("num_blocks: 100", "num_blocks: 0"))
+    git(repo, "commit", "-qam", "broken pool")
+    git(repo, "tag", "broken")
+    prod.write_text(text)
+    code, out, err = run(capsys, "ci", "--jobs", "1", "--base", "broken")
+    assert (code, out) == (2, "")
+    line = line_of(prod, "num_blocks: 100")
+    assert err == f"batchcheck: error: policies/prod.yaml@broken:{line}: kv.num_blocks=0 (expected a number >= 1)\n"
