@@ -307,9 +307,9 @@ def _check_log(args: argparse.Namespace) -> int:
                       progress=progress if args.follow else None)
     names = ", ".join(inv.name for inv, _ in r.invariants)
     violation, conf = r.violation, r.conformance
+    diverged = conf is not None and conf.first_divergence is not None
+    code = ExitCode.VIOLATED if violation is not None or diverged else ExitCode.OK
     if args.json:
-        code = ExitCode.VIOLATED if violation is not None or (conf is not None and conf.first_divergence is not None) \
-            else ExitCode.OK
         print(json.dumps({
             "log": str(args.log), "steps": r.steps, "requests": r.requests, "done": r.done,
             "invariants": [inv.name for inv, _ in r.invariants], "notes": r.notes[:5], "notes_total": r.notes_total,
@@ -322,20 +322,17 @@ def _check_log(args: argparse.Namespace) -> int:
         return code
     for note in r.notes[:5]:
         print(f"note: {note}")
-    code = ExitCode.OK
     if violation is None:
         print(f"{args.log}: {r.steps} steps, no violation of {names}")
     else:
         print(f"{args.log}: {violation.invariant} VIOLATED at step {violation.step} (log line {violation.line})")
         for line in violation.context:
             print(f"  {line}")
-        code = ExitCode.VIOLATED
     if conf is not None:
         print(f"conformance with the engine under {args.policy}: {conf.agreeing}/{conf.steps} steps agree "
               f"({100 * conf.share:.1f} %)")
-        if conf.first_divergence is not None:
+        if diverged:
             print(f"  first divergence: {conf.detail}")
-            code = ExitCode.VIOLATED
     if r.stopped == "idle":
         print(f"stopped following {args.log}: no new line for {idle_s:g} s "
               f"({r.done}/{r.requests} requests done)")
