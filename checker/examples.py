@@ -2,9 +2,10 @@
 workload spec/workloads/chat_mixed.yaml, and so on, wherever batchcheck runs.
 
 The examples are spec/ in a checkout and the package ``batchcheck_examples`` in an installed wheel (the same
-folder: pyproject.toml maps one onto the other). A path that exists, or that has a folder or a suffix of its
-own, is always the user's file; only a bare name (``vllm_v1``, ``prefix_caching/vllm_v1``) that is no file
-here is looked up among the examples of the kind the argument asks for.
+folder: pyproject.toml maps one onto the other). A path that exists, that has a suffix, or that starts at a
+folder of its own (``./x``, ``/x``, ``~/x``) is always the user's file; only a bare name (``vllm_v1``,
+``prefix_caching/vllm_v1``) that is no file here is looked up among the examples of the kind the argument asks
+for.
 """
 
 from __future__ import annotations
