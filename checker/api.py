@@ -9,6 +9,7 @@ verify, fuzz, diff, liveness and check-log are imported on first use (they load 
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from checker.audit import AuditContract, AuditResult, AuditWorkload
@@ -115,6 +116,25 @@ def run_recheck(certificate: str | Path) -> tuple[str, int]:
 def run_replay(counterexample: str | Path, policy: PolicyInput | None = None) -> tuple[str, bool]:
     """Re-run a counterexample on the engine (under its own policy, or under another one). Returns the
     text to show (an iteration or request table and a verdict line) and whether it still fails."""
+    outcome = replay_outcome(counterexample, policy)
+    return outcome.text, outcome.violated
+
+
+@dataclass
+class ReplayOutcome:
+    """A counterexample replayed on the engine: the text ``replay`` prints and the same as JSON
+    (docs/schemas/replay.schema.json)."""
+
+    text: str
+    violated: bool
+    doc: dict = field(repr=False)
+
+    def as_dict(self) -> dict:
+        return {**self.doc, "violated": self.violated}
+
+
+def replay_outcome(counterexample: str | Path, policy: PolicyInput | None = None) -> ReplayOutcome:
+    """``run_replay`` with the replay's figures as well (``ReplayOutcome.as_dict``)."""
     from checker.bugreport.document import load_counterexample
     from checker.verify.replay import replay_counterexample, replay_table
 
@@ -130,7 +150,12 @@ def run_replay(counterexample: str | Path, policy: PolicyInput | None = None) ->
                    f"observed {r.recorded.get('observed')}" if r.violated else
                    f"{r.prop.name} holds on this trace (observed {o.observed}, allowed {o.allowed}): "
                    "the policy no longer fails it")
-        return "\n".join([head, r.table, verdict]), r.violated
+        figures = {"counterexample": str(counterexample), "kind": "slo", "property": r.prop.name, "params": {},
+                   "policy": r.policy.name, "overrides": [], "violation_iteration": None,
+                   "recorded_iteration": None, "iterations": None,
+                   "slo": {"observed": o.observed, "allowed": o.allowed, "detail": o.detail,
+                           "recorded_observed": r.recorded.get("observed")}}
+        return ReplayOutcome("\n".join([head, r.table, verdict]), r.violated, figures)
     report = replay_counterexample(counterexample, pol)
     head = f"replaying {counterexample} under policy {report.policy.name}"
     if report.overrides:
@@ -138,7 +163,24 @@ def run_replay(counterexample: str | Path, policy: PolicyInput | None = None) ->
     name = report.invariant.name
     verdict = (f"{name} holds on this trace: the policy no longer fails it" if report.violation is None else
                f"{name} VIOLATED at iteration {report.violation} (recorded: iteration {report.recorded_violation})")
-    return "\n".join([head, replay_table(report), verdict]), report.violation is not None
+    figures = {"counterexample": str(counterexample), "kind": doc["property"]["kind"], "property": name,
+               "params": report.params, "policy": report.policy.name, "overrides": list(report.overrides),
+               "violation_iteration": report.violation, "recorded_iteration": report.recorded_violation,
+               "iterations": _iteration_rows(report), "slo": None}
+    return ReplayOutcome("\n".join([head, replay_table(report), verdict]), report.violation is not None, figures)
+
+
+def _iteration_rows(report) -> list[dict]:
+    """The replay table's rows as JSON: what the engine did at each iteration, and whether the property held."""
+    from checker.smt.ops import IntOps
+
+    r = report.replay
+    return [{"iteration": k, "t_ms": d.now_us / 1000, "admitted": list(d.admitted),
+             "scheduled": [{"request": rid, "tokens": n} for rid, n in d.scheduled],
+             "preempted": list(d.preempted), "finished": list(d.finished), "cancelled": list(d.cancelled),
+             "kv_used": d.kv_blocks_used, "kv_blocks": report.policy.kv.num_blocks, "running": d.num_running,
+             "waiting": d.num_waiting, "holds": bool(report.invariant.holds(IntOps, r.ctx, k, report.params))}
+            for k, d in enumerate(r.decisions)]
 
 
 def run_check_metrics(policy: PolicyInput, scrapes: str | Path, checks: list[str] | None = None,

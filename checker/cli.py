@@ -166,8 +166,9 @@ def _audit(args: argparse.Namespace) -> int:
         result = run_audit(args.contract, args.workload)
     else:
         raise UsageError("give CONTRACT WORKLOAD (audit records) or --policy FILE --workload FILE [--profile FILE]")
-    print(json.dumps(result.as_json(), indent=2) if args.json else result.text())
-    return ExitCode.OK if result.failure is None else ExitCode.VIOLATED
+    code = ExitCode.OK if result.failure is None else ExitCode.VIOLATED
+    print(json.dumps({**result.as_json(), "exit_code": int(code)}, indent=2) if args.json else result.text())
+    return code
 
 
 # verify's options that the bounded check reads and verify --liveness does not
@@ -229,11 +230,12 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def _replay(args: argparse.Namespace) -> int:
-    from checker.api import run_replay
+    from checker.api import replay_outcome
 
-    text, violated = run_replay(args.counterexample, args.policy)
-    print(text)
-    return ExitCode.VIOLATED if violated else ExitCode.OK
+    outcome = replay_outcome(args.counterexample, args.policy)
+    code = ExitCode.VIOLATED if outcome.violated else ExitCode.OK
+    print(json.dumps({**outcome.as_dict(), "exit_code": int(code)}, indent=1) if args.json else outcome.text)
+    return code
 
 
 def _recheck(args: argparse.Namespace) -> int:
@@ -478,6 +480,7 @@ def build_parser() -> argparse.ArgumentParser:
                          description="Exit 1 while the policy still fails on the trace, 0 once it does not.")
     p.add_argument("counterexample", metavar="FILE")
     p.add_argument("--policy", metavar="POLICY", help="replay under this policy instead of the recorded one")
+    p.add_argument("--json", action="store_true", help="print the replay (every iteration, the verdict) as JSON")
     p.set_defaults(run=_replay)
 
     p = verbs.add_parser("audit", help="integer fluid capacity audit of a batching contract and a workload",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 from checker.ci.config import MAX_JOBS
@@ -28,6 +29,9 @@ def _ci(args: argparse.Namespace) -> int:
                      summary=args.summary, policies=only or None, done=done, base=args.base)
     if progress:
         print("\r\033[K", end="", file=sys.stderr, flush=True)
+    if args.json:
+        print(json.dumps(outcome_json(outcome), indent=1))
+        return ExitCode(outcome.exit_code)
     for f in outcome.findings:
         gate = "" if f.gating or f.level is None else "  (warning only)"
         print(f"{f.check.policy.shown}: {f.result.line}{gate}")
@@ -39,6 +43,20 @@ def _ci(args: argparse.Namespace) -> int:
     print(f"{len(outcome.findings)} checks, {violated} gating violation(s); {outcome.where}, "
           f"{outcome.seconds:.1f} s; exit {int(outcome.exit_code)}")
     return ExitCode(outcome.exit_code)
+
+
+def outcome_json(outcome) -> dict:
+    """What ``ci --json`` prints (docs/schemas/ci.schema.json): one entry per finding, in the report's order."""
+    return {"findings": [{"policy": f.check.policy.shown, "policy_name": f.check.policy_name, "kind": f.check.kind,
+                          "check": f.check.label, "rule_id": f.rule_id, "verdict": f.result.verdict,
+                          "outcome": f.outcome, "gating": f.gating, "level": f.level, "field": f.field or None,
+                          "line": f.line, "fingerprint": f.fingerprint, "message": f.result.line,
+                          "seconds": round(f.result.seconds, 3), "counterexample": f.counterexample,
+                          "certificate": f.certificate} for f in outcome.findings],
+            "checks": len(outcome.findings),
+            "gating_violations": sum(1 for f in outcome.findings if f.gating and f.outcome == "failed"),
+            "notes": list(outcome.notes), "written": [str(p) for p in outcome.written], "where": outcome.where,
+            "seconds": round(outcome.seconds, 3), "exit_code": int(outcome.exit_code)}
 
 
 def register(verbs) -> None:
@@ -59,5 +77,7 @@ def register(verbs) -> None:
     p.add_argument("--junit", metavar="FILE", help="write JUnit XML here")
     p.add_argument("--sarif", metavar="FILE", help="write SARIF 2.1.0 here (for code scanning)")
     p.add_argument("--summary", metavar="FILE", help="write a markdown summary here (for a PR comment)")
+    p.add_argument("--json", action="store_true", help="print the findings, notes and files written as JSON on "
+                   "stdout (instead of the text lines; JUnit, SARIF and the summary are written as usual)")
     p.add_argument("policies", nargs="*", metavar="POLICY", help="same as --policy (pre-commit passes changed files)")
     p.set_defaults(run=_ci)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 
 from checker.exitcodes import ExitCode
 
@@ -11,6 +12,12 @@ def _report(args: argparse.Namespace) -> int:
     from checker.api import run_report
 
     files = run_report(args.counterexample, args.out, args.html)
+    if args.json:
+        print(json.dumps({"counterexample": str(args.counterexample), "markdown": str(files.markdown),
+                          "png": str(files.png), "html": None if files.html is None else str(files.html),
+                          "still_violated": files.still_violated, "verdict_line": files.verdict_line,
+                          "exit_code": int(ExitCode.OK)}, indent=1))
+        return ExitCode.OK
     print(f"{files.markdown}: bug report ({files.verdict_line})")
     print(f"{files.png}: timeline")
     if files.html is not None:
@@ -28,4 +35,5 @@ def register(verbs) -> None:
     p.add_argument("--out", default="reports", metavar="DIR", help="where the report goes (default reports/)")
     p.add_argument("--html", action="store_true", help="also NAME.html: the report and an interactive timeline "
                    "(hover an iteration, click a request), one static file")
+    p.add_argument("--json", action="store_true", help="print the files written and the replay's verdict as JSON")
     p.set_defaults(run=_report)

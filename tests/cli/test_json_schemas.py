@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+from pathlib import Path
 
 import jsonschema
 import pytest
@@ -96,6 +97,76 @@ def test_import(capsys):
     assert doc["policy"]["batch"]["max_num_seqs"] == 8 and doc["assumed"]
 
 
+AUDIT = ROOT / "spec" / "audit"
+
+
+def test_audit(capsys):
+    doc = output(capsys, "audit", str(AUDIT / "illustrative_contract.yaml"), str(AUDIT / "illustrative_workload.yaml"),
+                 "--json")
+    check("audit", doc)
+    assert doc["failure"] is None and doc["exit_code"] == 0 and "derived" not in doc
+    doc = output(capsys, "audit", "--policy", str(POLICIES / "vllm_v1.yaml"), "--workload", str(WORKLOAD),
+                 "--ttft-slo-ms", "1", "--json")  # the derived form, a bound that fails
+    check("audit", doc)
+    assert doc["failure"]["bound"] == doc["decision"] and doc["exit_code"] == 1 and doc["derived"]["contract"]
+
+
+def test_diff(capsys, tmp_path):
+    doc = output(capsys, "diff", str(POLICIES / "vllm_v1.yaml"), str(POLICIES / "broken" / "vllm_v1_small_pool.yaml"),
+                 "--invariant", "no_deadlock", "--requests", "2", "--depth", "3", "--prompt-range", "1:4096",
+                 "--output-range", "1:8", "--out", str(tmp_path), "--json")
+    check("diff", doc)
+    assert doc["regressions"] == ["no_deadlock"] and doc["exit_code"] == 1
+    assert doc["properties"][0]["new_worse_witness"]["file"].startswith(str(tmp_path))
+
+
+def _counterexample(capsys, tmp_path) -> str:
+    main(["verify", str(POLICIES / "broken" / "unchecked_growth.yaml"), "--invariant", "kv_never_overcommitted",
+          "--requests", "2", "--depth", "2", "--out", str(tmp_path / "cx")])
+    capsys.readouterr()
+    [path] = (tmp_path / "cx").glob("*.json")
+    return str(path)
+
+
+def test_replay(capsys, tmp_path):
+    path = _counterexample(capsys, tmp_path)
+    doc = output(capsys, "replay", path, "--json")
+    check("replay", doc)
+    assert (doc["kind"], doc["violated"], doc["violation_iteration"], doc["exit_code"]) == ("invariant", True, 1, 1)
+    assert [row["holds"] for row in doc["iterations"]] == [True, False] and doc["slo"] is None
+    doc = output(capsys, "replay", path, "--policy", str(POLICIES / "vllm_v1.yaml"), "--json")  # a fixed policy
+    check("replay", doc)
+    assert (doc["violated"], doc["violation_iteration"], doc["exit_code"]) == (False, None, 0)
+    main(["fuzz", str(POLICIES / "vllm_v1.yaml"), "--workload", str(WORKLOAD), "--property", "interactive_tpot_p99",
+          "--max-examples", "5", "--time-budget", "30", "--database", "none", "--out", str(tmp_path / "slo")])
+    capsys.readouterr()
+    [slo] = (tmp_path / "slo").glob("*.json")
+    doc = output(capsys, "replay", str(slo), "--json")
+    check("replay", doc)
+    assert doc["kind"] == "slo" and doc["iterations"] is None and doc["slo"]["observed"] > doc["slo"]["allowed"]
+
+
+def test_report(capsys, tmp_path):
+    path = _counterexample(capsys, tmp_path)
+    doc = output(capsys, "report", path, "--out", str(tmp_path / "r"), "--html", "--json")
+    check("report", doc)
+    assert doc["still_violated"] and doc["exit_code"] == 0
+    assert all(Path(doc[key]).is_file() for key in ("markdown", "png", "html"))
+
+
+def test_ci(capsys, tmp_path, monkeypatch):
+    from tests.unit.ci_sample import make_project
+
+    monkeypatch.chdir(tmp_path)
+    make_project(tmp_path, 'policies = ["spec/policies/unchecked_growth.yaml", "spec/policies/vllm_v1.yaml"]\n'
+                           '[defaults]\nrequests = 2\ndepth = 2\n[[verify]]\ninvariants = ["kv_never_overcommitted"]\n')
+    doc = output(capsys, "ci", "--jobs", "1", "--summary", "out/summary.md", "--json")
+    check("ci", doc)
+    assert doc["exit_code"] == 1 and doc["gating_violations"] == 1 and doc["written"][-1] == "out/summary.md"
+    assert [(f["policy_name"], f["verdict"]) for f in doc["findings"]] == [("unchecked_growth", "VIOLATED"),
+                                                                            ("vllm_v1", "VACUOUS")]
+
+
 def test_a_schema_rejects_output_that_drifted():
     doc = {"source": "x", "scrapes": 1, "server": "vllm", "policy": "p",
            "findings": [{"check": "seq_cap", "verdict": "SAFE", "detail": "", "engine": {}, "scrape": None}]}
@@ -104,5 +175,6 @@ def test_a_schema_rejects_output_that_drifted():
 
 
 def test_every_schema_is_tested_here():
-    tested = {"simulate", "verify", "liveness", "check-metrics", "check-log", "recheck", "fuzz", "import"}
+    tested = {"simulate", "verify", "liveness", "check-metrics", "check-log", "recheck", "fuzz", "import", "audit",
+              "diff", "replay", "report", "ci"}
     assert {p.name.removesuffix(".schema.json") for p in SCHEMAS.glob("*.schema.json")} == tested
