@@ -588,8 +588,13 @@ def main(argv: list[str] | None = None) -> int:
         return int(ExitCode.INCONCLUSIVE)
     except BrokenPipeError:
         return int(ExitCode.OK)
-    except Exception as exc:  # a bug: say so plainly, no traceback unless asked for
-        if os.environ.get("BATCHCHECK_DEBUG"):
+    except BaseException as exc:  # a user invariant's exception is the user's error; anything else is a bug
+        from checker.ci.usercode import user_code_error
+
+        if (user := user_code_error(exc)) is not None:
+            print(f"batchcheck: error: {user}", file=sys.stderr)
+            return int(user.exit_code)
+        if os.environ.get("BATCHCHECK_DEBUG") or not isinstance(exc, Exception):
             raise
         print(f"batchcheck: internal error (a bug in batchcheck; rerun with BATCHCHECK_DEBUG=1 for "
               f"the traceback and please report it): {type(exc).__name__}: {exc}", file=sys.stderr)

@@ -59,6 +59,14 @@ def run_unit(checks: Sequence[Check]) -> list[Result]:
         names = ", ".join(c.name for c in checks)
         raise CheckError(f"{checks[0].where}, policy {checks[0].policy.shown}, {names}: {exc}", int(exc.exit_code)) \
             from None
+    except BaseException as exc:  # a user invariant module's exception (SystemExit included) is the user's error
+        from checker.ci.usercode import user_code_error
+
+        if (error := user_code_error(exc)) is None:
+            raise
+        names = ", ".join(c.name for c in checks)
+        raise CheckError(f"{checks[0].where}, policy {checks[0].policy.shown}, {names}: {error}",
+                         int(error.exit_code)) from None
 
 
 def _run_check(check: Check) -> Result:

@@ -142,8 +142,12 @@ def load_invariant_modules(modules: Sequence[str | InputFile]) -> None:
         if isinstance(module, str):
             load_module(module)
         else:
+            from checker.ci.usercode import SHOWN_AS
+
             with tempfile.TemporaryDirectory(prefix="batchcheck-ci-") as tmp:
-                load_module(materialise(Path(tmp), {"module": module})["module"])
+                path = materialise(Path(tmp), {"module": module})["module"]
+                SHOWN_AS[path] = module.shown  # its errors name the project's file, not the temporary copy
+                load_module(path)
         _LOADED_MODULES.add(module)
 
 
@@ -245,6 +249,13 @@ def build_plan(config: CiConfig, lines: LineMap, source: str, only: list[str] | 
             load_invariant_modules([ref])
         except InputError as exc:
             raise res.fail(("invariant_modules", i), module, exc.problems[0].expected) from None
+        except BaseException as exc:  # SystemExit or another BaseException on import: the module's error
+            from checker.ci.usercode import user_code_error
+
+            if user_code_error(exc) is None:
+                raise
+            raise res.fail(("invariant_modules", i), module, f"a module that imports cleanly (it raised "
+                           f"{type(exc).__name__}" + (f": {exc})" if str(exc) else ")")) from None
         modules.append(ref)
     load_invariant_modules([])
     plan = Plan(root, source)
