@@ -55,19 +55,22 @@ def read_log(path: Path) -> list[dict]:
 _MANY = """import json, sys
 sys.path.insert(0, sys.argv[2])
 import vllm_connector_driver as d
-for trace, flags, out in json.load(open(sys.argv[1])):
-    d.main([trace, *flags, "--out", out])
+for trace, flags, out, shared in json.load(open(sys.argv[1])):
+    argv = [trace, *flags, "--out", out]
+    d.load_shared(None).main(argv) if shared else d.main(argv)
 """
 
 
-def run_files(jobs: list[tuple[Path, list[str], Path]], timeout: float = 3600) -> None:
-    """Run the driver on each (trace file, flags, log file), all in one venv process."""
+def run_files(jobs: list[tuple[Path, list[str], Path]], timeout: float = 3600, shared: frozenset[int] = frozenset()
+              ) -> None:
+    """Run the driver on each (trace file, flags, log file), all in one venv process; the jobs whose index is in
+    `shared` go through the shared driver (drive_vllm_scheduler.main) instead."""
     python = venv_python()
     if python is None:
         raise RuntimeError(absent_reason())
     with tempfile.TemporaryDirectory() as tmp:
         spec = Path(tmp) / "jobs.json"
-        spec.write_text(json.dumps([[str(t), list(f), str(o)] for t, f, o in jobs]))
+        spec.write_text(json.dumps([[str(t), list(f), str(o), i in shared] for i, (t, f, o) in enumerate(jobs)]))
         env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu"}
         done = subprocess.run([str(python), "-c", _MANY, str(spec), str(HERE)], env=env, capture_output=True,
                               text=True, timeout=timeout)
@@ -75,14 +78,16 @@ def run_files(jobs: list[tuple[Path, list[str], Path]], timeout: float = 3600) -
             raise RuntimeError(f"the connector driver failed (exit {done.returncode}):\n{done.stderr[-4000:]}")
 
 
-def run_jobs(jobs: dict[str, Job], keep: Path | None = None) -> dict[str, list[dict]]:
-    """Each named (trace, flags) through the driver in one process; the logs by name."""
+def run_jobs(jobs: dict[str, Job], keep: Path | None = None, shared: frozenset[str] = frozenset()
+             ) -> dict[str, list[dict]]:
+    """Each named (trace, flags) through the driver in one process (the names in `shared` through the shared
+    driver); the logs by name."""
     with tempfile.TemporaryDirectory() as tmp:
         folder = keep or Path(tmp)
         folder.mkdir(parents=True, exist_ok=True)
         files = {name: (write_trace(rows, folder / f"{name}.trace.json"), flags, folder / f"{name}.log.jsonl")
                  for name, (rows, flags) in jobs.items()}
-        run_files(list(files.values()))
+        run_files(list(files.values()), shared=frozenset(i for i, name in enumerate(files) if name in shared))
         return {name: read_log(log) for name, (_, _, log) in files.items()}
 
 
@@ -153,3 +158,80 @@ def producer_sends(send_steps: tuple = (0, 1, 3, None)) -> Job:
 
 SHAPES = {"latencies": loads_with_latencies, "hung": hung_load, "abort_during_load": abort_during_load,
           "pressure": pressure_with_loads, "producer": producer_sends}
+
+
+# ---- the small cases docs/connector-harness.md's rules were read from (tests/conformance/test_vllm_connector_driver.py
+# pins them; tests/data/vllm_connector/ keeps their logs) ----
+
+def _r(rid: str, arrival: int, prompt: int, output: int, **fields) -> dict:
+    return {"id": rid, "arrival_step": arrival, "prompt_tokens": prompt, "output_tokens": output, **fields}
+
+
+_POOL40 = {"num_blocks": 41, "max_num_batched_tokens": 512}  # 40 usable blocks of 16 tokens
+
+FACT_CASES: dict[str, Job] = {
+    # a partial load (64 of 100 tokens, 2 steps) and a full-prompt load (64 of 64, not block aligned: 50 of 100)
+    "latency": ([_r("a", 0, 64, 3, external_tokens=64, load_steps=2),
+                 _r("b", 0, 100, 3, external_tokens=50, load_steps=1),
+                 _r("c", 0, 100, 3, external_tokens=64, load_steps=3)], flags()),
+    "hung": hung_load(),
+    "abort_during_load": abort_during_load(),
+    # a promoted holder that does not fit stops the waiting pass: D (1 block) waits behind it
+    "holder_blocks": ([_r("A", 0, 400, 4, external_tokens=64, load_steps=3), _r("C", 1, 320, 10), _r("D", 3, 16, 2)],
+                      flags(**_POOL40)),
+    "holder_aborted": ([_r("A", 0, 400, 4, external_tokens=64, load_steps=3, abort_step=5), _r("C", 1, 320, 10),
+                        _r("D", 3, 16, 2)], flags(**_POOL40)),
+    # holders are scanned before waiting requests, whatever their priority
+    "holder_first": ([_r("a", 0, 64, 3, priority=1, external_tokens=64, load_steps=1), _r("b", 1, 32, 3, priority=0)],
+                     flags("--policy", "priority", max_num_seqs=1)),
+    # L1 holds 4 blocks and reserves the 21 more its 400-token prompt needs; L2's load of 16 blocks does not fit
+    # 36 - 21 = 15, and P (plain, behind L2) is not reached
+    "reserved": ([_r("L1", 0, 400, 2, external_tokens=64, load_steps=5),
+                  _r("L2", 1, 256, 2, external_tokens=256, load_steps=1), _r("P", 1, 16, 2)], flags(**_POOL40)),
+    "reserved_edge": ([_r("L1", 0, 400, 2, external_tokens=64, load_steps=5),
+                       _r("L2", 1, 240, 2, external_tokens=240, load_steps=1)], flags(**_POOL40)),
+    "reserved_plain": ([_r("L1", 0, 400, 2, external_tokens=64, load_steps=5), _r("L2", 1, 256, 2)], flags(**_POOL40)),
+    "reserved_first_query": ([_r("L1", 0, 400, 2, external_tokens=64, load_steps=5),
+                              _r("L2", 1, 256, 2, external_tokens=256, load_steps=1), _r("P", 1, 16, 2)],
+                             flags("--external-query", "first", **_POOL40)),
+    # a running chunked prefill reserves its remaining blocks against loads too
+    "reserved_by_chunk": ([_r("R", 0, 600, 2), _r("L", 1, 256, 2, external_tokens=256, load_steps=1)],
+                          flags(num_blocks=51, max_num_batched_tokens=128)),
+    "seqs": ([_r(f"l{i}", 0, 64, 3, external_tokens=64, load_steps=2) for i in range(4)], flags(max_num_seqs=2)),
+    "seqs_full": ([_r("r", 0, 32, 6), _r("l", 1, 64, 3, external_tokens=64, load_steps=1)], flags(max_num_seqs=1)),
+    "budget": ([_r("r", 0, 64, 3), _r("l", 0, 64, 3, external_tokens=64, load_steps=1)],
+               flags(max_num_batched_tokens=64)),
+    "watermark": ([_r("r", 0, 320, 30), _r("l", 1, 272, 3, external_tokens=272, load_steps=1)],
+                  flags("--watermark", "0.1", **_POOL40)),
+    "no_watermark": ([_r("r", 0, 320, 30), _r("l", 1, 272, 3, external_tokens=272, load_steps=1)], flags(**_POOL40)),
+    "preempted_after_load": ([_r("r", 0, 90, 8), _r("l", 0, 64, 8, external_tokens=64, load_steps=1)],
+                             flags(num_blocks=11)),
+    "hung_deadlock": ([_r("h", 0, 64, 2, external_tokens=64, load_steps=None), _r("r", 0, 90, 10)],
+                      flags("--max-steps", "12", num_blocks=11)),
+    "threshold": ([_r("a", 0, 200, 2, external_tokens=64, load_steps=1), _r("b", 0, 16, 4)],
+                  flags("--long-prefill-token-threshold", "50")),
+    "threshold_alone": ([_r("a", 0, 200, 2, external_tokens=64, load_steps=1)],
+                        flags("--long-prefill-token-threshold", "50")),
+    "prefix_cache": ([_r("a", 0, 128, 2, prefix_group=0),
+                      _r("b", 4, 128, 2, prefix_group=0, external_tokens=128, load_steps=1)],
+                     flags("--enable-prefix-caching")),
+    "producer": producer_sends(),
+    "producer_ignores_loads": ([_r("a", 0, 64, 2, external_tokens=64)], flags(role="producer")),
+    "both": ([_r("a", 0, 64, 2, external_tokens=64, load_steps=2, send_steps=1), _r("b", 0, 32, 2, abort_step=1)],
+             flags(role="both")),
+}
+
+FIXTURES = HERE / "data" / "vllm_connector"
+
+
+def record(folder: Path = FIXTURES) -> dict[str, list[dict]]:
+    """Run FACT_CASES and keep their logs as folder/NAME.log.jsonl (the traces are FACT_CASES itself)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    logs = run_jobs(FACT_CASES)
+    for name, log in logs.items():
+        (folder / f"{name}.log.jsonl").write_text("".join(json.dumps(row) + "\n" for row in log))
+    return logs
+
+
+def recorded(name: str, folder: Path = FIXTURES) -> list[dict]:
+    return read_log(folder / f"{name}.log.jsonl")
