@@ -197,6 +197,10 @@ FACT_CASES: dict[str, Job] = {
     # a running chunked prefill reserves its remaining blocks against loads too
     "reserved_by_chunk": ([_r("R", 0, 600, 2), _r("L", 1, 256, 2, external_tokens=256, load_steps=1)],
                           flags(num_blocks=51, max_num_batched_tokens=128)),
+    # a load's first test is the full prompt's fit (scheduler_reserve_full_isl), not only its own blocks
+    "load_full_fit": ([_r("R", 0, 320, 12), _r("L", 1, 400, 2, external_tokens=64, load_steps=1)], flags(**_POOL40)),
+    "load_full_fit_off": ([_r("R", 0, 320, 12), _r("L", 1, 400, 2, external_tokens=64, load_steps=1)],
+                          flags("--no-reserve-full-isl", **_POOL40)),
     "seqs": ([_r(f"l{i}", 0, 64, 3, external_tokens=64, load_steps=2) for i in range(4)], flags(max_num_seqs=2)),
     "seqs_full": ([_r("r", 0, 32, 6), _r("l", 1, 64, 3, external_tokens=64, load_steps=1)], flags(max_num_seqs=1)),
     "budget": ([_r("r", 0, 64, 3), _r("l", 0, 64, 3, external_tokens=64, load_steps=1)],

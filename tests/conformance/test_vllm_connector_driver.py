@@ -205,6 +205,16 @@ def test_answering_only_the_first_query_turns_a_refused_load_into_a_local_prefil
 
 
 @live
+def test_a_load_must_first_fit_its_whole_prompt_unless_reserve_full_isl_is_off(logs):
+    on, off = logs["load_full_fit"], logs["load_full_fit_off"]  # L: 400 tokens (25 blocks), 64 loaded (4)
+    assert at(on, 1)["free_blocks"] == 19 and steps_with(on, "loading", "L") == [12]  # 25 > 19: after R
+    assert at(off, 1)["loading"] == ["L"] and at(off, 1)["free_blocks"] == 15  # 4 <= 19
+    # promoted at step 2, its 336-token chunk (21 blocks) does not fit 15: it holds its 4 blocks until R is done
+    assert all(at(off, s)["loading"] == [] and at(off, s)["scheduled"] == {"R": 1} for s in range(2, 12))
+    assert at(off, 12)["scheduled"] == {"L": 336}
+
+
+@live
 def test_loads_start_beyond_max_num_seqs_but_promotions_respect_it(logs):
     log = logs["seqs"]  # max_num_seqs 2, four loads
     assert at(log, 0)["loading"] == ["l0", "l1", "l2", "l3"] and at(log, 1)["recv_done"] == ["l0", "l1", "l2", "l3"]
