@@ -136,6 +136,28 @@ def _content(row: dict, i: int, source: str):
     return prompt_content(ids, block, row["prompt_tokens"], group, i)
 
 
+def _transfer(row: dict, i: int, source: str) -> dict:
+    """The row's KV connector fields (tests/vllm_connector_driver.py reads the same): external_tokens (whole,
+    at most the prompt), load_steps (whole >= 1, or null: never reported), send_steps (whole >= 0, or null)."""
+    out = {}
+    for key, low, nullable in (("external_tokens", 0, False), ("load_steps", 1, True), ("send_steps", 0, True)):
+        if key not in row:
+            continue
+        value = row[key]
+        if value is None and nullable:
+            out[key] = None
+            continue
+        if not _whole(value, low) or value > MAX_TOKENS:
+            never = " or null (never reported)" if nullable else ""
+            raise InputError(Problem(f"[{i}].{key}", value, f"a whole number from {low} to {MAX_TOKENS:,}{never}"), source)
+        out[key] = value
+    if out.get("external_tokens", 0) > row["prompt_tokens"]:
+        raise InputError(Problem(f"[{i}].external_tokens", out["external_tokens"],
+                                 f"<= prompt_tokens={row['prompt_tokens']} (the external tier holds a prefix of the "
+                                 "prompt)"), source)
+    return out
+
+
 def load_arrivals(path: str | Path) -> Arrivals:
     data, _ = load_document(path)
     source = str(path)
@@ -145,6 +167,7 @@ def load_arrivals(path: str | Path) -> Arrivals:
                                  "hash_block_tokens?}"), source)
     rows = []
     contents = []
+    transfers = []
     for i, row in enumerate(data):
         if not isinstance(row, dict):
             raise InputError(Problem(f"[{i}]", row, "an object"), source)
@@ -166,6 +189,7 @@ def load_arrivals(path: str | Path) -> Arrivals:
                                      f"both from 1 to {MAX_TOKENS:,}"), source)
         rows.append(row)
         contents.append(_content(row, i, source))  # i: the row's position in the file, as the harness numbers it
+        transfers.append(_transfer(row, i, source))
     order = sorted(range(len(rows)), key=lambda i: (rows[i]["arrival_step"], i))
     specs, ids = [], []
     for rid, i in enumerate(order):
@@ -174,7 +198,8 @@ def load_arrivals(path: str | Path) -> Arrivals:
         specs.append(RequestSpec(rid=rid, arrival_us=row["arrival_step"] * STEP_US, prompt_len=row["prompt_tokens"],
                                  output_len=row["output_tokens"], max_output=row["output_tokens"],
                                  priority=row.get("priority", 0) or 0, tenant=0, cls=0,
-                                 cancel_us=None if abort is None else abort * STEP_US, content=contents[i]))
+                                 cancel_us=None if abort is None else abort * STEP_US, content=contents[i],
+                                 **transfers[i]))
         ids.append(row["id"])
     index = {key: rid for rid, key in enumerate(ids)}
     if len(index) != len(ids):

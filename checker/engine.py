@@ -22,6 +22,7 @@ from checker.profile import Profile
 from checker.semantics.decision import DecisionBuilder, StepDecision
 from checker.semantics.state import TERMINAL, Request, SchedulerState
 from checker.semantics.step import arrive_phase, step
+from checker.semantics.transfer import steps_pending
 from checker.traces import RequestSet
 
 DEFAULT_MAX_STEPS = 50_000_000
@@ -190,7 +191,8 @@ def _simulate(policy: Policy, requests: RequestSet, profile: Profile, record: bo
                 unfinished -= left
         if not d.is_quiet:
             quiet_since = None
-        elif not s.holding:
+        elif not (s.holding or s.loads_in_flight) or not steps_pending(s):
+            # (held blocks or loads whose release or report never comes do not keep the engine stepping)
             quiet_since = now if quiet_since is None else quiet_since
             wake = _wake_time(s, clock, now, quiet_since)
             if wake is None:

@@ -61,8 +61,8 @@ def next_steps_are_quiet_decodes(s: SchedulerState, d: StepDecision) -> bool:
     Either d itself was such a step (then the waiting queue is blocked and stays blocked), or nobody
     waits and every running request is one token behind (then there is nothing else to schedule).
     """
-    if not s.running or s.holding:
-        return False
+    if not s.running or s.holding or s.holders or s.loads_in_flight:
+        return False  # a release, or a transfer report, may come in the middle of a stretch
     if s.pool is not None and s.policy.batch.phase_mode is PhaseMode.MIXED and time_varying(s):
         return False  # the mixed pass serves the batch in queue order, which such orders change: so does the pool's
     if not s.waiting:

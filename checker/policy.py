@@ -297,6 +297,92 @@ class Timeouts(_Strict):
     """What happens to a request that timed out in the queue."""
 
 
+# ----------------------------------------------------------------------------------------- connector
+class ConnectorKind(StrEnum):
+    """none: no KV connector (every request computes its KV on this node).
+    offload: an external KV tier (CPU offload, LMCache, a shared store): a waiting request whose prompt the
+    tier holds beyond the local prefix hit is admitted as an asynchronous load that holds its blocks until the
+    load is reported done (vLLM 0.33: WAITING_FOR_REMOTE_KVS), then computes the rest locally.
+    decode_node: the decode side of disaggregated prefill/decode: the same load state, the KV coming from a
+    prefill node.
+    prefill_node: the prefill side: a finished request's blocks stay pinned until the decode side confirms
+    the transfer (vLLM's connector request_finished returning delay_free_blocks)."""
+
+    NONE = "none"
+    OFFLOAD = "offload"
+    DECODE_NODE = "decode_node"
+    PREFILL_NODE = "prefill_node"
+
+
+class ReleaseRule(StrEnum):
+    """When blocks held for a transfer are freed once nothing else needs them.
+    on_completion: when the connector reports the transfer done (vLLM 0.33: an aborted load frees its blocks
+    when finished_recving arrives; a pinned request when finished_sending arrives): never, if it never does.
+    immediate: at once (an aborted load's blocks are freed at the abort; pinning is off).
+    deadline: on completion, or ``release_deadline_steps`` steps after the abort or finish, whichever is first
+    (NIXL's abort-request timeout)."""
+
+    ON_COMPLETION = "on_completion"
+    IMMEDIATE = "immediate"
+    DEADLINE = "deadline"
+
+
+class Connector(_Strict):
+    """A KV connector: requests that hold KV blocks while they are not running (docs/semantics.md,
+    "KV held outside the running batch")."""
+
+    kind: ConnectorKind = ConnectorKind.NONE
+    """What the node's connector does; none keeps every other rule exactly as without this section."""
+    holders_first: bool = True
+    """Waiting requests that hold blocks (loads in flight, loaded requests not yet running) are kept in their
+    own queue, scanned before the waiting queue (vLLM 0.33's kv_holding_waiting). False: they stay in the
+    waiting queue in its order, where a plain waiting request that does not fit stops the scan before them."""
+    reserve_inflight: bool = True
+    """A load is admitted only if its blocks fit in the free blocks minus what the in-flight prefills (loads,
+    and running requests still in their prefill) need to finish (vLLM 0.33's reserved_blocks)."""
+    release: ReleaseRule = ReleaseRule.ON_COMPLETION
+    """When an aborted load's blocks (offload, decode_node) or a finished request's pinned blocks
+    (prefill_node) are freed."""
+    release_deadline_steps: Annotated[int | None, Field(ge=1, le=MAX_STEPS)] = None
+    """Steps after the abort (or finish) at which ``release: deadline`` frees the blocks."""
+    max_load_steps: Annotated[int, Field(ge=1, le=MAX_STEPS)] = 4
+    """Longest transfer that verification and liveness let the environment choose (a load or a send takes
+    1..max_load_steps steps, or never completes if ``transfers_may_hang``); the engine takes each request's
+    own latency from its workload or trace."""
+    transfers_may_hang: bool = True
+    """Verification and liveness also let a transfer never complete (a lost load, a decode side that never
+    reads)."""
+
+    @property
+    def enabled(self) -> bool:
+        return self.kind is not ConnectorKind.NONE
+
+    @property
+    def loads(self) -> bool:
+        return self.kind in (ConnectorKind.OFFLOAD, ConnectorKind.DECODE_NODE)
+
+    @property
+    def pins(self) -> bool:
+        return self.kind is ConnectorKind.PREFILL_NODE and self.release is not ReleaseRule.IMMEDIATE
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Connector:
+        if self.release is ReleaseRule.DEADLINE and self.release_deadline_steps is None:
+            raise _fail("release_deadline_steps", None, ">= 1 when release is deadline")
+        if self.release is not ReleaseRule.DEADLINE and self.release_deadline_steps is not None:
+            raise _fail("release_deadline_steps", self.release_deadline_steps,
+                        f"null unless release is deadline (it is {self.release.value}: the deadline would never apply)")
+        if not self.enabled:
+            defaults = Connector(kind=ConnectorKind.OFFLOAD)
+            for name in ("holders_first", "reserve_inflight", "release", "max_load_steps", "transfers_may_hang"):
+                value = getattr(self, name)
+                if value != getattr(defaults, name):
+                    shown = value.value if isinstance(value, StrEnum) else str(value).lower()
+                    raise _fail(name, shown, "its default unless kind is offload, decode_node or prefill_node "
+                                "(without a connector no request holds KV outside the batch)")
+        return self
+
+
 # ----------------------------------------------------------------------------------------- policy
 class Policy(_Strict):
     """A scheduler policy: one section per rule kind of the unified vocabulary."""
@@ -322,6 +408,8 @@ class Policy(_Strict):
     """How fast a cancelled request's KV is released."""
     timeouts: Timeouts = Field(default_factory=Timeouts)
     """Queue timeouts."""
+    connector: Connector = Field(default_factory=Connector)
+    """A KV connector (offload tier, disaggregated prefill/decode): KV held by requests that are not running."""
 
     @model_validator(mode="after")
     def _consistent(self) -> Policy:
@@ -363,6 +451,11 @@ class Policy(_Strict):
                 if str(value).lower() != allowed:
                     raise _fail(name, value, f"{allowed} when kv.prefix_caching.enabled is true (the block pool "
                                 "with block identity models vLLM's on-demand, checked, recompute-only pool)")
+        con = self.connector
+        if con.loads and b.phase_mode is PhaseMode.MIXED:
+            raise _fail("connector.kind", con.kind.value, "none or prefill_node when batch.phase_mode is mixed (the "
+                        "mixed pass has no holders' scan; loads are modelled for the decode_first, prefill_first "
+                        "and static passes)")
         return self
 
     # Derived facts, computed from the fields above (never stored twice).

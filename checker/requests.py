@@ -47,6 +47,14 @@ class RequestSpec:
     cls: int = 0
     cancel_us: int | None = None  # when the client cancels (None: never)
     content: PromptContent | None = None  # token identity of the prompt (None: its own tokens, shared with nobody)
+    # A KV connector (policy.connector; ignored without one). external_tokens: leading prompt tokens the external
+    # tier holds (a load covers those beyond the local prefix hit; only the first admission asks). load_steps: a
+    # load started in step t is reported done in the output of step t + load_steps - 1 (None: never). send_steps:
+    # on a prefill node, a request finishing in step t has its transfer confirmed in the output of step
+    # t + send_steps (None: never).
+    external_tokens: int = 0
+    load_steps: int | None = 1
+    send_steps: int | None = 0
 
 
 # A prompt identity, as the explicit-state searches choose it (checker/verify/explicit.py, checker/liveness): None

@@ -58,6 +58,15 @@ class TraceRequest(BaseModel):
     prompt_runs: list[tuple[int, Annotated[int, Field(ge=1, le=MAX_TOKENS)]]] | None = None
     """The prompt's token ids as runs [first id, count] of consecutive ids (what batchcheck writes for a
     request with a prompt identity, e.g. in a counterexample); they must add up to prompt_tokens."""
+    external_tokens: Annotated[int, Field(ge=0, le=MAX_TOKENS)] = 0
+    """With a KV connector (policy.connector: offload, decode_node): leading prompt tokens the external tier
+    holds; the first admission loads those beyond the local prefix hit asynchronously."""
+    load_steps: Annotated[int | None, Field(ge=1, le=MAX_TOKENS)] = 1
+    """Steps the request's load takes: a load started in step t is reported done in the output of step
+    t + load_steps - 1; null: never (a lost load)."""
+    send_steps: Annotated[int | None, Field(ge=0, le=MAX_TOKENS)] = 0
+    """On a prefill node: a request finishing in step t has its transfer confirmed in the output of step
+    t + send_steps; null: never (its blocks stay pinned unless the release rule frees them)."""
 
     @model_validator(mode="after")
     def _max_output(self) -> TraceRequest:
@@ -72,10 +81,17 @@ class TraceRequest(BaseModel):
             elif sum(n for _, n in self.prompt_runs) != self.prompt_tokens:
                 problem = ("prompt_runs", f"{sum(n for _, n in self.prompt_runs)} tokens",
                            f"runs adding up to prompt_tokens={self.prompt_tokens}")
+        if problem is None and self.external_tokens > self.prompt_tokens:
+            problem = ("external_tokens", self.external_tokens, f"<= prompt_tokens={self.prompt_tokens} (the external "
+                       "tier holds a prefix of the prompt)")
         if problem is not None:
             raise PydanticCustomError("consistency", "", {"field": problem[0], "value": problem[1],
                                                           "expected": problem[2]})
         return self
+
+    @property
+    def transfer(self) -> tuple[int, int | None, int | None]:
+        return (self.external_tokens, self.load_steps, self.send_steps)
 
     def content(self, index: int) -> PromptContent | None:
         if self.prompt_runs is not None:
@@ -93,7 +109,8 @@ class Trace(BaseModel):
 
 
 def _build(rows: list[tuple], source: str) -> RequestSet:
-    """rows: (arrival_ms, prompt, output, max_output, priority, tenant, class, cancel_after_ms[, content])."""
+    """rows: (arrival_ms, prompt, output, max_output, priority, tenant, class, cancel_after_ms[, content[,
+    (external_tokens, load_steps, send_steps)]])."""
     order = sorted(range(len(rows)), key=lambda i: (rows[i][0], i))
     tenants = sorted({r[5] for r in rows}) or ["default"]
     classes = sorted({r[6] for r in rows}) or ["default"]
@@ -107,14 +124,15 @@ def _build(rows: list[tuple], source: str) -> RequestSet:
             rid=rid, arrival_us=arrival_us, prompt_len=prompt, output_len=output,
             max_output=max_out or output, priority=prio, tenant=t_index[tenant], cls=c_index[cls],
             cancel_us=None if cancel is None else arrival_us + round(cancel * 1000),
-            content=rows[i][8] if len(rows[i]) > 8 else None))
+            content=rows[i][8] if len(rows[i]) > 8 else None,
+            **(dict(zip(TRANSFER_FIELDS, rows[i][9])) if len(rows[i]) > 9 else {})))
     return RequestSet(specs, classes, tenants, source)
 
 
 def load_json_trace(path: str | Path) -> RequestSet:
     trace = load_model(Trace, path)
     rows = [(r.arrival_ms, r.prompt_tokens, r.output_tokens, r.max_output_tokens, r.priority, r.tenant,
-             r.class_, r.cancel_after_ms, r.content(i)) for i, r in enumerate(trace.requests)]
+             r.class_, r.cancel_after_ms, r.content(i), r.transfer) for i, r in enumerate(trace.requests)]
     return _build(rows, str(path))
 
 
@@ -127,10 +145,22 @@ def dump_json_trace(rs: RequestSet) -> dict:
              "output_tokens": s.output_len, "max_output_tokens": s.max_output, "priority": s.priority,
              "tenant": rs.tenant_names[s.tenant], "class": rs.class_names[s.cls],
              "cancel_after_ms": None if s.cancel_us is None else (s.cancel_us - s.arrival_us) / 1000,
-             **({} if s.content is None else {"prompt_runs": [list(run) for run in s.content]})}
+             **({} if s.content is None else {"prompt_runs": [list(run) for run in s.content]}),
+             **transfer_fields(s)}
             for s in rs.specs
         ],
     }
+
+
+TRANSFER_FIELDS = ("external_tokens", "load_steps", "send_steps")  # RequestSpec fields of a KV connector
+_TRANSFER_DEFAULTS = (0, 1, 0)
+
+
+def transfer_fields(spec: RequestSpec) -> dict:
+    """A request's KV connector fields that differ from their defaults (trace files and counterexamples carry
+    only those, so that files without a connector stay as they were)."""
+    values = (spec.external_tokens, spec.load_steps, spec.send_steps)
+    return {k: v for k, v, d in zip(TRANSFER_FIELDS, values, _TRANSFER_DEFAULTS) if v != d}
 
 
 # ----------------------------------------------------------------------------------------- Azure CSV

@@ -433,6 +433,7 @@ class Canon:
         running.sort(key=lambda pair: pair[0])
         s.running = [r for _, r in running]
         s.holding = holding
+        s.holders, s.loads_in_flight = [], 0  # the explorer has no KV connector states yet
         s.kv_used, s.swap_used = kv_used, swap_used
         s.next_seq = top_seq + 1
         s.tenant_counters = list(key[pos:pos + self.tenants]) if self.fair else [0] * self.tenants

@@ -28,6 +28,7 @@ class StepDecision(NamedTuple):  # immutable; a tuple, so building one (every st
     num_running: int
     num_waiting: int
     cache_hits: tuple[tuple[int, int], ...] = ()  # (rid, prompt tokens it started from) for admissions with a prefix-cache hit
+    loads: tuple[int, ...] = ()  # rids admitted as asynchronous KV loads (policy.connector) this step
 
     @property
     def num_scheduled_tokens(self) -> int:
@@ -37,7 +38,7 @@ class StepDecision(NamedTuple):  # immutable; a tuple, so building one (every st
     def is_quiet(self) -> bool:
         """Nothing happened: no tokens and no request changed state."""
         return not (self.scheduled or self.arrived or self.admitted or self.preempted or self.finished
-                    or self.rejected or self.cancelled or self.released)
+                    or self.rejected or self.cancelled or self.released or self.loads)
 
 
 class DecisionBuilder:
@@ -50,6 +51,7 @@ class DecisionBuilder:
         "finished",
         "grown",
         "hits",
+        "loads",
         "preempted",
         "preempted_for_growth",
         "produced",
@@ -62,6 +64,7 @@ class DecisionBuilder:
         self.scheduled: dict[int, int] = {}  # rid -> tokens, insertion-ordered
         self.grown: dict[int, int] = {}  # rid -> blocks allocated this step
         self.hits: list[tuple[int, int]] = []  # (rid, tokens) prefix-cache hits of this step's admissions
+        self.loads: list[int] = []  # rids admitted as asynchronous loads
         self.produced: list[int] = []
         self.arrived: list[int] = []
         self.admitted: list[int] = []

@@ -11,6 +11,8 @@ max_model_len) from admission on.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from checker.policy import Allocation
 from checker.semantics.state import Request, SchedulerState
 
@@ -111,6 +113,19 @@ def free(s: SchedulerState, r: Request) -> None:
         pool.release(r)
         s.kv_used = pool.num_used
     r.blocks = 0
+
+
+def release_held(s: SchedulerState, released: list[int], due: Callable[[Request], bool]) -> None:
+    """Free the held requests (``s.holding``: cancelled, or pinned by a connector) that are due; note their rids."""
+    keep = []
+    for r in s.holding:
+        if due(r):
+            free(s, r)
+            r.release_step = -1
+            released.append(r.rid)
+        else:
+            keep.append(r)
+    s.holding = keep
 
 
 def can_swap_out(s: SchedulerState, blocks: int) -> bool:

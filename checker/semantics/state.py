@@ -17,6 +17,7 @@ class Status(IntEnum):
     FINISHED = 4
     REJECTED = 5
     CANCELLED = 6  # cancelled; holds KV until its release lag has passed
+    LOADING = 7  # admitted as an asynchronous KV load (policy.connector): holds its blocks, not running
 
 
 TERMINAL = frozenset({Status.FINISHED, Status.REJECTED, Status.CANCELLED})
@@ -34,6 +35,8 @@ class Reason(IntEnum):
     ABORTED = 8  # cancelled by the client
 
 
+NEVER = 1 << 62  # a step that never comes: a transfer that is never reported done, a release that never happens
+
 _PENDING, _NO_REASON = Status.PENDING, Reason.NONE  # bound once: an Enum class attribute costs ~0.2 us per use
 
 
@@ -43,7 +46,7 @@ class Request:
     __slots__ = ("spec", "rid", "arrival_us", "prompt_len", "output_len", "max_output", "priority",
                  "tenant", "status", "reason", "num_computed", "num_generated", "blocks",
                  "swapped_blocks", "admitted_seq", "requeue_seq", "num_preemptions", "release_step",
-                 "block_ids", "num_cached_blocks", "chain")
+                 "block_ids", "num_cached_blocks", "chain", "transfer_step")
 
     def __init__(self, spec: RequestSpec):
         self.spec = spec
@@ -68,6 +71,9 @@ class Request:
         self.block_ids: list[int] = []  # the request's block table
         self.num_cached_blocks = 0  # how many of its first blocks are registered in the cache
         self.chain: list[int] = []  # chains of its full blocks, extended as its tokens grow
+        # With a KV connector only: the step in whose output its transfer (a load, or a prefill node's send) is
+        # reported done (NEVER: it never is); -1 while it has started none.
+        self.transfer_step = -1
 
     def copy(self) -> Request:
         """An independent record with the same spec and the same mutable fields."""
@@ -78,6 +84,7 @@ class Request:
         c.blocks, c.swapped_blocks, c.admitted_seq, c.requeue_seq = self.blocks, self.swapped_blocks, self.admitted_seq, self.requeue_seq
         c.num_preemptions, c.release_step = self.num_preemptions, self.release_step
         c.block_ids, c.num_cached_blocks, c.chain = list(self.block_ids), self.num_cached_blocks, self.chain
+        c.transfer_step = self.transfer_step
         return c
 
     @property
@@ -118,7 +125,11 @@ class SchedulerState:
         self.requests = [Request(s) for s in specs]
         self.running: list[Request] = []
         self.waiting: list[Request] = []
-        self.holding: list[Request] = []  # CANCELLED, still holding KV until release_step
+        self.holding: list[Request] = []  # CANCELLED (or FINISHED, pinned by a connector), still holding KV
+        # With a KV connector and holders_first: waiting requests that hold blocks (LOADING, or loaded and not yet
+        # running), in the order their loads started (vLLM 0.33's kv_holding_waiting); empty otherwise.
+        self.holders: list[Request] = []
+        self.loads_in_flight = 0  # requests in LOADING
         self.kv_used = 0
         self.swap_used = 0
         self.next_seq = 1  # shared counter for admitted_seq and requeue_seq
@@ -136,6 +147,8 @@ class SchedulerState:
         c.running = [requests[r.rid] for r in self.running]
         c.waiting = [requests[r.rid] for r in self.waiting]
         c.holding = [requests[r.rid] for r in self.holding]
+        c.holders = [requests[r.rid] for r in self.holders]
+        c.loads_in_flight = self.loads_in_flight
         c.kv_used, c.swap_used, c.next_seq, c.step = self.kv_used, self.swap_used, self.next_seq, self.step
         c.tenant_counters = list(self.tenant_counters)
         c.pool = None if self.pool is None else self.pool.copy()

@@ -6,7 +6,9 @@
 4. expire    requests waiting past the queue timeout are rejected;
 5. schedule  the batch is composed under the phase mode: running pass, waiting pass, chunking,
              KV allocation and preemption;
-6. complete  scheduled tokens are computed, output tokens produced, finished requests free their KV.
+6. complete  scheduled tokens are computed, output tokens produced, finished requests free their KV
+             (on a prefill node they stay pinned); the transfers the connector reports done in this step's
+             output free the blocks held for them (checker.semantics.transfer).
 
 The step mutates a SchedulerState and returns a frozen StepDecision. It is the single definition of
 the semantics: the engine iterates it, and the Z3 encoding (checker/smt) is pinned to it step by step.
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 from checker.errors import InternalError
 from checker.policy import HeadOfLine, PhaseMode, PreemptMode, QueueOrder
-from checker.semantics import kv
+from checker.semantics import kv, transfer
 from checker.semantics.decision import DecisionBuilder, StepDecision
 from checker.semantics.order import enqueue, key_function, norm_priority, pick_victim, sort_waiting, victim_key
 from checker.semantics.state import Reason, Request, SchedulerState, Status
@@ -25,6 +27,7 @@ from checker.semantics.state import Reason, Request, SchedulerState, Status
 # 0.2 us per use in CPython 3.11, and the step is the hot path of the engine, the fuzzer and the explorer.
 WAITING, SWAPPED, RUNNING = Status.WAITING, Status.SWAPPED, Status.RUNNING
 FINISHED, REJECTED, CANCELLED = Status.FINISHED, Status.REJECTED, Status.CANCELLED
+LOADING = Status.LOADING
 NO_REASON = Reason.NONE
 TENANT_FAIR = QueueOrder.TENANT_FAIR
 STRICT = HeadOfLine.STRICT
@@ -85,17 +88,9 @@ def step_schedule(s: SchedulerState, now_us: int, out: DecisionBuilder) -> StepD
 # ----------------------------------------------------------------------------------------- 1-4: events
 def release_phase(s: SchedulerState, out: DecisionBuilder) -> None:
     """Phase 1 (release)."""
-    if not s.holding:
-        return
-    keep = []
-    for r in s.holding:
-        if r.release_step <= s.step:
-            kv.free(s, r)
-            r.release_step = -1
-            out.released.append(r.rid)
-        else:
-            keep.append(r)
-    s.holding = keep
+    if s.holding:
+        now = s.step
+        kv.release_held(s, out.released, lambda r: r.release_step <= now)
 
 
 def arrive_phase(s: SchedulerState, arrivals: list[Request], out: DecisionBuilder) -> None:
@@ -111,9 +106,9 @@ def arrive_phase(s: SchedulerState, arrivals: list[Request], out: DecisionBuilde
             reason = Reason.PROMPT_TOO_LONG
         elif never_fits and kv.blocks_for(kv.max_context(s, r), p.kv.block_size) > p.kv.num_blocks:
             reason = Reason.NEVER_FITS
-        elif max_inflight is not None and len(s.waiting) + len(s.running) >= max_inflight:
+        elif max_inflight is not None and len(s.waiting) + len(s.holders) + len(s.running) >= max_inflight:
             reason = Reason.OVERLOADED
-        elif max_queue_len is not None and len(s.waiting) >= max_queue_len:
+        elif max_queue_len is not None and len(s.waiting) + len(s.holders) >= max_queue_len:
             reason = Reason.QUEUE_FULL
         elif (max_queued_tokens is not None
               and sum(w.prompt_len for w in s.waiting) + r.prompt_len > max_queued_tokens):
@@ -148,8 +143,9 @@ def leave_phase(s: SchedulerState, cancels: list[Request], now_us: int, out: Dec
 def _cancel(s: SchedulerState, cancels: list[Request], out: DecisionBuilder) -> None:
     lag = s.policy.cancellation.release_lag_steps
     for r in cancels:
-        if r.status in (WAITING, SWAPPED):
-            s.waiting.remove(r)
+        loading = r.status is LOADING
+        if r.status in (WAITING, SWAPPED) or loading:
+            transfer.queue_of(s, r).remove(r)
             kv.swap_in_release(s, r)
         elif r.status is RUNNING:
             s.running.remove(r)
@@ -157,7 +153,11 @@ def _cancel(s: SchedulerState, cancels: list[Request], out: DecisionBuilder) -> 
             continue  # not arrived, or already finished / rejected / cancelled
         r.status, r.reason = CANCELLED, Reason.ABORTED
         out.cancelled.append(r.rid)
-        if r.blocks and lag > 0:
+        if loading:
+            if transfer.abort_load(s, r):
+                kv.free(s, r)
+                out.released.append(r.rid)
+        elif r.blocks and lag > 0:
             r.release_step = s.step + lag
             s.holding.append(r)
         elif r.blocks:
@@ -170,7 +170,7 @@ def _expire(s: SchedulerState, now_us: int, out: DecisionBuilder) -> None:
     if limit_ms is None or not s.waiting:
         return
     limit_us = limit_ms * 1000
-    expired = [r for r in s.waiting if r.admitted_seq == 0 and now_us - r.arrival_us > limit_us]
+    expired = [r for r in s.waiting if r.admitted_seq == 0 and not r.blocks and now_us - r.arrival_us > limit_us]
     for r in expired:
         s.waiting.remove(r)
         r.status, r.reason = REJECTED, Reason.TIMEOUT
@@ -205,7 +205,7 @@ def step_threshold(s: SchedulerState) -> int:
     threshold = chunking.long_prefill_token_threshold
     if not threshold or (chunking.threshold_when_alone and not chunking.threshold_adaptive):
         return threshold
-    eligible = len(s.running) + len(s.waiting)
+    eligible = len(s.running) + len(s.waiting) + len(s.holders)
     if eligible <= 1 and not chunking.threshold_when_alone:
         return 0
     if chunking.threshold_adaptive:
@@ -330,18 +330,28 @@ def _admission_blocked(s: SchedulerState, out: DecisionBuilder) -> bool:
 
 
 def _waiting_pass(s: SchedulerState, budget: Budget, now_us: int, out: DecisionBuilder) -> None:
-    """Admit waiting requests in queue order while budget and slots last (vLLM Phase B).
-
-    The pass visits the queue as it was when the pass began (``for r in list(s.waiting)``), but walks
-    ``s.waiting`` itself: a copy costs O(queue) every step, and under strict head-of-line blocking the pass
-    mostly stops at the head. The pass changes the queue only by removing the request it admits and by
-    enqueueing the requests it preempts (which it skips: they are in ``out.preempted``), and neither moves
-    the other requests relative to each other; so after trying r, the next request to visit is the one that
-    followed r before, wherever it is now.
-    """
-    waiting = s.waiting
-    if not waiting or _admission_blocked(s, out):
+    """Admit waiting requests in queue order while budget and slots last (vLLM Phase B). With a KV connector's
+    holders' queue (checker.semantics.transfer), its requests are scanned first; if that scan stops, so does
+    the pass (vLLM 0.33 drains kv_holding_waiting first)."""
+    if (not s.waiting and not s.holders) or _admission_blocked(s, out):
         return
+    if s.holders and not _scan(s, s.holders, budget, out):
+        return
+    if s.waiting:
+        _scan(s, s.waiting, budget, out)
+
+
+def _scan(s: SchedulerState, waiting: list[Request], budget: Budget, out: DecisionBuilder) -> bool:
+    """Try the requests of one queue in order; return False if the pass stops here (budget or slots spent, or
+    a request that does not fit under strict head-of-line blocking).
+
+    The scan visits the queue as it was when it began (``for r in list(waiting)``), but walks ``waiting``
+    itself: a copy costs O(queue) every step, and under strict head-of-line blocking the pass mostly stops at
+    the head. The scan changes the queue only by removing the request it admits (or moves to the holders'
+    queue) and by enqueueing the requests it preempts (which it skips: they are in ``out.preempted``), and
+    neither moves the other requests relative to each other; so after trying r, the next request to visit is
+    the one that followed r before, wherever it is now.
+    """
     strict = s.policy.queue.head_of_line is STRICT
     max_seqs = s.policy.batch.max_num_seqs
     inversion = s.policy.preempts_on_inversion
@@ -349,7 +359,7 @@ def _waiting_pass(s: SchedulerState, budget: Budget, now_us: int, out: DecisionB
     i = 0
     while i < len(waiting):
         if budget.tokens <= 0 or (len(s.running) >= max_seqs and not inversion):
-            return
+            return False
         r = waiting[i]
         if r.rid in preempted:
             i += 1
@@ -357,21 +367,36 @@ def _waiting_pass(s: SchedulerState, budget: Budget, now_us: int, out: DecisionB
         size, victims = len(waiting), len(preempted)
         after = waiting[i + 1] if i + 1 < size else None
         if not _try_admit(s, r, budget, out) and strict:
-            return
+            return False
         if len(waiting) == size and len(preempted) == victims:
             i += 1  # the queue did not change
         elif after is None:
-            return  # r was the last request of the queue as the pass began
+            return True  # r was the last request of the queue as the scan began
         else:
             i = waiting.index(after, i)  # r left (admitted) and victims came in; those before it are not visited
+    return True
 
 
 def _try_admit(s: SchedulerState, r: Request, budget: Budget, out: DecisionBuilder) -> bool:
+    """Try to admit a waiting request; return False if it does not fit (a LOADING request whose load is not yet
+    reported is passed over: True)."""
+    if r.status is LOADING:
+        if not transfer.load_reported(s, r):
+            return True
+        transfer.promote(s, r)
     max_seqs = s.policy.batch.max_num_seqs
     while True:
         hit = kv.prefix_hit(s, r)  # looked up again after each preemption (a victim's blocks may free hit blocks)
         if hit:
             r.num_computed = len(hit) * s.policy.kv.block_size  # the chunk starts after the hit
+        ext = transfer.external_tokens(s, r)
+        if ext:  # an asynchronous load: it takes no tokens, and preempts nobody
+            if len(s.running) < max_seqs and transfer.can_start_load(s, r, hit, ext, out):
+                transfer.start_load(s, r, hit, ext, out)
+                return True
+            if hit:
+                r.num_computed = 0
+            return False
         n = num_new_tokens(s, r, budget)
         if n and len(s.running) < max_seqs and kv.can_admit(s, r, n, hit):
             _admit(s, r, n, hit, budget, out)
@@ -401,7 +426,7 @@ def _inversion_victim(s: SchedulerState, head: Request, out: DecisionBuilder) ->
 
 
 def _admit(s: SchedulerState, r: Request, n: int, hit: list[int], budget: Budget, out: DecisionBuilder) -> None:
-    s.waiting.remove(r)
+    transfer.queue_of(s, r).remove(r)
     kv.swap_in_release(s, r)
     r.status = RUNNING
     r.admitted_seq = s.take_seq()
@@ -472,19 +497,24 @@ def _complete(s: SchedulerState, now_us: int, out: DecisionBuilder) -> StepDecis
                 _finish(s, r, out)
     if out.finished:
         s.running = [r for r in s.running if r.status is RUNNING]
+    if s.holding and p.connector.enabled:
+        transfer.report_phase(s, out)
     total = prefill_tokens + decode_seqs
     _assert_budgets(s, out, total)
     return StepDecision(  # positional, in field order (the hot path of explorers and fuzzing)
         s.step, now_us, tuple(out.scheduled.items()), tuple(out.produced), tuple(out.arrived), tuple(out.admitted),
         tuple(out.preempted), tuple(out.finished), tuple(out.rejected), tuple(out.cancelled), tuple(out.released),
         prefill_tokens, decode_seqs, prefill_attention, decode_kv, s.kv_used, p.kv.num_blocks - s.kv_used,
-        len(s.running), len(s.waiting), tuple(out.hits))
+        len(s.running), len(s.waiting) + len(s.holders), tuple(out.hits), tuple(out.loads))
 
 
 def _finish(s: SchedulerState, r: Request, out: DecisionBuilder) -> None:
     r.status = FINISHED
     r.reason = Reason.STOPPED if r.num_generated >= r.output_len else Reason.LENGTH_CAPPED
-    kv.free(s, r)
+    if s.policy.connector.pins:
+        transfer.pin(s, r)
+    else:
+        kv.free(s, r)
     out.finished.append(r.rid)
 
 

@@ -1,0 +1,159 @@
+"""KV held outside the running batch (policy.connector): asynchronous loads and pinned blocks.
+
+An *asynchronous load* (connector kind offload or decode_node; vLLM 0.33 WAITING_FOR_REMOTE_KVS): a waiting
+request whose prompt the external tier holds beyond its local prefix hit is admitted as a load. It adopts its
+hit, takes the blocks of the tokens the load brings (not cached until the load is done) and holds them while
+it is LOADING: not running, scheduled for no tokens. The connector reports the load done in the output of step
+``start + load_steps - 1``; the next time the waiting scan reaches the request it is promoted (its loaded
+blocks cached, a full-prompt load recomputing its last token) and admitted like any request, holding its
+blocks meanwhile. The blocks of an aborted load are freed by the policy's release rule.
+
+*Pinned blocks* (prefill_node): a request that finishes keeps its blocks until the decode side confirms the
+transfer, in the output of step ``finish + send_steps``, or the release rule frees them.
+
+Each function is an ask-then-act pair or one transition; the step (checker.semantics.step) calls them.
+"""
+
+from __future__ import annotations
+
+from checker.policy import ReleaseRule
+from checker.semantics import kv
+from checker.semantics.decision import DecisionBuilder
+from checker.semantics.state import NEVER, Request, SchedulerState, Status
+
+LOADING, WAITING, RUNNING = Status.LOADING, Status.WAITING, Status.RUNNING
+
+
+def uses_holders_queue(s: SchedulerState) -> bool:
+    """Waiting requests holding blocks go to their own queue, scanned first (vLLM 0.33 kv_holding_waiting)."""
+    c = s.policy.connector
+    return c.loads and c.holders_first
+
+
+def queue_of(s: SchedulerState, r: Request) -> list[Request]:
+    """The queue a waiting request (WAITING, SWAPPED or LOADING) is in."""
+    if r.blocks and uses_holders_queue(s):
+        return s.holders
+    return s.waiting
+
+
+def external_tokens(s: SchedulerState, r: Request) -> int:
+    """Tokens an asynchronous load would bring, beyond what ``r.num_computed`` already counts (its local hit);
+    0 without a loading connector, or once the request has had a transfer (only its first admission asks)."""
+    if r.transfer_step != -1 or not r.spec.external_tokens or not s.policy.connector.loads:
+        return 0
+    return max(0, r.spec.external_tokens - r.num_computed)
+
+
+def inflight_reserved(s: SchedulerState, out: DecisionBuilder) -> int:
+    """Blocks the in-flight prefills still need to hold their whole sequence (vLLM 0.33's
+    _inflight_prefill_reserved_blocks): loads in flight, and running requests whose prefill (or recompute) is
+    not done after the tokens scheduled for them so far in this step."""
+    size = s.policy.kv.block_size
+    max_len = s.policy.max_model_len
+    scheduled = out.scheduled
+    total = 0
+    for queue in (s.holders, s.waiting):
+        for r in queue:
+            if r.status is LOADING:
+                total += max(0, kv.blocks_for(min(r.num_tokens, max_len), size) - r.blocks)
+    for r in s.running:
+        tokens = r.prompt_len + r.num_generated
+        computed = r.num_computed + scheduled.get(r.rid, 0)
+        if computed < tokens and (r.num_generated == 0 or computed + 1 < tokens):
+            total += max(0, kv.blocks_for(min(tokens, max_len), size) - r.blocks)
+    return total
+
+
+def can_start_load(s: SchedulerState, r: Request, hit: list[int], ext: int, out: DecisionBuilder) -> bool:
+    """The load's blocks fit: with reserve_full_prompt its whole sequence must fit the free blocks (less the
+    watermark when something runs), and the blocks it takes now must fit the free blocks less the watermark
+    and, with reserve_inflight, less what the in-flight prefills still need."""
+    p = s.policy
+    size = p.kv.block_size
+    free = kv.free_blocks(s) - (p.kv.watermark_blocks if s.running else 0)
+    held = r.blocks + len(hit) - (s.pool.num_evictable(hit) if hit and p.kv.prefix_caching.count_evictable_hits else 0)
+    if p.admission.reserve_full_prompt and kv.blocks_for(r.num_tokens, size) - held > free:
+        return False
+    reserved = inflight_reserved(s, out) if p.connector.reserve_inflight else 0
+    return kv.blocks_for(r.num_computed + ext, size) - held <= free - reserved
+
+
+def start_load(s: SchedulerState, r: Request, hit: list[int], ext: int, out: DecisionBuilder) -> None:
+    """Admit the request as a load: it adopts its hit, takes the loaded tokens' blocks (uncached) and holds
+    them while LOADING; with the holders' queue it moves there, behind the loads already in it."""
+    if hit:
+        kv.adopt(s, r, hit)
+    tokens = r.num_computed + ext
+    added = kv.blocks_for(tokens, s.policy.kv.block_size) - r.blocks
+    r.blocks += added
+    if s.pool is None:
+        s.kv_used += added
+    else:
+        s.pool.take(r, added)
+        s.kv_used = s.pool.num_used
+    r.num_computed = tokens
+    steps = r.spec.load_steps
+    r.transfer_step = NEVER if steps is None else s.step + steps - 1
+    if uses_holders_queue(s):
+        s.waiting.remove(r)
+        s.holders.append(r)
+    r.status = LOADING
+    s.loads_in_flight += 1
+    out.loads.append(r.rid)
+
+
+def load_reported(s: SchedulerState, r: Request) -> bool:
+    """The connector reported the request's load done in the output of an earlier step."""
+    return r.transfer_step < s.step
+
+
+def promote(s: SchedulerState, r: Request) -> None:
+    """A load reported done: its blocks are cached and it waits again, holding them; a load that covered the
+    whole sequence recomputes the last token (for its logits)."""
+    if s.pool is not None:
+        s.pool.cache(r, r.num_computed)
+    if r.num_computed >= r.num_tokens:
+        r.num_computed = r.num_tokens - 1
+    r.status = WAITING
+    s.loads_in_flight -= 1
+
+
+def abort_load(s: SchedulerState, r: Request) -> bool:
+    """A LOADING request was cancelled (it has left its queue; the caller marks it CANCELLED). Return whether
+    its blocks are to be freed now; otherwise they are held (``s.holding``) until the release rule frees them:
+    the load's report (release_phase never, report_phase frees it), or the deadline."""
+    s.loads_in_flight -= 1
+    c = s.policy.connector
+    if c.release is ReleaseRule.IMMEDIATE or load_reported(s, r):
+        return True
+    r.release_step = s.step + c.release_deadline_steps if c.release is ReleaseRule.DEADLINE else NEVER
+    s.holding.append(r)
+    return False
+
+
+def pin(s: SchedulerState, r: Request) -> None:
+    """A request finished on a prefill node: its blocks stay pinned until the decode side confirms the transfer
+    (reported in the output of step ``finish + send_steps``) or the deadline passes."""
+    c = s.policy.connector
+    steps = r.spec.send_steps
+    r.transfer_step = NEVER if steps is None else s.step + steps
+    r.release_step = s.step + c.release_deadline_steps if c.release is ReleaseRule.DEADLINE else NEVER
+    s.holding.append(r)
+
+
+def report_phase(s: SchedulerState, out: DecisionBuilder) -> None:
+    """End of the step: the transfers the connector reports done in this step's output free the blocks held
+    for them (an aborted load, a pinned request)."""
+    now = s.step
+    kv.release_held(s, out.released, lambda r: 0 <= r.transfer_step <= now)
+
+
+def steps_pending(s: SchedulerState) -> bool:
+    """Something will change without input: a held request will be released, or a load will be reported."""
+    for r in s.holding:
+        if r.release_step < NEVER or 0 <= r.transfer_step < NEVER:
+            return True
+    if s.loads_in_flight:
+        return any(r.status is LOADING and r.transfer_step < NEVER for q in (s.holders, s.waiting) for r in q)
+    return False
