@@ -90,11 +90,7 @@ def _connector_class():
     cached = globals().get(CONNECTOR_NAME)
     if cached is not None:
         return cached
-    from vllm.distributed.kv_transfer.kv_connector.v1.base import (
-        KVConnectorBase_V1,
-        KVConnectorMetadata,
-        KVConnectorRole,
-    )
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, KVConnectorMetadata
     from vllm.v1.request import RequestStatus
 
     class FakeMetadata(KVConnectorMetadata):
@@ -191,7 +187,6 @@ def _connector_class():
         def pending_reports(self) -> bool:
             return bool(self.recv_due or self.send_due)
 
-    FakeKVConnector.Role = KVConnectorRole
     globals()[CONNECTOR_NAME] = FakeKVConnector
     return FakeKVConnector
 
@@ -206,6 +201,7 @@ def build_scheduler(args, shared, specs: dict):
     """The shared driver's Scheduler, plus a KVTransferConfig loading FakeKVConnector."""
     import torch
     from vllm.config import CacheConfig, KVTransferConfig, ModelConfig, SchedulerConfig, VllmConfig
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
     from vllm.v1.structured_output import StructuredOutputManager
@@ -233,8 +229,7 @@ def build_scheduler(args, shared, specs: dict):
     sched = Scheduler(vllm_config=vllm_config, kv_cache_config=kv_cache_config,
                       structured_output_manager=StructuredOutputManager(vllm_config),
                       block_size=args.block_size, log_stats=False)
-    cls = _connector_class()
-    worker = cls(vllm_config, cls.Role.WORKER, kv_cache_config)
+    worker = _connector_class()(vllm_config, KVConnectorRole.WORKER, kv_cache_config)
     return sched, worker
 
 

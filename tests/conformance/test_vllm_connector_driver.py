@@ -47,9 +47,12 @@ def _identity_jobs() -> dict:
 IDENTITY = _identity_jobs()
 
 
+SHAPE_JOBS = {f"shape_{name}": shape() for name, shape in SHAPES.items()}
+
+
 @pytest.fixture(scope="module")
 def logs() -> dict[str, list[dict]]:
-    jobs = {**FACT_CASES, **IDENTITY, **{f"shared_{k}": v for k, v in IDENTITY.items()}}
+    jobs = {**FACT_CASES, **IDENTITY, **{f"shared_{k}": v for k, v in IDENTITY.items()}, **SHAPE_JOBS}
     return run_jobs(jobs, shared=frozenset(f"shared_{k}" for k in IDENTITY))
 
 
@@ -286,6 +289,37 @@ def test_a_producer_ignores_external_tokens_and_role_both_does_both(logs):
     assert steps_with(log, "loading", "a") == [0, 1] and steps_with(log, "pinned", "a") == [3, 4]
     assert steps_with(log, "sent_done", "a") == [5] and log[-1]["free_blocks"] == 63
     assert at(log, 1)["aborted"] == ["b"] and steps_with(log, "pinned", "b") == []  # an abort is not sent
+
+
+# ---- the generated shapes: the driver keeps its own timing on every request ----
+
+@live
+@pytest.mark.parametrize("name", sorted(SHAPE_JOBS))
+def test_a_generated_shape_keeps_the_load_and_send_timing_of_its_trace(logs, name):
+    rows, _ = SHAPE_JOBS[name]
+    log = logs[name]
+    for r in log:
+        assert not set(r["loading"]) & set(r["scheduled"]) and r["free_blocks"] >= 0
+    for row in rows:
+        rid = row["id"]
+        loading = steps_with(log, "loading", rid)
+        if "external_tokens" in row and "--kv-role producer" not in " ".join(SHAPE_JOBS[name][1]):
+            assert loading, rid  # every load starts (the pool fits each prompt)
+            load_steps = row.get("load_steps", 1)
+            expected = [] if load_steps is None else [loading[0] + load_steps - 1]
+            assert steps_with(log, "recv_done", rid) == expected, rid
+        else:
+            assert not loading, rid
+        finished = steps_with(log, "finished", rid)
+        if "send_steps" in row:
+            (t,) = finished
+            sent = steps_with(log, "sent_done", rid)
+            assert sent == ([] if row["send_steps"] is None else [t + 1 + row["send_steps"]]), rid
+            assert steps_with(log, "pinned", rid) == list(range(t, sent[0] if sent else len(log))), rid
+        elif row.get("load_steps", 1) is not None and "abort_step" not in row:
+            assert len(finished) == 1, rid
+    if name == "shape_pressure":
+        assert sum(len(r["preempted"]) for r in log) > 0 and sum(len(r["loading"]) > 0 for r in log) > 10
 
 
 # ---- the recorded logs ----
