@@ -567,6 +567,47 @@ def resolve_examples(args: argparse.Namespace) -> None:
         args.files = [next((str(r) for r in (resolve(f, k) for k in KINDS) if str(r) != f), f) for f in args.files]
 
 
+# Verbs that run z3 in this process (ci's workers set themselves up: checker/ci/execute.py).
+SOLVING_VERBS = frozenset({"verify", "recheck", "diff", "ci"})
+
+
+@functools.cache
+def _catch_ctrl_c() -> bool:
+    """Let Ctrl-C stop a run even while z3 solves. z3 takes SIGINT itself during a check and answers 'unknown'
+    ("interrupted from keyboard"), and the run would go on to report a verdict it never finished. So z3's own
+    handler is turned off (``solver_ctrl_c_off``), and a thread that the signal wakes (``signal.set_wakeup_fd``:
+    written by Python's own handler the moment the signal arrives) interrupts z3's check; Python's
+    KeyboardInterrupt then reaches ``main`` as soon as the check returns: one line, exit 130. Only from the main
+    thread, and only while SIGINT has Python's default handler (not where it is ignored, e.g. a background job)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        return False
+    read, write = os.pipe()
+    os.set_blocking(write, False)
+    if signal.set_wakeup_fd(write, warn_on_full_buffer=False) != -1:  # someone else's: leave it
+        signal.set_wakeup_fd(-1)
+        os.close(read), os.close(write)
+        return False
+
+    def watch() -> None:
+        while True:
+            if signal.SIGINT in os.read(read, 64) and "z3" in sys.modules:
+                sys.modules["z3"].main_ctx().interrupt()  # the check returns; the KeyboardInterrupt follows
+
+    threading.Thread(target=watch, name="batchcheck-ctrl-c", daemon=True).start()
+    return True
+
+
+def solver_ctrl_c_off() -> None:
+    """z3 leaves SIGINT to Python (it would otherwise swallow it during a check)."""
+    from checker.smt.ops import z3
+
+    z3.set_param("ctrl_c", False)
+
+
 @functools.cache
 def _parser() -> argparse.ArgumentParser:
     """The parser, built once per process (building it imports every verb module: about 30 ms, which
@@ -578,14 +619,17 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     run: Callable[[argparse.Namespace], int] = args.run
     try:
+        if _catch_ctrl_c() and args.verb in SOLVING_VERBS:
+            solver_ctrl_c_off()
         resolve_examples(args)
         return int(run(args))
     except BatchcheckError as exc:
         print(f"batchcheck: error: {exc}", file=sys.stderr)
         return int(exc.exit_code)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # Ctrl-C: no verdict, one line, exit 130 (never a traceback)
+        terminal_progress.clear()
         print("batchcheck: interrupted", file=sys.stderr)
-        return int(ExitCode.INCONCLUSIVE)
+        return int(ExitCode.INTERRUPTED)
     except BrokenPipeError:
         return int(ExitCode.OK)
     except BaseException as exc:  # a user invariant's exception is the user's error; anything else is a bug

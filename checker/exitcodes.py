@@ -9,3 +9,4 @@ class ExitCode(IntEnum):
     INPUT_ERROR = 2  # usage error or bad input file (policy, workload, trace, profile)
     INCONCLUSIVE = 3  # timeout, solver unknown, or a check that could not decide
     INTERNAL_ERROR = 101  # a bug in batchcheck: engine and solver disagree, an asserted budget broke, ...
+    INTERRUPTED = 130  # stopped by Ctrl-C (SIGINT; 128 + 2, as shells report it): no verdict, nothing half-written

@@ -152,13 +152,32 @@ def run_processes(checks: Sequence[Check], jobs: int, done: Callable[[int, Resul
         for unit in sorted(plan):
             finished(unit, run_unit([checks[i] for i in unit]))
         return [results[i] for i in range(len(checks))]
-    with ProcessPoolExecutor(max_workers=min(jobs, len(plan)), mp_context=get_context("spawn")) as pool:
+    pool = ProcessPoolExecutor(max_workers=min(jobs, len(plan)), mp_context=get_context("spawn"),
+                               initializer=_worker_started)
+    try:
         futures = {pool.submit(run_unit, [checks[i] for i in unit]): unit for unit in plan}
         from concurrent.futures import as_completed
 
         for future in as_completed(futures):
             finished(futures[future], future.result())
+    except BaseException:  # Ctrl-C or an error: stop the workers now, run nothing more
+        for process in list((getattr(pool, "_processes", None) or {}).values()):
+            process.terminate()
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown()
     return [results[i] for i in range(len(checks))]
+
+
+def _worker_started() -> None:
+    """A local worker leaves Ctrl-C to the parent, which stops it (z3 would take SIGINT itself during a check
+    and answer 'unknown', a verdict the run never finished)."""
+    import signal
+
+    from checker.smt.ops import z3
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    z3.set_param("ctrl_c", False)
 
 
 def run_dask(checks: Sequence[Check], scheduler: Any, done: Callable[[int, Result], None] | None = None) -> list[Result]:
