@@ -64,6 +64,18 @@ CHECK_LOG_INVARIANTS = ("kv_never_overcommitted", "token_budget", "seq_cap", "re
 # exist (under kv.prefix_caching.enabled they would fail on a correct server, and an aborted request's blocks
 # are taken as freed at once): not checked there.
 CACHE_BLIND = ("request_conservation", "cancellation_releases")
+# (policy -> the rule applies, what the policy has, why a log cannot show per-request blocks then). A KV connector
+# too: requests hold blocks while loading and after finishing, and a log line does not say how many.
+_BLIND_RULES = (
+    (lambda p: p.kv.prefix_caching.enabled, "kv.prefix_caching.enabled",
+     "a log does not say how many tokens each cache hit gave a request or which blocks requests share",
+     "prefix caching", "a log shows no cache hits or shared blocks; --conformance compares the engine, which models "
+     "the cache"),
+    (lambda p: p.connector.enabled, "connector.kind other than none",
+     "a log does not say how many blocks a loading, loaded or pinned request holds",
+     "a KV connector", "a log does not say how many blocks a loading, loaded or pinned request holds; --conformance "
+     "compares the engine, which models them"),
+)
 MAX_NOTES = 5  # notes kept (the CLI prints them); the count of all is kept too
 
 PENDING, WAITING, RUNNING = int(Status.PENDING), int(Status.WAITING), int(Status.RUNNING)
@@ -1238,17 +1250,17 @@ def run_check_log(policy: PolicyInput, log: str | Path, arrivals: str | Path, in
     arr = load_arrivals(arrivals)
     names = list(invariants or default_invariants(pol))
     cache_note = None
-    if pol.kv.prefix_caching.enabled:  # a log shows no cache hits: per-request blocks and sharing are unknown
+    for blind_under, what, why, under, because in _BLIND_RULES:
+        if not blind_under(pol):
+            continue
         blind = [text for text in names if text.split(":", 1)[0] in CACHE_BLIND]
         if blind and invariants:
-            raise InputError(Problem("--invariant", blind[0], "an invariant a log can show under a policy with "
-                                     "kv.prefix_caching.enabled: a log does not say how many tokens each cache hit "
-                                     "gave a request or which blocks requests share, so the blocks each request holds "
-                                     "are unknown (use --conformance: the engine models the cache)"))
+            raise InputError(Problem("--invariant", blind[0], f"an invariant a log can show under a policy with {what}: "
+                                     f"{why}, so the blocks each request holds are unknown (use --conformance: the "
+                                     "engine models them)"))
         if blind:
             names = [text for text in names if text not in blind]
-            cache_note = (f"not checked under prefix caching: {', '.join(t.split(':', 1)[0] for t in blind)} (a log shows no cache hits or shared "
-                          "blocks; --conformance compares the engine, which models the cache)")
+            cache_note = f"not checked under {under}: {', '.join(t.split(':', 1)[0] for t in blind)} ({because})"
     chosen = [parse_invariant(text) for text in names]
     waiter = Follow(idle_s=follow_idle_s) if follow else None
     result = check_stream(pol, arr, stream_log(log, arr, waiter), chosen, with_conformance, fast_forward,

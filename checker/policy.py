@@ -306,12 +306,14 @@ class ConnectorKind(StrEnum):
     decode_node: the decode side of disaggregated prefill/decode: the same load state, the KV coming from a
     prefill node.
     prefill_node: the prefill side: a finished request's blocks stay pinned until the decode side confirms
-    the transfer (vLLM's connector request_finished returning delay_free_blocks)."""
+    the transfer (vLLM's connector request_finished returning delay_free_blocks).
+    both: a node in both roles (vLLM kv_role kv_both with a P/D connector): loads, and pins after finish."""
 
     NONE = "none"
     OFFLOAD = "offload"
     DECODE_NODE = "decode_node"
     PREFILL_NODE = "prefill_node"
+    BOTH = "both"
 
 
 class ReleaseRule(StrEnum):
@@ -359,11 +361,12 @@ class Connector(_Strict):
 
     @property
     def loads(self) -> bool:
-        return self.kind in (ConnectorKind.OFFLOAD, ConnectorKind.DECODE_NODE)
+        return self.kind in (ConnectorKind.OFFLOAD, ConnectorKind.DECODE_NODE, ConnectorKind.BOTH)
 
     @property
     def pins(self) -> bool:
-        return self.kind is ConnectorKind.PREFILL_NODE and self.release is not ReleaseRule.IMMEDIATE
+        return (self.kind in (ConnectorKind.PREFILL_NODE, ConnectorKind.BOTH)
+                and self.release is not ReleaseRule.IMMEDIATE)
 
     @model_validator(mode="after")
     def _consistent(self) -> Connector:
@@ -378,7 +381,7 @@ class Connector(_Strict):
                 value = getattr(self, name)
                 if value != getattr(defaults, name):
                     shown = value.value if isinstance(value, StrEnum) else str(value).lower()
-                    raise _fail(name, shown, "its default unless kind is offload, decode_node or prefill_node "
+                    raise _fail(name, shown, "its default unless kind is offload, decode_node, prefill_node or both "
                                 "(without a connector no request holds KV outside the batch)")
         return self
 

@@ -51,7 +51,7 @@ class RequestSpec:
     # tier holds (a load covers those beyond the local prefix hit; only the first admission asks). load_steps: a
     # load started in step t is reported done in the output of step t + load_steps - 1 (None: never). send_steps:
     # on a prefill node, a request finishing in step t has its transfer confirmed in the output of step
-    # t + send_steps (None: never).
+    # t + 1 + send_steps (None: never).
     external_tokens: int = 0
     load_steps: int | None = 1
     send_steps: int | None = 0

@@ -66,7 +66,8 @@ class TraceRequest(BaseModel):
     t + load_steps - 1; null: never (a lost load)."""
     send_steps: Annotated[int | None, Field(ge=0, le=MAX_TOKENS)] = 0
     """On a prefill node: a request finishing in step t has its transfer confirmed in the output of step
-    t + send_steps; null: never (its blocks stay pinned unless the release rule frees them)."""
+    t + 1 + send_steps (the decode side learns of the finish a step later); null: never (its blocks stay
+    pinned unless the release rule frees them)."""
 
     @model_validator(mode="after")
     def _max_output(self) -> TraceRequest:

@@ -8,9 +8,11 @@ admission check) and V1 as of 0.33 (the reference version; later 0.x versions ar
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from checker.errors import InputError, Problem, UsageError
+from checker.loading import parse_json
 from checker.importers.common import (
     GIB,
     Arg,
@@ -103,13 +105,17 @@ REFUSED = {
     "enable-lora": ("bool", "LoRA adapters: the scheduler skips a request whose adapter would exceed --max-loras, "
                     "which the policy model does not do"),
     "max-loras": ("int", "the scheduler skips requests beyond this many LoRA adapters per batch (not modelled)"),
-    "kv-transfer-config": ("str", "a KV connector (offloading, disaggregated prefill/decode): KV held outside the "
-                           "running batch is not modelled yet"),
-    "kv-offloading-size": ("float", "KV offloading to CPU (a connector): not modelled yet"),
 }
 OPTIONS += [Opt(name, kind, aliases=("q",) if name == "quantization" else (), tags=ALL | {"no-effect"})
             for name, kind in NO_EFFECT.items()]
 OPTIONS += [Opt(name, kind, tags=ALL | {"refused"}) for name, (kind, _) in REFUSED.items()]
+OPTIONS += [_o("kv-transfer-config", "str", V1_ALL), _o("kv-offloading-size", "float", V1_ALL)]
+
+# --kv-transfer-config: the connectors whose scheduler-side behaviour the connector model has (docs/importers.md).
+# kv_role -> connector.kind for the P/D connectors; the offloading ones load (kind offload) and never pin.
+PD_CONNECTORS = ("NixlConnector", "FakeKVConnector")  # FakeKVConnector: tests/vllm_connector_driver.py
+OFFLOAD_CONNECTORS = ("OffloadingConnector", "LMCacheConnectorV1")
+ROLE_KINDS = {"kv_consumer": "decode_node", "kv_producer": "prefill_node", "kv_both": "both"}
 TABLE = Table("vLLM", OPTIONS, fold_underscores=True)
 ENV = {"VLLM_USE_V1": "VLLM_USE_V1"}
 
@@ -217,6 +223,7 @@ def import_vllm(args: list[str], config: str | None, machine: Machine, version: 
     _unsupported_old(given, draft, era)
     _unsupported_new(given, draft)
     _prefix_caching(given, draft, era)
+    _connector(given, draft)
 
     # --- queue and preemption
     policy_arg = given.take("scheduling-policy")
@@ -392,6 +399,47 @@ def _prefix_caching(given: Given, draft: Draft, era: str) -> None:
     if algo is not None:
         draft.ignore(algo, "the hash function does not change which blocks match (batchcheck compares the "
                      "block chains themselves)")
+
+
+def _connector(given: Given, draft: Draft) -> None:
+    """--kv-transfer-config (a JSON object: kv_connector, kv_role) and --kv-offloading-size onto policy.connector."""
+    config, offloading = given.take("kv-transfer-config"), given.take("kv-offloading-size")
+    if config is None and offloading is None:
+        return
+    if config is not None and offloading is not None:
+        raise refuse(offloading, "no --kv-offloading-size with --kv-transfer-config (vLLM builds an "
+                     "OffloadingConnector from it: one connector)")
+    if offloading is not None:
+        if not offloading.value > 0:
+            raise refuse(offloading, "a size > 0 GiB")
+        kind, why = "offload", f"{offloading.shown}: vLLM's OffloadingConnector (a CPU tier)"
+    else:
+        try:
+            data = parse_json(str(config.value), config.source or "--kv-transfer-config", config.line)
+        except json.JSONDecodeError:
+            raise refuse(config, 'a JSON object, e.g. {"kv_connector": "NixlConnector", "kv_role": "kv_both"}') from None
+        if not isinstance(data, dict) or not isinstance(data.get("kv_connector"), str):
+            raise refuse(config, 'a JSON object naming its "kv_connector"')
+        name, role = data["kv_connector"], data.get("kv_role", "kv_both")
+        if name in OFFLOAD_CONNECTORS:
+            kind = "offload"
+        elif name in PD_CONNECTORS:
+            if role not in ROLE_KINDS:
+                raise config.error(f"kv_role one of {', '.join(ROLE_KINDS)} (it is {role})")
+            kind = ROLE_KINDS[role]
+        else:
+            raise config.error(f"kv_connector one of {', '.join(PD_CONNECTORS + OFFLOAD_CONNECTORS)} (the connectors "
+                               f"whose scheduler side the model has; {name} is not modelled)")
+        why = f"{name} with kv_role {role}"
+    draft.set("connector.kind", kind, why)
+    draft.assume("connector.holders_first", True, "vLLM 0.33 scans the requests holding KV (kv_holding_waiting) "
+                 "before the waiting queue")
+    draft.assume("connector.reserve_inflight", True, "vLLM 0.33 admits a load only within the free blocks less "
+                 "the in-flight prefills' remaining blocks")
+    draft.assume("connector.release", "on_completion", "vLLM 0.33 frees an aborted load's blocks when its "
+                 "finished_recving arrives, a pinned request's when finished_sending arrives")
+    draft.assume("connector.max_load_steps", 4, "not a vLLM setting: the longest transfer verification lets the "
+                 "environment choose")
 
 
 def _budgets(given: Given, draft: Draft, era: str, label: str, machine: Machine, usage: str | None,

@@ -8,8 +8,9 @@ it is LOADING: not running, scheduled for no tokens. The connector reports the l
 blocks cached, a full-prompt load recomputing its last token) and admitted like any request, holding its
 blocks meanwhile. The blocks of an aborted load are freed by the policy's release rule.
 
-*Pinned blocks* (prefill_node): a request that finishes keeps its blocks until the decode side confirms the
-transfer, in the output of step ``finish + send_steps``, or the release rule frees them.
+*Pinned blocks* (prefill_node, both): a request that finishes keeps its blocks until the decode side confirms
+the transfer, in the output of step ``finish + 1 + send_steps`` (a worker learns of the finish from the next
+step's scheduler output: docs/connector-harness.md), or the release rule frees them.
 
 Each function is an ask-then-act pair or one transition; the step (checker.semantics.step) calls them.
 """
@@ -134,10 +135,10 @@ def abort_load(s: SchedulerState, r: Request) -> bool:
 
 def pin(s: SchedulerState, r: Request) -> None:
     """A request finished on a prefill node: its blocks stay pinned until the decode side confirms the transfer
-    (reported in the output of step ``finish + send_steps``) or the deadline passes."""
+    (reported in the output of step ``finish + 1 + send_steps``) or the deadline passes."""
     c = s.policy.connector
     steps = r.spec.send_steps
-    r.transfer_step = NEVER if steps is None else s.step + steps
+    r.transfer_step = NEVER if steps is None else s.step + 1 + steps
     r.release_step = s.step + c.release_deadline_steps if c.release is ReleaseRule.DEADLINE else NEVER
     s.holding.append(r)
 

@@ -564,7 +564,46 @@ def test_vllm_production_flags_are_mapped_ignored_or_refused_by_name():
             "many blocks fit in the GPU's memory)") in result.ignored
     assert "--cuda-graph-sizes=8,16 (no effect on scheduling)" in result.ignored
     assert len([line for line in result.ignored if "(no effect on scheduling)" in line]) == 7
-    for flags, name in ((["--enable-lora", "--max-loras", "4"], "--enable-lora"), (["--max-loras", "4"], "--max-loras"),
-                        (["--kv-transfer-config", "{}"], "--kv-transfer-config")):
+    for flags, name in ((["--enable-lora", "--max-loras", "4"], "--enable-lora"), (["--max-loras", "4"], "--max-loras")):
         with pytest.raises(InputError, match=f"expected no {name}: "):
             import_policy("vllm", base + flags)
+
+
+@pytest.mark.parametrize("config, kind", [
+    ('{"kv_connector": "NixlConnector", "kv_role": "kv_consumer"}', "decode_node"),
+    ('{"kv_connector": "NixlConnector", "kv_role": "kv_producer"}', "prefill_node"),
+    ('{"kv_connector": "NixlConnector", "kv_role": "kv_both"}', "both"),
+    ('{"kv_connector": "OffloadingConnector", "kv_role": "kv_both"}', "offload"),
+    ('{"kv_connector": "LMCacheConnectorV1"}', "offload"),
+])
+def test_vllm_kv_transfer_config_maps_onto_the_connector(config, kind):
+    result = import_policy("vllm", ["--max-model-len", "4096", "--num-gpu-blocks-override", "101",
+                                    "--kv-transfer-config", config])
+    assert result.policy.connector.kind.value == kind
+    assert ("connector.holders_first=true (vLLM 0.33 scans the requests holding KV (kv_holding_waiting) before the "
+            "waiting queue)") in result.assumed
+
+
+def test_vllm_kv_offloading_size_is_the_offloading_connector():
+    result = import_policy("vllm", ["--max-model-len", "4096", "--num-gpu-blocks-override", "101",
+                                    "--kv-offloading-size", "8"])
+    assert result.policy.connector.kind.value == "offload"
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--kv-transfer-config", '{"kv_connector": "P2pNcclConnector", "kv_role": "kv_both"}'],
+     "--kv-transfer-config='{\"kv_connector\": \"P2pNcclConnector\", \"kv_role\": \"kv_both\"}' (expected "
+     "kv_connector one of NixlConnector, FakeKVConnector, OffloadingConnector, LMCacheConnectorV1 (the connectors "
+     "whose scheduler side the model has; P2pNcclConnector is not modelled))"),
+    (["--kv-transfer-config", '{"kv_connector": "NixlConnector", "kv_role": "kv_sideways"}'],
+     "expected kv_role one of kv_consumer, kv_producer, kv_both (it is kv_sideways)"),
+    (["--kv-transfer-config", "{}"], "--kv-transfer-config='{}' (expected a JSON object naming its \"kv_connector\")"),
+    (["--kv-transfer-config", "nope"], "expected a JSON object, e.g."),
+    (["--kv-offloading-size", "0"], "--kv-offloading-size=0.0 (expected a size > 0 GiB)"),
+    (["--kv-offloading-size", "4", "--kv-transfer-config", '{"kv_connector": "NixlConnector"}'],
+     "expected no --kv-offloading-size with --kv-transfer-config"),
+])
+def test_vllm_connector_flags_the_model_lacks_are_refused_by_name(flags, message):
+    with pytest.raises(InputError) as err:
+        import_policy("vllm", ["--max-model-len", "4096", "--num-gpu-blocks-override", "101"] + flags)
+    assert message in str(err.value)
