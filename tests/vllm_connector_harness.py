@@ -220,6 +220,9 @@ FACT_CASES: dict[str, Job] = {
                       _r("b", 4, 128, 2, prefix_group=0, external_tokens=128, load_steps=1)],
                      flags("--enable-prefix-caching")),
     "producer": producer_sends(),
+    # a pinned request's blocks stay in the prefix cache: b hits a's 4 pinned blocks
+    "pinned_shared": ([_r("a", 0, 64, 2, prefix_group=0, send_steps=None), _r("b", 4, 96, 2, prefix_group=0)],
+                      flags("--enable-prefix-caching", role="producer")),
     "producer_ignores_loads": ([_r("a", 0, 64, 2, external_tokens=64)], flags(role="producer")),
     "both": ([_r("a", 0, 64, 2, external_tokens=64, load_steps=2, send_steps=1), _r("b", 0, 32, 2, abort_step=1)],
              flags(role="both")),

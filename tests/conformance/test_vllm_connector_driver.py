@@ -283,6 +283,14 @@ def test_a_producer_pins_a_finished_requests_blocks_until_its_send_is_reported(l
 
 
 @live
+def test_pinned_blocks_stay_in_the_prefix_cache_for_later_requests(logs):
+    log = logs["pinned_shared"]  # a: 64 tokens, never sent; b: the same 64 and 32 more
+    assert at(log, 3)["pinned"] == ["a"] and at(log, 3)["free_blocks"] == 58
+    assert at(log, 4)["scheduled"] == {"b": 32} and at(log, 4)["free_blocks"] == 56  # 2 new blocks only
+    assert at(log, 6)["sent_done"] == ["b"] and at(log, 6)["free_blocks"] == 58  # the shared 4 stay with a
+
+
+@live
 def test_a_producer_ignores_external_tokens_and_role_both_does_both(logs):
     assert all(r["loading"] == [] for r in logs["producer_ignores_loads"])
     log = logs["both"]
