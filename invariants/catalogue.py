@@ -99,13 +99,18 @@ def request_conservation(o: Any, ctx: TraceContext, t: int) -> Term:
     """Each request is in exactly one state and holds KV only where that state allows; the KV in use is
     the sum of what requests hold (none lost or duplicated)."""
     frame = ctx.frames[t]
+    connector = ctx.policy.connector  # its holding states (checker.semantics.transfer), only with one
+    top = Status.LOADING if connector.loads else Status.CANCELLED
 
     def ok(i: int) -> Term:
         s = frame.slots[i]
-        holds_pool = o.or_(s["status"] == int(Status.RUNNING),
-                           o.and_(s["status"] == int(Status.CANCELLED), s["release_step"] != -1))
-        return o.and_(s["status"] >= int(Status.PENDING), s["status"] <= int(Status.CANCELLED),
-                      o.or_(holds_pool, s["blocks"] == 0), s["blocks"] >= 0,
+        held = [s["status"] == int(Status.RUNNING), o.and_(s["status"] == int(Status.CANCELLED), s["release_step"] != -1)]
+        if connector.loads:  # a load in flight, and a loaded request not yet running
+            held += [s["status"] == int(Status.LOADING), s["status"] == int(Status.WAITING)]
+        if connector.pins:  # a finished request pinned until its transfer is confirmed
+            held.append(o.and_(s["status"] == int(Status.FINISHED), s["release_step"] != -1))
+        return o.and_(s["status"] >= int(Status.PENDING), s["status"] <= int(top),
+                      o.or_(o.or_(*held), s["blocks"] == 0), s["blocks"] >= 0,
                       o.or_(s["status"] == int(Status.SWAPPED), s["swapped_blocks"] == 0))
     shared = frame.pool.shared if frame.pool is not None else 0  # a block several requests list is used once
     return o.and_(_all_slots(o, ctx, ok), frame.kv_used == sum_terms([s["blocks"] for s in frame.slots]) - shared)
@@ -171,6 +176,39 @@ def _cancelled_while_holding(o: Any, ctx: TraceContext, t: int, steps: int = 1) 
                                                   ctx.frames[t - 1].slots[i]["status"] != int(Status.CANCELLED))
         return o.and_(now["status"] == int(Status.CANCELLED), o.or_(now["blocks"] > 0, held_before))
     return _any_slot(o, ctx, cancelled_holding)
+
+
+def finished_releases(o: Any, ctx: TraceContext, t: int, steps: int = 1) -> Term:
+    """A finished request holds no KV blocks `steps` iterations after the step that finished it (a prefill
+    node's blocks pinned for the decode side included)."""
+    if t < steps:
+        return True
+    then, now = ctx.frames[t - steps], ctx.frames[t]
+    return _all_slots(o, ctx, lambda i: o.or_(then.slots[i]["status"] != int(Status.FINISHED),
+                                              now.slots[i]["blocks"] == 0))
+
+
+def _finished_holding(o: Any, ctx: TraceContext, t: int, steps: int = 1) -> Term:
+    """A finished request still holds KV (pinned)."""
+    return _any_slot(o, ctx, lambda i: o.and_(ctx.frames[t].slots[i]["status"] == int(Status.FINISHED),
+                                             ctx.frames[t].slots[i]["blocks"] > 0))
+
+
+def no_hold_and_wait(o: Any, ctx: TraceContext, t: int, steps: int = 8) -> Term:
+    """No request holds KV blocks outside the running batch (loading, loaded and waiting, cancelled or
+    finished and not yet released) for `steps` iterations in a row: it runs or releases them sooner."""
+    if t < steps:
+        return True
+
+    def released_or_ran(i: int) -> Term:
+        return o.or_(*(o.or_(ctx.frames[j].slots[i]["blocks"] == 0,
+                             ctx.frames[j].slots[i]["status"] == int(Status.RUNNING)) for j in range(t - steps, t + 1)))
+    return _all_slots(o, ctx, released_or_ran)
+
+
+def _holds_outside_batch(o: Any, ctx: TraceContext, t: int, steps: int = 8) -> Term:
+    return _any_slot(o, ctx, lambda i: o.and_(ctx.frames[t].slots[i]["blocks"] > 0,
+                                             ctx.frames[t].slots[i]["status"] != int(Status.RUNNING)))
 
 
 # ----------------------------------------------------------------------------------------- progress
@@ -387,6 +425,8 @@ CATALOGUE: dict[str, Invariant] = {inv.name: inv for inv in (
     invariant(no_referenced_block_reused, _blocks_cached),
     invariant(hit_only_on_identical_chain, _blocks_shared),
     invariant(cancellation_releases, _cancelled_while_holding, steps=1),
+    invariant(finished_releases, _finished_holding, steps=1),
+    invariant(no_hold_and_wait, _holds_outside_batch, steps=8),
     invariant(decode_progress, _someone_decodes, gap=1),
     invariant(bounded_starvation, _someone_waits, steps=8),
     invariant(no_deadlock, _work_exists, steps=2),

@@ -213,9 +213,10 @@ _POOL_FIELDS = tuple(a for a in BlockPool.__slots__ if a not in _POOL_FIXED)
 _STATE_SKIP = {"policy", "requests", "pool"}
 # What the fast fingerprint below reads by name; if the semantics gains a field, the generic one is used.
 _FAST_REQ = ("status", "reason", "num_computed", "num_generated", "blocks", "swapped_blocks", "admitted_seq",
-             "requeue_seq", "num_preemptions", "release_step", "block_ids", "num_cached_blocks")
+             "requeue_seq", "num_preemptions", "release_step", "block_ids", "num_cached_blocks", "transfer_step")
 _FAST_POOL = ("uncached_free", "lru", "refs", "hash_of", "cached", "next_id", "evictions", "truth")
-_FAST_STATE = ("running", "waiting", "holding", "kv_used", "swap_used", "next_seq", "step", "tenant_counters")
+_FAST_STATE = ("running", "waiting", "holding", "holders", "loads_in_flight", "kv_used", "swap_used", "next_seq",
+               "step", "tenant_counters")
 _FAST = set(_REQ_FIELDS) == set(_FAST_REQ) and set(_POOL_FIELDS) == set(_FAST_POOL)
 _TERMINAL = (Status.FINISHED, Status.REJECTED, Status.CANCELLED)
 
@@ -242,7 +243,7 @@ def _freeze(v: object) -> object:
 
 def _spec_key(spec: RequestSpec) -> tuple:
     return (spec.arrival_us, spec.prompt_len, spec.output_len, spec.max_output, spec.priority, spec.tenant,
-            spec.cls, spec.cancel_us, spec.content)
+            spec.cls, spec.cancel_us, spec.content, spec.external_tokens, spec.load_steps, spec.send_steps)
 
 
 def is_dead(r: Request) -> bool:
@@ -266,9 +267,10 @@ def fast_fingerprint(s: SchedulerState, forget: frozenset[int] = frozenset()) ->
     """state_fingerprint for the fields the semantics has today, by name (the same information)."""
     reqs = tuple((None if r.rid in forget else _spec_key(r.spec), r.status, r.reason, r.num_computed,
                   r.num_generated, r.blocks, r.swapped_blocks, r.admitted_seq, r.requeue_seq, r.num_preemptions,
-                  r.release_step, tuple(r.block_ids), r.num_cached_blocks) for r in s.requests)
+                  r.release_step, tuple(r.block_ids), r.num_cached_blocks, r.transfer_step) for r in s.requests)
     rest = (tuple([r.rid for r in s.running]), tuple([r.rid for r in s.waiting]),
-            tuple([r.rid for r in s.holding]), s.kv_used, s.swap_used, s.next_seq, s.step, tuple(s.tenant_counters))
+            tuple([r.rid for r in s.holding]), tuple([r.rid for r in s.holders]), s.loads_in_flight, s.kv_used,
+            s.swap_used, s.next_seq, s.step, tuple(s.tenant_counters))
     p = s.pool
     if p is None:
         return reqs, rest, None
