@@ -160,11 +160,15 @@ def _blocks_shared(o: Any, ctx: TraceContext, t: int) -> Term:
 # ----------------------------------------------------------------------------------------- cancellation
 def cancellation_releases(o: Any, ctx: TraceContext, t: int, steps: int = 1) -> Term:
     """A cancelled request holds no KV blocks `steps` iterations after the step that cancelled it."""
+    return _released_after(o, ctx, t, steps, Status.CANCELLED)
+
+
+def _released_after(o: Any, ctx: TraceContext, t: int, steps: int, status: Status) -> Term:
+    """Every request in ``status`` `steps` frames ago holds no blocks now."""
     if t < steps:
         return True
     then, now = ctx.frames[t - steps], ctx.frames[t]
-    return _all_slots(o, ctx, lambda i: o.or_(then.slots[i]["status"] != int(Status.CANCELLED),
-                                              now.slots[i]["blocks"] == 0))
+    return _all_slots(o, ctx, lambda i: o.or_(then.slots[i]["status"] != int(status), now.slots[i]["blocks"] == 0))
 
 
 def _cancelled_while_holding(o: Any, ctx: TraceContext, t: int, steps: int = 1) -> Term:
@@ -181,11 +185,7 @@ def _cancelled_while_holding(o: Any, ctx: TraceContext, t: int, steps: int = 1) 
 def finished_releases(o: Any, ctx: TraceContext, t: int, steps: int = 1) -> Term:
     """A finished request holds no KV blocks `steps` iterations after the step that finished it (a prefill
     node's blocks pinned for the decode side included)."""
-    if t < steps:
-        return True
-    then, now = ctx.frames[t - steps], ctx.frames[t]
-    return _all_slots(o, ctx, lambda i: o.or_(then.slots[i]["status"] != int(Status.FINISHED),
-                                              now.slots[i]["blocks"] == 0))
+    return _released_after(o, ctx, t, steps, Status.FINISHED)
 
 
 def _finished_holding(o: Any, ctx: TraceContext, t: int, steps: int = 1) -> Term:
