@@ -21,10 +21,41 @@ MARKS = {Event.PREEMPTED: "#f28e2b", Event.CANCELLED: "#b07aa1", Event.FINISHED:
 
 # ----------------------------------------------------------------------------------------- markdown -> HTML
 def _inline(text: str) -> str:
-    out = html.escape(text, quote=False)
-    out = re.sub(r"`([^`]+)`", r"<code>\1</code>", out)
-    out = re.sub(r"\*\*([^*]+)\*\*", r"<strong>\1</strong>", out)
-    return re.sub(r"!\[[^\]]*\]\([^)]*\)", "", out)  # the PNG: the page draws its own timeline
+    """One line of the report's markdown as HTML: code spans (any number of backticks), **strong**, backslash
+    escapes (checker.bugreport.markdown quotes input text with them); everything else is text, escaped."""
+    out: list[str] = []
+    pos = 0
+    for m in _CODE_SPAN.finditer(text):
+        out.append(_text_html(text[pos:m.start()]))
+        body = m.group(2)
+        if body.startswith(" ") and body.endswith(" ") and body.strip():
+            body = body[1:-1]
+        out.append(f"<code>{html.escape(body, quote=False)}</code>")
+        pos = m.end()
+    out.append(_text_html(text[pos:]))
+    return "".join(out)
+
+
+_CODE_SPAN = re.compile(r"(?<![`\\])(`+)(?!`)(.+?)(?<!`)\1(?!`)")
+
+
+def _text_html(text: str) -> str:
+    """Markdown text outside code spans: the PNG image is dropped (the page draws its own timeline), **x** is
+    strong, a backslash escape is its character, and every character is HTML-escaped."""
+    text = re.sub(r"!\[[^\]]*\]\([^)]*\)", "", text)
+    parts = re.split(r"(\\.|\*\*)", text)
+    out, strong = [], False
+    for part in parts:
+        if part == "**":
+            out.append("</strong>" if strong else "<strong>")
+            strong = not strong
+        elif len(part) == 2 and part.startswith("\\"):
+            out.append(html.escape(part[1], quote=False))
+        else:
+            out.append(html.escape(part, quote=False))
+    if strong:  # an unpaired ** is text
+        out[len(out) - 1 - out[::-1].index("<strong>")] = "**"
+    return "".join(out)
 
 
 def markdown_html(text: str) -> str:
@@ -35,8 +66,9 @@ def markdown_html(text: str) -> str:
     while i < len(lines):
         line = lines[i]
         if line.startswith("```"):
+            ticks = len(line) - len(line.lstrip("`"))
             j = i + 1
-            while j < len(lines) and not lines[j].startswith("```"):
+            while j < len(lines) and not (lines[j].strip().strip("`") == "" and len(lines[j].strip()) >= ticks):
                 j += 1
             out.append("<pre><code>" + html.escape("\n".join(lines[i + 1:j])) + "</code></pre>")
             i = j + 1

@@ -3,6 +3,8 @@ iteration (from the engine's replay), the timeline picture, and the command that
 
 from __future__ import annotations
 
+import re
+import shlex
 from collections.abc import Sequence
 from typing import Any
 
@@ -15,6 +17,46 @@ from checker.semantics.decision import StepDecision
 
 MAX_TABLE_ROWS = 120  # iteration rows after merging repeated steps; the rest is summarised in one line
 SHORT_HASH = 12
+
+
+# ----------------------------------------------------------------------------------------- quoting input text
+# Whatever the report prints from its input files (policy and file names, class and tenant names, property
+# names and statements, recorded details, the policy's own lines) is quoted so that it cannot become markdown
+# or HTML: no link, image, raw HTML (``</script>``), code span or fence it closes, table cell or line it breaks.
+# checker/bugreport/html.py reads the same quoting back (backslash escapes, code spans and fences of any length).
+# escapes, code, emphasis, links and images, raw HTML and autolinks (a table cell's | is _table's to escape)
+_SPECIAL = frozenset("\\`*[]<")
+_PROSE = _SPECIAL - frozenset("`*")  # a statement may hold code spans and emphasis: still no link or HTML
+
+
+def one_line(value: object) -> str:
+    return " ".join(str(value).splitlines()) if value is not None else "-"
+
+
+def text(value: object, special: frozenset[str] = _SPECIAL) -> str:
+    """Input text as literal markdown text (backslash escapes; line breaks become spaces)."""
+    return "".join("\\" + c if c in special else c for c in one_line(value))
+
+
+def prose(value: object) -> str:
+    """A property's statement: its code spans and emphasis kept, nothing that links, embeds or breaks the line."""
+    return text(value, _PROSE)
+
+
+def code(value: object) -> str:
+    """Input text as a markdown code span, on one line: fenced by more backticks than any run it holds (with a
+    space inside when it starts or ends with one)."""
+    body = one_line(value)
+    ticks = "`" * (1 + max(map(len, re.findall(r"`+", body)), default=0))
+    pad = " " if body.startswith("`") or body.endswith("`") else ""
+    return f"{ticks}{pad}{body}{pad}{ticks}"
+
+
+def fence(lines: Sequence[str], info: str = "") -> list[str]:
+    """Lines as a fenced code block whose fence no line can close (longer than any backtick run in them)."""
+    longest = max((len(run) for line in lines for run in re.findall(r"`+", line)), default=0)
+    ticks = "`" * max(3, longest + 1)
+    return [ticks + info, *lines, ticks]
 
 
 def _cell(items: Sequence[object]) -> str:
@@ -66,10 +108,10 @@ def iteration_rows(r: ReplayedCounterexample, kv_blocks: int) -> list[list[str]]
 def _environment_lines(r: ReplayedCounterexample) -> list[str]:
     env = r.doc.environment
     if r.doc.is_slo:
-        lines = [f"found by a Hypothesis search (seed {env.get('seed')}, {env.get('examples_run')} examples run) "
-                 f"on the workload `{env.get('workload')}` with the SLO file `{env.get('slo')}`, then shrunk",
-                 "stresses: " + (", ".join(map(str, env.get("stresses", []))) or "-"),
-                 f"service-curve profile `{r.doc.profile.name if r.doc.profile else '-'}` (stored in the file): "
+        lines = [f"found by a Hypothesis search (seed {text(env.get('seed'))}, {text(env.get('examples_run'))} examples "
+                 f"run) on the workload {code(env.get('workload'))} with the SLO file {code(env.get('slo'))}, then shrunk",
+                 "stresses: " + (", ".join(map(text, env.get("stresses", []))) or "-"),
+                 f"service-curve profile {code(r.doc.profile.name if r.doc.profile else '-')} (stored in the file): "
                  "time is the engine's, each iteration as long as the profile says"]
         return [f"- {line}" for line in lines]
     if r.lasso is not None:
@@ -81,7 +123,7 @@ def _environment_lines(r: ReplayedCounterexample) -> list[str]:
                                 env["max_output_cap"], tuple(env.get("priorities", (0,))), env.get("tenants", 1),
                                 env.get("cancellations", True), env.get("step_us", r.doc.clock.step_us)).describe()
     except (KeyError, TypeError, ValueError):  # an environment written by another version: show it as stored
-        described = [f"{key}: {value}" for key, value in env.items()]
+        described = [f"{text(key)}: {text(value)}" for key, value in env.items()]
     return [f"- {line}" for line in described] + [
         f"- clock: iteration k starts at k x {r.doc.clock.step_us / 1000:g} ms (the verifier's fixed clock)"]
 
@@ -95,9 +137,9 @@ def _lasso_environment_lines(r: ReplayedCounterexample) -> list[str]:
                                 tuple(env.get("priorities", (0,))), env.get("tenants", 1), env.get("cancellations", False),
                                 env.get("arrivals_per_step"), env.get("step_us", r.doc.clock.step_us)).describe()
     except (KeyError, TypeError, ValueError):  # an environment written by another version: show it as stored
-        described = [f"{key}: {value}" for key, value in env.items() if key != "policy_overrides"]
+        described = [f"{text(key)}: {text(value)}" for key, value in env.items() if key != "policy_overrides"]
     overrides = env.get("policy_overrides") or []
-    lines = described + ["policy overrides it was found with: " + (", ".join(f"`{o}`" for o in overrides) or "none")]
+    lines = described + ["policy overrides it was found with: " + (", ".join(code(o) for o in overrides) or "none")]
     g = r.doc.graph
     if g:
         generated = f", {g['generated']:,} successor states generated" if "generated" in g else ""
@@ -114,7 +156,7 @@ def _request_rows(r: ReplayedCounterexample) -> list[list[str]]:
     for q in r.doc.requests:
         cancel = "-" if q.cancel_after_ms is None else f"{q.cancel_after_ms:g}"
         rows.append([str(q.id), f"{q.arrival_ms:g}", str(q.prompt_tokens), str(q.output_tokens),
-                     str(q.max_output_tokens), str(q.priority), str(q.tenant), q.class_ or "-", cancel])
+                     str(q.max_output_tokens), str(q.priority), text(q.tenant), text(q.class_ or "-"), cancel])
     return rows
 
 
@@ -122,23 +164,24 @@ def _excerpt_lines(ex: Excerpt, rules: Sequence[str]) -> list[str]:
     width = max((len(str(n)) for n, _ in ex.lines if n is not None), default=0)
     body = [(f"{n:>{width}}  " if ex.numbered and n is not None else " " * (width + 2) if ex.numbered else "") + text
             for n, text in ex.lines]
-    where = (f"`{ex.source}`, line numbers on the left ({ex.note})" if ex.numbered else f"{ex.source} ({ex.note})")
-    return [f"Rules that decide this property: `{'`, `'.join(rules)}`. From {where}:", "",
-            "```text" if ex.numbered else "```yaml", *body, "```"]
+    where = (f"{code(ex.source)}, line numbers on the left ({text(ex.note)})" if ex.numbered else
+             f"{text(ex.source)} ({text(ex.note)})")
+    return [f"Rules that decide this property: {', '.join(code(rule) for rule in rules)}. From {where}:", "",
+            *fence([one_line(line) for line in body], "text" if ex.numbered else "yaml")]
 
 
 def _property_lines(r: ReplayedCounterexample) -> list[str]:
     p = r.doc.property
     if r.lasso is not None:
-        return [f"**`{r.property_label}`** (liveness, violated by a lasso: a prefix, then a cycle the system can "
-                f"repeat forever): {r.statement}"]
+        return [f"**{code(r.property_label)}** (liveness, violated by a lasso: a prefix, then a cycle the system can "
+                f"repeat forever): {prose(r.statement)}"]
     if not r.doc.is_slo:
-        return [f"**`{r.property_label}`** (invariant): {r.statement}"]
+        return [f"**{code(r.property_label)}** (invariant): {prose(r.statement)}"]
     spec: dict[str, Any] = p.spec.model_dump(mode="json", by_alias=True) if p.spec is not None else {}
     flow = yaml.safe_dump(spec, default_flow_style=True, sort_keys=False, width=10_000).strip()
-    return [f"**`{p.name}`** (SLO property, kind `{spec.get('kind')}`): {r.statement}", "",
-            f"- declared: `{flow}`",
-            f"- recorded when found: observed {p.observed} > allowed {p.allowed} ({p.detail})"]
+    return [f"**{code(p.name)}** (SLO property, kind {code(spec.get('kind'))}): {prose(r.statement)}", "",
+            f"- declared: {code(flow)}",
+            f"- recorded when found: observed {text(p.observed)} > allowed {text(p.allowed)} ({text(p.detail)})"]
 
 
 def _span(iterations: range) -> str:
@@ -197,8 +240,8 @@ def _what_happened(r: ReplayedCounterexample, timeline: Timeline) -> list[str]:
     if r.violation is None or r.lasso is not None:
         return []
     k = r.violation
-    lines = [f"At iteration {k}, where `{r.property_label}` fails:", ""]
-    lines += [f"- {row.label}: {row.at(k)}" for row in timeline.rows if row.at(k)]
+    lines = [f"At iteration {k}, where {code(r.property_label)} fails:", ""]
+    lines += [f"- {text(row.label)}: {text(row.at(k))}" for row in timeline.rows if row.at(k)]
     return lines + [""]
 
 
@@ -217,12 +260,12 @@ def render(r: ReplayedCounterexample, timeline: Timeline, excerpt: Excerpt, rule
         recorded = f"VIOLATED at iteration {doc.violation.iteration}" if not doc.is_slo else "VIOLATED"
     recorded += f" (found by {found}" + (f"; minimal: {minimal}" if minimal else "") + ")"
     kv_blocks = pol.spec.kv.num_blocks
-    lines = [f"# {name} violates {r.property_label}", ""]
+    lines = [f"# {text(name)} violates {text(r.property_label)}", ""]
     lines += _table(["", ""], [
-        ["verdict", f"**{recorded}**"],
-        ["replayed on the engine", r.verdict_line if r.still_violated else f"**{r.verdict_line}**"],
-        ["counterexample", f"`{shown_path}`"],
-        ["policy", f"`{name}`" + (f" from `{pol.file}`" if pol.file else "") + f", sha256 `{pol.sha256[:SHORT_HASH]}`"],
+        ["verdict", f"**{text(recorded)}**"],
+        ["replayed on the engine", text(r.verdict_line) if r.still_violated else f"**{text(r.verdict_line)}**"],
+        ["counterexample", code(shown_path)],
+        ["policy", code(name) + (f" from {code(pol.file)}" if pol.file else "") + f", sha256 {code(pol.sha256[:SHORT_HASH])}"],
     ])
     if not r.still_violated:
         lines += ["", "**The engine no longer fails this property on the trace**: the semantics changed since the "
@@ -236,7 +279,7 @@ def render(r: ReplayedCounterexample, timeline: Timeline, excerpt: Excerpt, rule
     lines += ["", "## Requests", "", *_table(["req", "arrival (ms)", "prompt", "output", "max output", "priority",
                                             "tenant", "class", "cancel after (ms)"], _request_rows(r))]
     if r.request_table is not None:
-        lines += ["", "Latencies on the engine's replay (ms):", "", "```", r.request_table, "```"]
+        lines += ["", "Latencies on the engine's replay (ms):", "", *fence(r.request_table.splitlines())]
     header = ["iteration", "t (ms)", "arrived", "admitted", "scheduled (req:tokens)", "preempted", "finished",
               "cancelled", "KV blocks", "running", "waiting"] + (["lasso"] if r.lasso is not None else []) + \
         ([r.property_label] if r.holds is not None else [])
@@ -256,8 +299,8 @@ def render(r: ReplayedCounterexample, timeline: Timeline, excerpt: Excerpt, rule
                  else "")
               + (" The two shaded spans are the two turns of the cycle, each starting at a dashed line."
                  if r.lasso is not None else "")]
-    lines += ["", "## How to replay", "", "```bash", f"batchcheck replay {shown_path}", "```", "",
+    command = f"batchcheck replay {shlex.quote(one_line(shown_path))}"
+    lines += ["", "## How to replay", "", *fence([command], "bash"), "",
               "It exits 1 while the policy still fails on this trace. To check a fix, replay under the changed policy "
-              "(exit 0 once it no longer fails):", "", "```bash",
-              f"batchcheck replay {shown_path} --policy FIXED_POLICY.yaml", "```", ""]
+              "(exit 0 once it no longer fails):", "", *fence([f"{command} --policy FIXED_POLICY.yaml"], "bash"), ""]
     return "\n".join(lines)

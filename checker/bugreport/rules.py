@@ -123,8 +123,8 @@ def policy_excerpt(recorded_file: str | None, recorded_sha256: str, spec: dict[s
         text = read_text(path)
         data, lines = parse_yaml(text, str(path))
         current = validate(Policy, data, str(path), lambda: lines)
-    except InputError as exc:
-        return Excerpt(_spec_excerpt(spec, rules), embedded, f"{recorded_file} does not load ({exc})", False)
+    except InputError:  # what the file holds is not shown: it may be any file (the counterexample names it)
+        return Excerpt(_spec_excerpt(spec, rules), embedded, f"{recorded_file} does not load as a policy", False)
     if overrides:
         try:
             current = apply_overrides(current, list(overrides))
