@@ -46,27 +46,56 @@ from checker.policy import Policy, QueueOrder, Requeue
 from checker.requests import IDENTITIES, Identity, RequestSpec, identity_content
 from checker.semantics.blockpool import NO_PARENT, BlockPool, Chains, block_tokens
 from checker.semantics.order import key_function
-from checker.semantics.state import Request, SchedulerState, Status
+from checker.semantics.state import NEVER, Request, SchedulerState, Status
 
 WAITING, SWAPPED, RUNNING, CANCELLED = int(Status.WAITING), int(Status.SWAPPED), int(Status.RUNNING), int(Status.CANCELLED)
-LIVE = frozenset({WAITING, SWAPPED, RUNNING})
+LOADING = int(Status.LOADING)
+LIVE = frozenset({WAITING, SWAPPED, RUNNING, LOADING})
 STATUS_OF = {int(s): s for s in Status}
 STATUS_INT = {s: int(s) for s in Status}
 RUNNING_STATUS, CANCELLED_STATUS = Status.RUNNING, Status.CANCELLED  # bound once: ~0.2 us per Enum lookup
+LOADING_STATUS, FINISHED_STATUS = Status.LOADING, Status.FINISHED
 
-# A request class: what the environment chooses when a request arrives (the identity: None without the cache).
-RequestClass = tuple[int, int, int, int, int, Identity]  # prompt, output, max_output, priority, tenant, identity
+# A KV connector's choices for a request (policy.connector): external_tokens, load_steps, send_steps
+# (RequestSpec's fields; None: the transfer never completes).
+Transfer = tuple[int, int | None, int | None]
+NO_TRANSFER: Transfer = (0, 1, 0)  # RequestSpec's defaults: no external hit
+
+# A request class: what the environment chooses when a request arrives (the identity: None without the cache; the
+# transfer, optional: NO_TRANSFER when left out).
+RequestClass = tuple  # prompt, output, max_output, priority, tenant, identity[, transfer]
+
+
+def transfer_of(cls: RequestClass) -> Transfer:
+    return cls[6] if len(cls) > 6 else NO_TRANSFER
 
 # Fields per live request in a key: class id, status, computed, generated, blocks, swapped blocks,
 # admission rank, requeue rank.
 FIELDS_PER_REQUEST = 8
-STATUS_AT, ADMITTED_AT = 1, 6  # offsets of the status and the admission rank among a live request's fields
+STATUS_AT, BLOCKS_AT, ADMITTED_AT = 1, 4, 6  # offsets of the status, blocks and admission rank among a live request's fields
 
 
 def live_field(key: tuple, i: int, offset: int) -> int:
     """A field of the i-th live request (arrival order) of a key."""
     return key[1 + i * FIELDS_PER_REQUEST + offset]
-FIELDS_PER_HOLDING = 2  # blocks, steps until release
+
+
+def holding_count(key: tuple, timed: bool) -> int:
+    """How many requests of a key hold KV after they left (cancelled, or pinned by a connector); ``timed``: the
+    key has ages (Canon.timed)."""
+    m = key[0]
+    return key[1 + m * FIELDS_PER_REQUEST + (m if timed and m else 0)]
+FIELDS_PER_HOLDING = 2  # blocks, steps until release (with a KV connector: NEVER_CODE for a release that never comes)
+
+# With a KV connector the key has a connector section (after the tenant counters, before the pool): per live request
+# its transfer code and its place in the holders' queue (0: not in it), then per holding request its transfer code.
+# A live request's transfer code: T_NONE (no transfer started: transfer_step -1), T_NEVER (a load never reported),
+# or T_AT + max(transfer_step - next step, -1) (-1: reported before the next step, or a transfer of the past; the
+# step reads nothing more of it). A holding request's: T_NONE, T_NEVER or T_AT + max(transfer_step - next step, 0)
+# (report_phase frees it at the end of the first step whose index is >= transfer_step).
+T_NONE, T_NEVER, T_AT = 0, 1, 3
+NEVER_CODE = -1  # a holding request's release_step NEVER (release on_completion of a connector)
+PAST_TRANSFER = -2  # the transfer_step a decoded representative's past transfer gets (< 0, and not -1: "none")
 
 # Chain names in a key with the cache (per block label, with its rank): NO_HASH, ORPHAN, RUN + the chain's index in
 # Canon.chain_ids, or -(1 + live position + block index * OWN_STRIDE) for a live request's own tokens.
@@ -123,6 +152,13 @@ class Canon:
         if not caching and any(c[5] is not None for c in classes):
             raise identities_need_the_cache([c[5] for c in classes if c[5] is not None])
         self.cache = caching and block_identity  # the key holds the block pool's content
+        con = policy.connector
+        # the key has the connector section (block_identity=False, replayed frames: they carry no transfer steps, so
+        # only pinned requests and releases that never come, which the frames show, are in the key)
+        self.connector = con.enabled and block_identity
+        self.holds = con.enabled  # FINISHED requests may hold KV (pinned), and a release may never come
+        self.loads, self.pins = con.loads, con.pins  # what of a request's transfer the step reads
+        self.holders_queue = con.loads and con.holders_first
         self.policy = policy
         self.step_us = step_us
         self.tenants = tenants
@@ -172,19 +208,36 @@ class Canon:
         return cid
 
     def _lookup(self, cls: RequestClass) -> tuple:
-        """What encode looks a request's class up by: its fields, and with the cache its prompt content."""
-        if not self.cache:
-            return cls[:5]
-        return cls[:5] + (identity_content(cls[5], cls[0], self.block_size),)
+        """What encode looks a request's class up by: its fields, with the cache its prompt content, with a KV
+        connector its transfer (as the step can still read it: ``read_transfer``)."""
+        out = cls[:5]
+        if self.cache:
+            out += (identity_content(cls[5], cls[0], self.block_size),)
+        if self.connector:
+            ext, load, send = transfer_of(cls)
+            out += (self.read_transfer(ext, load, send, -1),)
+        return out
+
+    def read_transfer(self, ext: int, load: int | None, send: int | None, transfer_step: int) -> Transfer:
+        """What the step can still read of a request's transfer fields: external_tokens and load_steps until its
+        load starts (transfer.external_tokens asks only then; load_steps only with an external hit), send_steps on
+        a node that pins finished requests; the rest reads as NO_TRANSFER's."""
+        if not self.loads or transfer_step != -1 or not ext:
+            ext, load = 0, 1
+        return ext, load, send if self.pins else 0
 
     def spec(self, rid: int, arrival_us: int, cid: int, tag: int = 0) -> RequestSpec:
         """A request of class ``cid`` (``tag``: RequestSpec.cls)."""
-        prompt, output, max_output, priority, tenant, ident = self.classes[cid]
+        cls = self.classes[cid]
+        prompt, output, max_output, priority, tenant, ident = cls[:6]
         content = identity_content(ident, prompt, self.block_size) if self.cache else None
-        return RequestSpec(rid, arrival_us, prompt, output, max_output, priority, tenant, tag, content=content)
+        ext, load, send = transfer_of(cls)
+        return RequestSpec(rid, arrival_us, prompt, output, max_output, priority, tenant, tag, content=content,
+                           external_tokens=ext, load_steps=load, send_steps=send)
 
     def _class_of(self, r: Request) -> RequestClass:
-        """The class of a request that is none of the registered ones."""
+        """The class of a request that is none of the registered ones (with a KV connector: its transfer as the
+        step can still read it)."""
         ident = None
         content = r.spec.content if self.cache else None
         if content is not None:
@@ -193,13 +246,17 @@ class Canon:
             if ident is False:
                 raise InternalError(f"liveness: request {r.rid}'s prompt content {content} is none of the prompt "
                                     "identities the canonical key names")
-        return (r.prompt_len, r.output_len, r.max_output, r.priority, r.tenant, ident)
+        if not self.connector:
+            return (r.prompt_len, r.output_len, r.max_output, r.priority, r.tenant, ident)
+        sp = r.spec
+        transfer = self.read_transfer(sp.external_tokens, sp.load_steps, sp.send_steps, r.transfer_step)
+        return (r.prompt_len, r.output_len, r.max_output, r.priority, r.tenant, ident, transfer)
 
     # ------------------------------------------------------------------------------------- chains
     def _add_chains(self, cls: RequestClass) -> None:
         """Intern the chains of every block a request of this class can cache (its prompt, then output tokens,
         up to its longest context), by parent and block tokens: the same names in every process."""
-        prompt, output, max_output, _, _, ident = cls
+        prompt, output, max_output, _, _, ident = cls[:6]
         content = identity_content(ident, prompt, self.block_size)
         top = min(prompt + max(output, max_output), self.policy.max_model_len)
         parent = NO_PARENT
@@ -268,21 +325,24 @@ class Canon:
 
     # ------------------------------------------------------------------------------------- encode
     def encode_requests(self, requests: list[Request], next_now_us: int, next_step: int,
-                        counters: list[int] | tuple[int, ...] = (), pool: BlockPool | None = None) -> tuple:
+                        counters: list[int] | tuple[int, ...] = (), pool: BlockPool | None = None,
+                        holding: list[Request] | None = None, holders: list[Request] | None = None) -> tuple:
         """The key of a state given its requests in arrival order (ties: by number). ``next_now_us`` is
-        when the next iteration starts; ``next_step`` its index (for release lags); ``pool``: its block pool
-        (with the cache)."""
+        when the next iteration starts; ``next_step`` its index (for release lags and transfers); ``pool``: its
+        block pool (with the cache); ``holding`` and ``holders``: the state's lists of those names (with a KV
+        connector: the holders' queue order, and with the cache the order in which held blocks are freed)."""
         live = []
-        holding = None  # (blocks, steps until release) of the cancelled requests still holding KV
+        holding_entries = None  # (blocks, steps until release[, transfer code]) of the requests holding KV after they left
         held = [] if self.cache else None  # with the cache: those requests
+        connector = self.connector
         for r in requests:
             status = r.status
             if status in LIVE:
                 live.append(r)
-            elif status is CANCELLED_STATUS and r.blocks:
-                if holding is None:
-                    holding = []
-                holding.append((r.blocks, max(r.release_step - next_step, 0)))
+            elif r.blocks and (status is CANCELLED_STATUS or (self.holds and status is FINISHED_STATUS)):
+                if holding_entries is None:
+                    holding_entries = []
+                holding_entries.append(self._holding_entry(r, next_step))
                 if held is not None:
                     held.append(r)
         out = [len(live)]
@@ -302,6 +362,9 @@ class Canon:
             for r in live:
                 cls = (r.prompt_len, r.output_len, r.max_output, r.priority, r.tenant, r.spec.content) if cache else \
                     (r.prompt_len, r.output_len, r.max_output, r.priority, r.tenant)
+                if connector:
+                    sp = r.spec
+                    cls += (self.read_transfer(sp.external_tokens, sp.load_steps, sp.send_steps, r.transfer_step),)
                 cid = class_ids.get(cls)
                 if cid is None:
                     cid = self.class_id(self._class_of(r))
@@ -314,25 +377,58 @@ class Canon:
                 ages = [(next_now_us - r.arrival_us) // step_us for r in live]
                 out.append(self._cap(ages[-1]))
                 out += (self._cap(ages[i] - ages[i + 1]) for i in range(len(ages) - 1))
-        if holding is None:
+        if holding_entries is None:
             out.append(0)
         else:
-            out.append(len(holding))
+            out.append(len(holding_entries))
             if held is None:
-                holding.sort()
+                holding_entries.sort()
             else:  # in release order, as the step frees them (stable: the same release step, in cancel order)
-                held.sort(key=lambda r: r.release_step)
-                holding = [(r.blocks, max(r.release_step - next_step, 0)) for r in held]
-            for pair in holding:
-                out += pair
+                if connector and holding is not None:  # in the state's order: releases and reports free in it
+                    members = set(map(id, held))
+                    held = [r for r in holding if id(r) in members]
+                else:
+                    held.sort(key=lambda r: r.release_step)
+                holding_entries = [self._holding_entry(r, next_step) for r in held]
+            for entry in holding_entries:
+                out += entry[:FIELDS_PER_HOLDING]
         if self.fair:
             low = min(counters)
             out += (c - low for c in counters)
+        if connector:
+            self._encode_connector(out, live, holding_entries or (), next_step, holders)
         if self.cache:
             if pool is None:
                 raise InternalError("liveness: a caching policy's state without its block pool")
             self._encode_pool(out, pool, live, held)
         return tuple(out)
+
+    def _holding_entry(self, r: Request, next_step: int) -> tuple:
+        """(blocks, steps until release[, transfer code]) of a request holding KV after it left."""
+        if not self.holds:
+            return r.blocks, max(r.release_step - next_step, 0)
+        release = NEVER_CODE if r.release_step >= NEVER else max(r.release_step - next_step, 0)
+        if not self.connector:
+            return r.blocks, release
+        t = r.transfer_step
+        code = T_NONE if t == -1 else T_NEVER if t >= NEVER else T_AT + max(t - next_step, 0)
+        return r.blocks, release, code
+
+    def _encode_connector(self, out: list, live: list[Request], holding_entries, next_step: int,
+                          holders: list[Request] | None) -> None:
+        """The connector section: per live request its transfer code and holders' queue place, per holding
+        request its transfer code (see FIELDS_PER_HOLDING)."""
+        place = {id(r): i for i, r in enumerate(holders, 1)} if holders else {}
+        for r in live:
+            t = r.transfer_step
+            if t == -1:
+                code = T_NONE
+            elif r.status is not LOADING_STATUS:
+                code = T_AT - 1  # a transfer of the past: only "it had one" is read
+            else:
+                code = T_NEVER if t >= NEVER else T_AT + max(t - next_step, -1)
+            out += (code, place.get(id(r), 0))
+        out += (entry[2] for entry in holding_entries)
 
     def _encode_pool(self, out: list, pool: BlockPool, live: list[Request], held: list[Request]) -> None:
         """The block pool's content, blocks relabelled by first appearance (see the module docstring)."""
@@ -377,7 +473,7 @@ class Canon:
 
     def encode(self, s: SchedulerState, next_now_us: int) -> tuple:
         """The key of a SchedulerState whose requests are numbered in arrival order."""
-        return self.encode_requests(s.requests, next_now_us, s.step, s.tenant_counters, s.pool)
+        return self.encode_requests(s.requests, next_now_us, s.step, s.tenant_counters, s.pool, s.holding, s.holders)
 
     # ------------------------------------------------------------------------------------- decode
     def decode(self, key: tuple) -> tuple[SchedulerState, int]:
@@ -424,7 +520,7 @@ class Canon:
         for j in range(h):
             blocks, release = key[pos + 1 + 2 * j], key[pos + 2 + 2 * j]
             r = Request(RequestSpec(m + j, 0, 1, 1, 1))
-            r.status, r.blocks, r.release_step = Status.CANCELLED, blocks, release
+            r.status, r.blocks, r.release_step = Status.CANCELLED, blocks, NEVER if release == NEVER_CODE else release
             kv_used += blocks
             requests.append(r)
             holding.append(r)
@@ -433,17 +529,44 @@ class Canon:
         running.sort(key=lambda pair: pair[0])
         s.running = [r for _, r in running]
         s.holding = holding
-        s.holders, s.loads_in_flight = [], 0  # the explorer has no KV connector states yet
+        s.holders, s.loads_in_flight = [], 0
         s.kv_used, s.swap_used = kv_used, swap_used
         s.next_seq = top_seq + 1
         s.tenant_counters = list(key[pos:pos + self.tenants]) if self.fair else [0] * self.tenants
+        pos += self.tenants if self.fair else 0
+        if self.connector:
+            pos = self._decode_connector(s, key, pos, requests[:m], holding, waiting)
         if self.cache:
-            s.pool = self._decode_pool(key, pos + (self.tenants if self.fair else 0), requests[:m], holding)
+            s.pool = self._decode_pool(key, pos, requests[:m], holding)
             s.kv_used = s.pool.num_used
         if len(waiting) > 1:
             waiting.sort(key=key_function(s, now))
         s.waiting = waiting
         return s, now
+
+    def _decode_connector(self, s: SchedulerState, key: tuple, pos: int, live: list[Request], holding: list[Request],
+                          waiting: list[Request]) -> int:
+        """The connector section from ``pos`` on: transfer steps (relative to step 0), the holders' queue (its
+        requests leave ``waiting``), loads in flight; returns the position after it."""
+        places = []
+        for r in live:
+            code, place = key[pos], key[pos + 1]
+            pos += 2
+            r.transfer_step = -1 if code == T_NONE else NEVER if code == T_NEVER else \
+                PAST_TRANSFER if code < T_AT else code - T_AT
+            if place:
+                places.append((place, r))
+        for r in holding:
+            code = key[pos]
+            pos += 1
+            r.transfer_step = -1 if code == T_NONE else NEVER if code == T_NEVER else code - T_AT
+        if places:
+            places.sort(key=lambda pair: pair[0])
+            s.holders = [r for _, r in places]
+            members = set(map(id, s.holders))
+            waiting[:] = [r for r in waiting if id(r) not in members]
+        s.loads_in_flight = sum(r.status is LOADING_STATUS for r in live)
+        return pos
 
     def _decode_pool(self, key: tuple, pos: int, live: list[Request], holding: list[Request]) -> BlockPool:
         """The block pool of a key (from ``pos`` on), block ids = labels, chains in self.chains; fills in the

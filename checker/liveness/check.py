@@ -12,9 +12,9 @@ from checker.exitcodes import ExitCode
 from checker.inputfiles import PolicyInput, apply_overrides, load_policy, policy_source
 from checker.liveness.canon import STATUS_AT, identities_need_the_cache, live_field
 from checker.liveness.explore import (DEFAULT_MAX_STATES, Choice, LivenessEnv, StateGraph, Transition, explore,
-                                      instance_env, live_positions, make_canon)
-from checker.liveness.lasso import EVENTUALLY_SERVED, PROPERTIES, STATEMENTS, Lasso, StarvationBound, find_lasso, \
-    starvation_bound
+                                      external_name, instance_env, live_positions, make_canon)
+from checker.liveness.lasso import (ALL_PROPERTIES, EVENTUALLY_SERVED, NO_HOLD_AND_WAIT, STATEMENTS, Lasso,
+                                    StarvationBound, default_properties, find_lasso, starvation_bound)
 from checker.liveness.properties import LIVENESS
 from checker.policy import Policy
 from checker.requests import Identity, RequestSpec
@@ -64,7 +64,9 @@ class PropertyResult:
 def _cycle_story(prop: str) -> str:
     return {EVENTUALLY_SERVED: "a request stays live on it",
             "no_livelock": "tokens are scheduled, nobody finishes",
-            "no_deadlock": "requests wait, no token is scheduled"}[prop]
+            "no_deadlock": "requests wait, no token is scheduled",
+            NO_HOLD_AND_WAIT: "a request holds KV blocks outside the running batch throughout, and no continuation "
+                              "of its entry state ends that"}[prop]
 
 
 @dataclass
@@ -172,7 +174,7 @@ def confirm_lasso(policy: Policy, sg: StateGraph, lasso: Lasso) -> tuple[list[Re
     replay = replay_fixed_clock(policy, specs, len(steps), sg.env.step_us, sg.env.tenants)
     params = {"prefix": len(lasso.prefix), "cycle": len(lasso.cycle)}
     at = first_violation(LIVENESS[lasso.prop], params, replay)
-    if at != len(steps) - 1 or (sg.canon.cache and not _pool_closes(policy, sg, lasso, specs)):
+    if at != len(steps) - 1 or ((sg.canon.cache or sg.canon.connector) and not _pool_closes(policy, sg, lasso, specs)):
         raise InternalError(f"liveness: the engine's replay of the {lasso.prop} lasso for policy {policy.name} "
                             f"does not close the cycle (prefix {params['prefix']}, cycle {params['cycle']}); "
                             f"requests: {cex.requests_json(specs)}")
@@ -180,8 +182,9 @@ def confirm_lasso(policy: Policy, sg: StateGraph, lasso: Lasso) -> tuple[list[Re
 
 
 def _pool_closes(policy: Policy, sg: StateGraph, lasso: Lasso, specs: list[RequestSpec]) -> bool:
-    """With the cache: the engine's states after the prefix, one turn and two turns have the same whole key, block
-    pool content included (the frames the property reads carry no block identity: checker.liveness.properties)."""
+    """With the cache or a KV connector: the engine's states after the prefix, one turn and two turns have the same
+    whole key, block pool content and transfers included (the frames the property reads carry no block identity and
+    no transfer steps: checker.liveness.properties)."""
     env = sg.env
     ends = [len(lasso.prefix) + j * len(lasso.cycle) for j in range(3)]
     keys = {sg.canon.encode(replay_fixed_clock(policy, specs, n, env.step_us, env.tenants).state, n * env.step_us)
@@ -235,7 +238,7 @@ def confirm_bound(policy: Policy, sg: StateGraph, bound: StarvationBound) -> Bou
 def check_liveness(policy: Policy, policy_file: str | None, env: LivenessEnv, properties: list[str] | None = None,
                    max_states: int = DEFAULT_MAX_STATES, timeout_s: float = 60.0, out_dir: Path | None = None,
                    overrides: list[str] | None = None, progress=None, workers: int = 1) -> LivenessReport:
-    chosen = list(properties or PROPERTIES)
+    chosen = list(properties or default_properties(policy))
     sg = explore(policy, env, max_states, timeout_s, progress, workers=workers)
     report = LivenessReport(policy, env, sg, [], overrides=list(overrides or []))
     for prop in chosen:
@@ -287,7 +290,7 @@ def no_cache_hits(policy: Policy, sg: StateGraph) -> str:
 def _someone_waits(sg: StateGraph) -> bool:
     """Whether some reachable state has a request waiting after a step (not admitted in the iteration it
     arrived, or preempted back to the queue): only then do the policy's limits decide anything."""
-    waiting = (int(Status.WAITING), int(Status.SWAPPED))
+    waiting = (int(Status.WAITING), int(Status.SWAPPED), int(Status.LOADING))
     for key in sg.keys:
         for i in range(key[0]):
             if live_field(key, i, STATUS_AT) in waiting:
@@ -323,20 +326,23 @@ def run_liveness(policy: PolicyInput, properties: list[str] | None = None, reque
                  arrivals_per_step: int | None = None, step_ms: float = 10.0, overrides: list[str] | None = None,
                  max_states: int | None = None, timeout_s: float = 60.0,
                  out_dir: str | Path | None = "counterexamples", progress=None, jobs: int = 1,
-                 identities: tuple[Identity, ...] | None = None) -> LivenessReport:
+                 identities: tuple[Identity, ...] | None = None,
+                 external: tuple[int, ...] | None = None) -> LivenessReport:
     """Explore the policy's reachable states for a small instance into a networkx graph and check
     eventually_served, no_livelock and no_deadlock on it (docs/liveness.md); returns a LivenessReport.
     Defaults: prompts of one KV block (two with prefix caching), priorities 0 and 1 when the policy reads
-    priorities (else 0), prompt identities (prefix caching only) DEFAULT_IDENTITIES.
+    priorities (else 0), prompt identities (prefix caching only) DEFAULT_IDENTITIES; with a loading KV connector,
+    ``external`` hits (tokens; explore.EXTERNAL_ALL: the whole prompt) none, the first block and the whole prompt,
+    load latencies from the policy's connector section (explore.instance_env).
     ``jobs`` > 1 explores with that many worker processes (the same graph)."""
     for name in properties or []:
-        if name not in PROPERTIES:
-            raise InputError(Problem("--property", name, "one of: " + ", ".join(PROPERTIES)))
+        if name not in ALL_PROPERTIES:
+            raise InputError(Problem("--property", name, "one of: " + ", ".join(ALL_PROPERTIES)))
     if jobs < 1:
         raise InputError(Problem("--jobs", jobs, ">= 1"))
     pol = apply_overrides(load_policy(policy), overrides)
     env = liveness_env(pol, requests, prompts, outputs, priorities, tenants, cancellations, arrivals_per_step, step_ms,
-                       identities)
+                       identities, external)
     return check_liveness(pol, policy_source(policy), env, properties, max_states or DEFAULT_MAX_STATES, timeout_s,
                           Path(out_dir) if out_dir is not None else None, overrides, progress, jobs)
 
@@ -344,7 +350,8 @@ def run_liveness(policy: PolicyInput, properties: list[str] | None = None, reque
 def liveness_env(pol: Policy, requests: int = 2, prompts: tuple[int, ...] | None = None,
                  outputs: tuple[int, ...] = (1, 2), priorities: tuple[int, ...] | None = None, tenants: int = 1,
                  cancellations: bool = False, arrivals_per_step: int | None = None,
-                 step_ms: float = 10.0, identities: tuple[Identity, ...] | None = None) -> LivenessEnv:
+                 step_ms: float = 10.0, identities: tuple[Identity, ...] | None = None,
+                 external: tuple[int, ...] | None = None) -> LivenessEnv:
     """The LivenessEnv of an instance of ``pol``, with run_liveness's defaults; InputError (naming the
     liveness option) for an instance that cannot be explored, e.g. a step that does not divide the aging
     interval, or prompt identities for a policy without prefix caching."""
@@ -352,10 +359,14 @@ def liveness_env(pol: Policy, requests: int = 2, prompts: tuple[int, ...] | None
     caching = pol.kv.prefix_caching.enabled
     if identities is not None and not caching:
         raise identities_need_the_cache(identities)
+    if external is not None and not pol.connector.loads:
+        raise InputError(Problem("--external", ",".join(map(external_name, external)),
+                                 "only with a KV connector that loads (connector.kind offload or decode_node; without one "
+                                 "a request's external hit is never read)"))
     prompt = pol.kv.block_size * (2 if caching else 1)  # with the cache: a block a fresh request can hit
     env = LivenessEnv(requests, tuple(prompts or (prompt,)), tuple(outputs),
                       tuple(priorities or ((0, 1) if reads_priority else (0,))), tenants, cancellations,
-                      arrivals_per_step, round(step_ms * 1000), identities)
+                      arrivals_per_step, round(step_ms * 1000), identities, external=external)
     env = instance_env(pol, env)
     make_canon(pol, env)  # checks the clock against the policy's aging, and the identities against the cache
     return env

@@ -25,7 +25,7 @@ from typing import NamedTuple
 import networkx as nx
 
 from checker.errors import InputError, Problem
-from checker.liveness.canon import (FIELDS_PER_REQUEST, IDENTITY_TOKENS, LIVE, Canon, ObservedPool, RequestClass,
+from checker.liveness.canon import (IDENTITY_TOKENS, LIVE, Canon, ObservedPool, RequestClass, holding_count,
                                     identity_token)
 from checker.policy import Policy
 from checker.requests import Identity, RequestSpec, identity_name
@@ -38,9 +38,32 @@ DEFAULT_MAX_STATES = 200_000
 # The prompt identities of a caching policy's instance unless chosen: every prompt is prefix group 0's first tokens,
 # so requests share their common prefix (equal prompts are equal) and the cache is exercised.
 DEFAULT_IDENTITIES: tuple[Identity, ...] = ((0, 0),)
+# The external hits of a loading connector's arrivals unless chosen (with the policy's block size between them): none
+# and the whole prompt.
+DEFAULT_EXTERNAL: tuple[int, ...] = (0, -1)
 
 TERMINAL_STATUSES = frozenset({Status.FINISHED, Status.REJECTED, Status.CANCELLED})
-LIVE_STATUSES = frozenset({Status.WAITING, Status.SWAPPED, Status.RUNNING})
+LIVE_STATUSES = frozenset({Status.WAITING, Status.SWAPPED, Status.RUNNING, Status.LOADING})
+# An external hit of the whole prompt (LivenessEnv.external); names of external hits as the liveness options write them
+EXTERNAL_ALL = -1
+EXTERNAL_NAMES = {"none": 0, "all": EXTERNAL_ALL}  # and "block": the policy's block size (external_choice)
+
+
+def external_choice(token: str, block_size: int) -> int:
+    """An external hit as the options write it: none, block (the first KV block), all (the whole prompt), or a
+    token count; ValueError for anything else."""
+    if token == "block":
+        return block_size
+    if token in EXTERNAL_NAMES:
+        return EXTERNAL_NAMES[token]
+    value = int(token)
+    if value < 0:
+        raise ValueError(token)
+    return value
+
+
+def external_name(value: int) -> str:
+    return "all" if value == EXTERNAL_ALL else "none" if value == 0 else str(value)
 
 
 @dataclass(frozen=True)
@@ -54,6 +77,13 @@ class LivenessEnv:
     arrivals_per_step: int | None = None  # None: up to the free places
     step_us: int = DEFAULT_STEP_US
     identities: tuple[Identity, ...] | None = None  # prompt identities (prefix caching); None: prompts have none
+    # A KV connector (policy.connector; instance_env fills them in from the policy): the external hits an arrival may
+    # have (tokens, EXTERNAL_ALL: its whole prompt; capped at the prompt), the latencies its load may take
+    # (RequestSpec.load_steps; None: never reported) and, on a node that pins finished requests, its send
+    # (RequestSpec.send_steps; None: never confirmed). None: the request fields' defaults (no connector choice).
+    external: tuple[int, ...] | None = None
+    load_steps: tuple[int | None, ...] | None = None
+    send_steps: tuple[int | None, ...] | None = None
 
     def __post_init__(self):
         for name in ("prompts", "outputs", "priorities"):  # sets: the same instance explores the same way
@@ -76,10 +106,36 @@ class LivenessEnv:
                                      "and every property would hold on an empty system)"))
         if self.step_us < 1:
             raise InputError(Problem("--step-ms", self.step_us / 1000, "> 0"))
+        for flag, values, low in (("--external", self.external, EXTERNAL_ALL), ("load_steps", self.load_steps, 1),
+                                  ("send_steps", self.send_steps, 0)):
+            if values is None:
+                continue
+            if not values or any(v is not None and v < low for v in values):
+                raise InputError(Problem(flag, ",".join(map(str, values)) or "<empty>",
+                                         "none, block, all or token counts >= 0" if flag == "--external" else
+                                         f"steps >= {low}, or None (never)"))
+            object.__setattr__(self, flag.strip("-"), tuple(dict.fromkeys(values)))
+
+    @property
+    def transfers_chosen(self) -> bool:
+        return self.external is not None or self.send_steps is not None
+
+    def transfers(self, prompt: int) -> list[tuple[int, int | None, int | None]]:
+        """The KV connector choices of an arrival with this prompt: (external_tokens, load_steps, send_steps)."""
+        out = []
+        for e in self.external or (0,):
+            ext = prompt if e == EXTERNAL_ALL else min(e, prompt)
+            for load in (self.load_steps or (1,)) if ext else (1,):
+                for send in self.send_steps or (0,):
+                    out.append((ext, load, send))
+        return list(dict.fromkeys(out))
 
     def classes(self) -> list[RequestClass]:
-        return [(p, o, o, prio, t, ident) for p in self.prompts for o in self.outputs for prio in self.priorities
+        base = [(p, o, o, prio, t, ident) for p in self.prompts for o in self.outputs for prio in self.priorities
                 for t in range(self.tenants) for ident in self.identities or (None,)]
+        if not self.transfers_chosen:
+            return base
+        return [cls + (transfer,) for cls in base for transfer in self.transfers(cls[0])]
 
     def describe(self) -> list[str]:
         per_step = "any number" if self.arrivals_per_step is None else f"at most {self.arrivals_per_step}"
@@ -92,20 +148,48 @@ class LivenessEnv:
                f", prompt identities {{{', '.join(map(identity_name, self.identities))}}}"),
             ("a client may cancel any live request before any iteration" if self.cancellations else "no cancellations")
             + f"; iteration k starts at k * {self.step_us / 1000:g} ms; the environment always keeps stepping",
-        ]
+        ] + ([self._describe_transfers()] if self.transfers_chosen else [])
+
+    def _describe_transfers(self) -> str:
+        def steps(values) -> str:
+            return ", ".join("never" if v is None else str(v) for v in values)
+        parts = []
+        if self.external is not None:
+            parts.append(f"KV connector: an arrival's external hit in {{{', '.join(map(external_name, self.external))}}} "
+                         f"token(s) (capped at its prompt), its load reported after {{{steps(self.load_steps or (1,))}}} "
+                         "step(s)")
+        if self.send_steps is not None:
+            parts.append(f"a finished request's send confirmed {{{steps(self.send_steps)}}} step(s) after the step "
+                         "following its finish")
+        return "; ".join(parts)
 
     def as_dict(self) -> dict:
         return {"requests_in_flight": self.requests, "prompt_tokens": list(self.prompts),
                 "output_tokens": list(self.outputs), "priorities": list(self.priorities), "tenants": self.tenants,
                 "cancellations": self.cancellations, "arrivals_per_step": self.arrivals_per_step,
                 "step_us": self.step_us,
-                **({} if self.identities is None else {"prompt_identities": [identity_token(i) for i in self.identities]})}
+                **({} if self.identities is None else {"prompt_identities": [identity_token(i) for i in self.identities]}),
+                **{name: list(values) for name, values in (("external_tokens", self.external),
+                                                           ("load_steps", self.load_steps),
+                                                           ("send_steps", self.send_steps)) if values is not None}}
 
 
 def instance_env(policy: Policy, env: LivenessEnv) -> LivenessEnv:
-    """The environment as explored: a caching policy's prompts get DEFAULT_IDENTITIES unless chosen."""
+    """The environment as explored: a caching policy's prompts get DEFAULT_IDENTITIES unless chosen; with a KV
+    connector that loads, arrivals get external hits (default: none, the first block, the whole prompt) and load
+    latencies 1..connector.max_load_steps (and never, with transfers_may_hang) unless chosen; on a node that pins
+    finished requests, sends of 0..max_load_steps - 1 steps (and never) after the step following the finish."""
     if policy.kv.prefix_caching.enabled and env.identities is None:
-        return replace(env, identities=DEFAULT_IDENTITIES)
+        env = replace(env, identities=DEFAULT_IDENTITIES)
+    con = policy.connector
+    latencies = tuple(range(1, con.max_load_steps + 1)) + ((None,) if con.transfers_may_hang else ())
+    if con.loads:
+        if env.external is None:
+            env = replace(env, external=DEFAULT_EXTERNAL[:1] + (policy.kv.block_size,) + DEFAULT_EXTERNAL[1:])
+        if env.load_steps is None:
+            env = replace(env, load_steps=latencies)
+    if con.pins and env.send_steps is None:
+        env = replace(env, send_steps=tuple(v - 1 if v is not None else None for v in latencies))
     return env
 
 
@@ -219,7 +303,7 @@ class Transition:
     def _limits(self, key: tuple) -> tuple[int, list[tuple[int, ...]]]:
         """The most requests that may arrive in a state, and the sets of live positions clients may cancel."""
         live = key[0]
-        holding = key[1 + live * FIELDS_PER_REQUEST + (live if self.canon.timed and live else 0)]
+        holding = holding_count(key, self.canon.timed)
         free = self.env.requests - live - holding
         limit = free if self.env.arrivals_per_step is None else min(free, self.env.arrivals_per_step)
         if self.env.cancellations and live:

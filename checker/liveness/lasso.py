@@ -10,6 +10,10 @@ the cycle (``allows``) and, for no_livelock, which one must (tokens scheduled):
 - no_livelock: nobody finishes and no client cancels; some iteration on the cycle schedules tokens.
   (On such a cycle no request produces a token either: its output count would grow.)
 - no_deadlock: requests are live, no token is scheduled and no client cancels.
+- no_hold_and_wait (KV connectors): from every reachable state, a state in which no request holds KV blocks
+  outside the running batch (a load, a loaded request waiting, a cancelled or pinned request holding blocks) is
+  reachable, with the environment's help (it may stop arrivals, cancel). A violation is a reachable state from
+  which no such state can be reached: every state after it has a holder, and the lasso is a cycle among them.
 
 The starvation bound is the longest path in the graph of (state, request) pairs where the request has
 arrived and waits for its first admission: a DAG when no request can wait forever.
@@ -23,13 +27,21 @@ from dataclasses import dataclass
 
 import networkx as nx
 
-from checker.liveness.canon import ADMITTED_AT, STATUS_AT, WAITING, live_field
+from checker.liveness.canon import (ADMITTED_AT, BLOCKS_AT, FIELDS_PER_REQUEST, RUNNING, STATUS_AT, WAITING,
+                                    holding_count, live_field)
 from checker.liveness.explore import Choice, Label, StateGraph
 
 EVENTUALLY_SERVED = "eventually_served"
 NO_LIVELOCK = "no_livelock"
 NO_DEADLOCK = "no_deadlock"
-PROPERTIES = (EVENTUALLY_SERVED, NO_LIVELOCK, NO_DEADLOCK)
+NO_HOLD_AND_WAIT = "no_hold_and_wait"
+PROPERTIES = (EVENTUALLY_SERVED, NO_LIVELOCK, NO_DEADLOCK)  # checked by default on every policy
+ALL_PROPERTIES = PROPERTIES + (NO_HOLD_AND_WAIT,)  # no_hold_and_wait: by default with a KV connector
+
+
+def default_properties(policy) -> tuple[str, ...]:
+    """The properties checked when none is chosen: the three, and no_hold_and_wait with a KV connector."""
+    return ALL_PROPERTIES if policy.connector.enabled else PROPERTIES
 
 STATEMENTS = {
     EVENTUALLY_SERVED: "Every request that arrives eventually finishes, is rejected or is cancelled, whatever "
@@ -38,7 +50,37 @@ STATEMENTS = {
                  "(recompute thrash).",
     NO_DEADLOCK: "No cycle the system can repeat leaves live requests without any token scheduled while no client "
                  "cancels (the unbounded form of no_deadlock(steps) for every steps).",
+    NO_HOLD_AND_WAIT: "From every reachable state, a state in which no request holds KV blocks outside the running "
+                      "batch (a load, a loaded request waiting, a cancelled or pinned request) is reachable (a "
+                      "violation: a state after which some request holds blocks outside the batch forever, whatever "
+                      "the environment does).",
 }
+
+
+def holds_outside(key: tuple, timed: bool) -> bool:
+    """Some request of the state holds KV blocks outside the running batch: a live request that is not running
+    with blocks (a load, a loaded request waiting), or a request holding KV after it left (cancelled, pinned)."""
+    for i in range(key[0]):
+        if live_field(key, i, STATUS_AT) != RUNNING and live_field(key, i, BLOCKS_AT):
+            return True
+    return holding_count(key, timed) > 0
+
+
+def _never_free(sg: StateGraph) -> set[int]:
+    """The states from which no state without a holder outside the batch is reachable (closed under successors).
+    States the exploration did not expand (no successor: a cut graph's frontier) count as ones that may reach it."""
+    graph = sg.graph
+    timed = sg.canon.timed
+    free = [u for u in range(sg.states) if not holds_outside(sg.keys[u], timed) or not graph.succ[u]]
+    reach = set(free)
+    stack = list(free)
+    while stack:
+        v = stack.pop()
+        for u in graph.pred[v]:
+            if u not in reach:
+                reach.add(u)
+                stack.append(u)
+    return set(range(sg.states)) - reach
 
 
 def _allows(prop: str, sg: StateGraph) -> Callable[[int, Label], bool]:
@@ -46,6 +88,9 @@ def _allows(prop: str, sg: StateGraph) -> Callable[[int, Label], bool]:
         return lambda u, lab: sg.live_count(u) > 0 and not lab.gone & 1
     if prop == NO_LIVELOCK:
         return lambda u, lab: not lab.finished and not lab.cancelled
+    if prop == NO_HOLD_AND_WAIT:
+        never = _never_free(sg)
+        return lambda u, lab: u in never
     return lambda u, lab: sg.live_count(u) > 0 and lab.tokens == 0 and not lab.cancelled
 
 

@@ -5,7 +5,8 @@ holds at every iteration but the last; at the last one it fails exactly when the
 the canonical state at the start of the cycle, after one turn and after two turns is the same, and both
 turns do what the property forbids (eventually_served: the oldest live request at the start of the cycle
 is live throughout; no_livelock: tokens are scheduled in each turn while nobody finishes and no client
-cancels; no_deadlock: requests are live and no token is scheduled while no client cancels).
+cancels; no_deadlock: requests are live and no token is scheduled while no client cancels; no_hold_and_wait: some
+request holds KV blocks outside the running batch throughout; the graph shows that no continuation ends it).
 
 With prefix caching the frames carry the pool's counts but not its block tables, so the canonical state read
 here leaves the pool's content out (and the prompt identities): the liveness check itself compares the whole
@@ -18,12 +19,12 @@ from typing import Any
 
 from checker.frames import TraceContext
 from checker.liveness.canon import CANCELLED, LIVE, Canon
-from checker.liveness.lasso import EVENTUALLY_SERVED, NO_DEADLOCK, NO_LIVELOCK, STATEMENTS
+from checker.liveness.lasso import ALL_PROPERTIES, EVENTUALLY_SERVED, NO_HOLD_AND_WAIT, NO_LIVELOCK, STATEMENTS
 from checker.semantics.state import FIELDS, Reason, Request, Status
 from checker.requests import RequestSpec
 from invariants.catalogue import Invariant
 
-FINISHED = int(Status.FINISHED)
+FINISHED, RUNNING = int(Status.FINISHED), int(Status.RUNNING)
 
 
 def frame_key(canon: Canon, ctx: TraceContext, t: int) -> tuple:
@@ -59,6 +60,12 @@ def _entered(ctx: TraceContext, t: int, status: int) -> bool:
                for i, slot in enumerate(ctx.frames[t].slots))
 
 
+def _holds_outside(ctx: TraceContext, t: int) -> bool:
+    """After iteration t some request holds KV blocks and is not running (a load, a loaded request waiting, a
+    cancelled or pinned request)."""
+    return any(slot["blocks"] and slot["status"] != RUNNING for slot in ctx.frames[t].slots)
+
+
 def _tokens(ctx: TraceContext, t: int) -> int:
     return sum(ctx.frames[t].scheduled)
 
@@ -80,6 +87,8 @@ def _violated(prop: str, ctx: TraceContext, prefix: int, cycle: int) -> bool:
     if prop == EVENTUALLY_SERVED:
         live = _live(ctx, prefix - 1)
         return bool(live) and all(ctx.frames[t].slots[live[0]]["status"] in LIVE for t in turns)
+    if prop == NO_HOLD_AND_WAIT:  # some request holds KV blocks outside the running batch throughout
+        return all(_holds_outside(ctx, t) for t in turns)
     no_cancel = not any(_entered(ctx, t, CANCELLED) for t in turns)
     if prop == NO_LIVELOCK:
         first, second = (sum(_tokens(ctx, t) for t in range(prefix + j * cycle, prefix + (j + 1) * cycle))
@@ -102,5 +111,5 @@ def _trigger(o: Any, ctx: TraceContext, t: int, prefix: int = 0, cycle: int = 1)
 
 LIVENESS: dict[str, Invariant] = {
     name: Invariant(name, STATEMENTS[name], _check(name), _trigger, {"prefix": 0, "cycle": 1})
-    for name in (EVENTUALLY_SERVED, NO_LIVELOCK, NO_DEADLOCK)
+    for name in ALL_PROPERTIES
 }
