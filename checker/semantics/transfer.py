@@ -17,12 +17,16 @@ Each function is an ask-then-act pair or one transition; the step (checker.seman
 
 from __future__ import annotations
 
-from checker.policy import ReleaseRule
+from bisect import insort
+
+from checker.policy import QueueOrder, ReleaseRule
 from checker.semantics import kv
 from checker.semantics.decision import DecisionBuilder
+from checker.semantics.order import key_function
 from checker.semantics.state import NEVER, Request, SchedulerState, Status
 
 LOADING, WAITING, RUNNING = Status.LOADING, Status.WAITING, Status.RUNNING
+FCFS = QueueOrder.FCFS
 
 
 def uses_holders_queue(s: SchedulerState) -> bool:
@@ -98,7 +102,10 @@ def start_load(s: SchedulerState, r: Request, hit: list[int], ext: int, out: Dec
     r.transfer_step = NEVER if steps is None else s.step + steps - 1
     if uses_holders_queue(s):
         s.waiting.remove(r)
-        s.holders.append(r)
+        if s.policy.queue.order is FCFS:
+            s.holders.append(r)  # a deque in scan order (vLLM 0.33 kv_holding_waiting)
+        else:  # a priority heap there: the queue's key (a time-varying key as it is at time 0: no vLLM counterpart)
+            insort(s.holders, r, key=key_function(s, 0))
     r.status = LOADING
     s.loads_in_flight += 1
     out.loads.append(r.rid)
