@@ -103,14 +103,34 @@ def run_audit(contract: str | Path, workload: str | Path) -> AuditResult:
 
 
 # ----------------------------------------------------------------------------------------- verification
-def run_recheck(certificate: str | Path) -> tuple[str, int]:
+def run_recheck(certificate: str | Path, policy: PolicyInput | None = None, invariant: str | None = None,
+                requests: int | None = None) -> tuple[str, int]:
     """Re-check a proof certificate with a fresh solver: ('unsat', queries) confirms it (a certificate of
-    action-wise induction holds one query per scheduler action, whole-step induction one)."""
-    from checker.loading import read_text
-    from checker.smt.ops import CERTIFICATE_BLOCK, recheck_smt2
+    action-wise induction holds one query per scheduler action, whole-step induction one). InputError (exit 2)
+    when it is refused: no binding, edited queries, bound to another policy / invariant / N than the ones
+    given, or queries unsat by themselves (``recheck_certificate`` says more)."""
+    result = recheck_certificate(certificate, policy, invariant, requests)
+    return result.solver, result.queries
 
-    text = read_text(certificate)
-    return recheck_smt2(text), max(1, text.count(CERTIFICATE_BLOCK))
+
+def recheck_certificate(certificate: str | Path, policy: PolicyInput | None = None, invariant: str | None = None,
+                        requests: int | None = None, invariant_modules: list[str] | None = None):
+    """``run_recheck`` with what the certificate was held to (a checker.verify.certificate.Recheck)."""
+    from checker.verify.certificate import recheck
+
+    for module in invariant_modules or []:
+        from invariants.plugins import load_module
+
+        load_module(module)
+    pol = load_policy(policy) if policy is not None else None
+    parsed = None
+    if invariant is not None:
+        from checker.verify.run import parse_invariant
+
+        inv, params = parse_invariant(invariant)
+        parsed = (inv.name, params)
+    shown = str(policy) if policy is not None and not isinstance(policy, Policy) else None
+    return recheck(certificate, pol, shown, parsed, requests)
 
 
 def run_replay(counterexample: str | Path, policy: PolicyInput | None = None) -> tuple[str, bool]:

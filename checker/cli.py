@@ -239,20 +239,31 @@ def _replay(args: argparse.Namespace) -> int:
 
 
 def _recheck(args: argparse.Namespace) -> int:
-    from checker.api import run_recheck
+    from checker.api import recheck_certificate
 
-    result, queries = run_recheck(args.certificate)
+    r = recheck_certificate(args.certificate, args.policy, args.invariant, args.requests, args.invariant_module)
+    result, queries = r.solver, r.queries
     code = ExitCode.OK if result == "unsat" else ExitCode.VIOLATED if result == "sat" else ExitCode.INCONCLUSIVE
     if args.json:
         print(json.dumps({"certificate": str(args.certificate), "holds": result == "unsat", "solver": result,
-                          "queries": queries, "exit_code": int(code)}, indent=1))
+                          "queries": queries, "binding": {key: getattr(r.binding, key) for key in (
+                              "policy", "policy_sha256", "invariant", "params", "requests", "kv_blocks", "method", "k")},
+                          "checked": r.checked, "not_checked": r.not_checked, "exit_code": int(code)}, indent=1))
         return code
     if result == "unsat":
         what = "the step query is" if queries == 1 else f"each of its {queries} queries (one per scheduler action) is"
         print(f"{args.certificate}: certificate holds ({what} unsat with a fresh solver)")
-        return ExitCode.OK
-    print(f"{args.certificate}: certificate does NOT hold (the fresh solver says {result})")
-    return ExitCode.VIOLATED if result == "sat" else ExitCode.INCONCLUSIVE
+    else:
+        print(f"{args.certificate}: certificate does NOT hold (the fresh solver says {result})")
+    b = r.binding
+    print(f"  bound to: policy {b.policy} (sha256 {b.policy_sha256[:12]}), {b.invariant}"
+          + "".join(f" {k}={v}" for k, v in sorted(b.params.items())) + f", N={b.requests}, {b.method}"
+          + (f" k={b.k}" if b.method == "induction" else ""))
+    for line in r.checked:
+        print(f"  checked: {line}")
+    for line in r.not_checked:
+        print(f"  not checked: {line}")
+    return code
 
 
 def _fuzz(args: argparse.Namespace) -> int:
@@ -471,8 +482,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(run=_verify, verify_parser=p)
 
     p = verbs.add_parser("recheck", help="verify a PROVED verdict's certificate with a fresh solver",
-                         description="Exit 0: the certificate holds; 1: it does not; 3: the solver could not decide.")
+                         description="Exit 0: the certificate holds; 1: it does not; 3: the solver could not decide; 2: it is "
+                                     "refused (no binding, edited, made for another policy, invariant or N than the "
+                                     "ones given, or unsat by itself).")
     p.add_argument("certificate", metavar="FILE.smt2")
+    p.add_argument("--policy", metavar="POLICY", help="the policy it must certify: its hash is compared with the "
+                   "certificate's, and a whole-step induction query is rebuilt from it and compared")
+    p.add_argument("--invariant", metavar="NAME[:PARAMS]", help="the invariant it must certify")
+    p.add_argument("--requests", type=SLOTS, metavar="N", help="the request slots it must certify")
+    p.add_argument("--invariant-module", action="append", metavar="MODULE",
+                   help="load user invariants (to rebuild a query of one)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(run=_recheck)
 

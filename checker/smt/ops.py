@@ -231,13 +231,48 @@ CERTIFICATE_BLOCK = "; ---- batchcheck query: "
 
 def recheck_smt2(text: str, timeout_ms: int = 60_000) -> str:
     """Check an SMT-LIB2 certificate with a fresh solver: 'unsat' confirms the proof. A certificate of
-    several blocks (CERTIFICATE_BLOCK) is unsat when every block is."""
+    several blocks (CERTIFICATE_BLOCK) is unsat when every block is. ValueError for text z3 cannot parse."""
     if CERTIFICATE_BLOCK in text:
         blocks = [block.partition("\n")[2] for block in text.split(CERTIFICATE_BLOCK)[1:]]  # after the block's name
         results = {recheck_smt2(block, timeout_ms) for block in blocks}
         return "unsat" if results == {"unsat"} else "sat" if "sat" in results else "unknown"
-    solver = z3.Solver()
-    solver.set("timeout", timeout_ms)
-    solver.from_string(text)
+    solver = _parsed(text, timeout_ms)
     result = solver.check()
     return "unsat" if result == z3.unsat else "sat" if result == z3.sat else "unknown"
+
+
+def _parsed(text: str, timeout_ms: int) -> z3.Solver:
+    solver = z3.Solver()
+    solver.set("timeout", timeout_ms)
+    try:
+        solver.from_string(text)
+    except z3.Z3Exception as exc:
+        message = exc.value.decode(errors="replace") if isinstance(exc.value, bytes) else str(exc.value)
+        raise ValueError(" ".join(message.split())[:200] or "not SMT-LIB2") from None
+    return solver
+
+
+def query_goal(text: str, timeout_ms: int = 60_000) -> tuple[str | None, str]:
+    """The shape of one certificate query (batchcheck writes each as its premises, then its goal literal
+    asserted last: the Boolean constant that claims "the property breaks"): the goal literal's name (None when
+    the last assertion is no Boolean constant), and what a fresh solver says of the premises alone ('sat',
+    'unsat' or 'unknown'). Premises that are unsat by themselves (e.g. ``(assert false)``) prove nothing.
+    ValueError for text z3 cannot parse."""
+    solver = _parsed(text, timeout_ms)
+    assertions = list(solver.assertions())
+    if not assertions:
+        return None, "sat"
+    last = assertions[-1]
+    goal = str(last) if z3.is_const(last) and z3.is_bool(last) and last.decl().kind() == z3.Z3_OP_UNINTERPRETED else None
+    premises = z3.Solver()
+    premises.set("timeout", timeout_ms)
+    premises.add(*assertions[:-1])
+    result = premises.check()
+    return goal, "unsat" if result == z3.unsat else "sat" if result == z3.sat else "unknown"
+
+
+def same_assertions(text: str, other: str) -> bool:
+    """Whether two SMT-LIB2 texts assert the same terms in the same order (z3 shares equal terms, so this is
+    structural identity, whatever let-bindings either printer chose). ValueError for text z3 cannot parse."""
+    mine, theirs = _parsed(text, 1).assertions(), _parsed(other, 1).assertions()
+    return len(mine) == len(theirs) and all(a.eq(b) for a, b in zip(mine, theirs))

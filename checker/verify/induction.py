@@ -175,6 +175,36 @@ def prove(policy: Policy, inv: Invariant, params_: dict[str, int], env: Environm
     if not supported(inv, params_):
         return InductionResult("unsupported")
     started = time.monotonic()
+    smt, broken, goal, pre, first, params = _step_query(policy, inv, params_, env, timeout_s, k)
+    verdict = smt.check(broken)
+    seconds = time.monotonic() - started
+    names = [name for name, _ in pre]
+    if verdict == "unsat":
+        if not _base_case(policy, inv, params_, env, k):
+            return InductionResult("cti", seconds, names, cti=["the initial state breaks a lemma (a bug in the lemmas)"])
+        smt.add(broken)
+        return InductionResult("proved", seconds, names, certificate=smt.to_smt2(), k=k)
+    if verdict == "unknown":
+        return InductionResult("unknown", seconds, names)
+    cti = [f"breaks: {name}" for name, term in goal if smt.value(term) is False]
+    for i, s in enumerate(first.slots):
+        prm = params[i]
+        cti.append(f"slot {i} {k} step(s) before: " + ", ".join(f"{f}={smt.value(s[f])}" for f in FIELDS)
+                   + f"; prompt={smt.value(prm.prompt_len)} output={smt.value(prm.output_len)}")
+    return InductionResult("cti", seconds, names, cti=cti)
+
+
+def certificate_query(policy: Policy, inv: Invariant, params_: dict[str, int], env: Environment, k: int) -> str:
+    """The step query of a k-induction proof with its goal literal asserted, as SMT-LIB2: what ``prove`` writes
+    as the certificate (``batchcheck recheck --policy`` rebuilds it and compares)."""
+    smt, broken, *_ = _step_query(policy, inv, params_, env, 1.0, k)
+    smt.add(broken)
+    return smt.to_smt2()
+
+
+def _step_query(policy: Policy, inv: Invariant, params_: dict[str, int], env: Environment, timeout_s: float, k: int):
+    """The k-induction step query (its goal literal not asserted): the session, the goal literal, the goal's
+    terms, the lemmas before the steps, the first state and the slots' parameters."""
     o = Z3Ops
     n = env.requests
     smt = SmtSession(timeout_ms=int(timeout_s * 1000))
@@ -198,22 +228,7 @@ def prove(policy: Policy, inv: Invariant, params_: dict[str, int], env: Environm
     goal = [(inv.name, inv.holds(o, ctx, k, params_))] + now
     broken = smt.bool_var("goal_broken")
     smt.add(smt.implies(broken, o.not_(o.and_(*(t for _, t in goal)))))
-    verdict = smt.check(broken)
-    seconds = time.monotonic() - started
-    names = [name for name, _ in pre]
-    if verdict == "unsat":
-        if not _base_case(policy, inv, params_, env, k):
-            return InductionResult("cti", seconds, names, cti=["the initial state breaks a lemma (a bug in the lemmas)"])
-        smt.add(broken)
-        return InductionResult("proved", seconds, names, certificate=smt.to_smt2(), k=k)
-    if verdict == "unknown":
-        return InductionResult("unknown", seconds, names)
-    cti = [f"breaks: {name}" for name, term in goal if smt.value(term) is False]
-    for i, s in enumerate(first.slots):
-        prm = params[i]
-        cti.append(f"slot {i} {k} step(s) before: " + ", ".join(f"{f}={smt.value(s[f])}" for f in FIELDS)
-                   + f"; prompt={smt.value(prm.prompt_len)} output={smt.value(prm.output_len)}")
-    return InductionResult("cti", seconds, names, cti=cti)
+    return smt, broken, goal, pre, first, params
 
 
 def _step_into(smt: SmtSession, policy: Policy, params: list[SlotParams], state: SlotState, env: Environment,

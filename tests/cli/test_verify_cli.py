@@ -122,17 +122,21 @@ def test_unbounded_proves_state_invariants_action_wise_with_a_certificate_that_r
                "engine run (2 requests arriving at once, prompts of 2048-2048 tokens); certificate: " in line
                for line in proved)
     cert = tmp_path / "proofs" / "vllm_v1__request_conservation__N2.smt2"
-    code, out, _ = run(capsys, "recheck", str(cert))
+    code, out, _ = run(capsys, "recheck", str(cert), "--policy", str(POLICIES / "vllm_v1.yaml"), "--invariant",
+                       "request_conservation", "--requests", "2")
     assert code == 0
-    assert out == (f"{cert}: certificate holds (each of its 5 queries (one per scheduler action) is unsat with a "
-                   "fresh solver)\n")
+    assert out.splitlines()[0] == (f"{cert}: certificate holds (each of its 5 queries (one per scheduler action) is "
+                                   "unsat with a fresh solver)")
+    assert out.splitlines()[-1] == ("  not checked: that its queries are the ones batchcheck builds (action-wise "
+                                    "queries come from a Houdini run and are not rebuilt: they are held to their hash "
+                                    "and shape)")
     tampered = tmp_path / "tampered.smt2"
     text = cert.read_text()
     last_query = text.rindex("(assert\n broken_")  # the completion's final query literal, asserted
     tampered.write_text(text[:last_query] + "(check-sat)\n")
-    code, out, _ = run(capsys, "recheck", str(tampered))
-    assert code == 1
-    assert out == f"{tampered}: certificate does NOT hold (the fresh solver says sat)\n"
+    code, out, err = run(capsys, "recheck", str(tampered))
+    assert (code, out) == (2, "")  # tests/cli/test_recheck_binding.py: every way a certificate is refused
+    assert err.startswith(f"batchcheck: error: {tampered}:4: binding.query_sha256=")
 
 
 def test_unbounded_proves_a_one_step_invariant_by_whole_step_induction(capsys, tmp_path):
@@ -143,14 +147,15 @@ def test_unbounded_proves_a_one_step_invariant_by_whole_step_induction(capsys, t
     assert ("PROVED       cancellation_releases(steps=1)           for 2 request slots and any number of iterations "
             "(induction with 31 structural lemmas; no violation up to depth 2); certificate: ") in out
     cert = tmp_path / "proofs" / "vllm_v1__cancellation_releases__N2.smt2"
-    code, out, _ = run(capsys, "recheck", str(cert))
+    code, out, _ = run(capsys, "recheck", str(cert), "--policy", str(POLICIES / "vllm_v1.yaml"))
     assert code == 0
-    assert out == f"{cert}: certificate holds (the step query is unsat with a fresh solver)\n"
+    assert out.splitlines()[0] == f"{cert}: certificate holds (the step query is unsat with a fresh solver)"
+    assert out.splitlines()[-1] == "  checked: its query is the one rebuilt from the policy"
     tampered = tmp_path / "tampered.smt2"
     tampered.write_text(cert.read_text().replace("(assert\n goal_broken)", "(assert\n (not goal_broken))"))
-    code, out, _ = run(capsys, "recheck", str(tampered))
-    assert code == 1
-    assert out == f"{tampered}: certificate does NOT hold (the fresh solver says sat)\n"
+    code, out, err = run(capsys, "recheck", str(tampered))
+    assert (code, out) == (2, "")
+    assert err.startswith(f"batchcheck: error: {tampered}:4: binding.query_sha256=")
 
 
 def test_unbounded_still_reports_the_violation_first(capsys, tmp_path):
