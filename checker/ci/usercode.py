@@ -38,7 +38,13 @@ def _user_modules() -> set[str]:
 
 
 def _own_file(filename: str) -> bool:
-    return filename.startswith("<") or str(Path(filename).resolve()).startswith(_OWN)
+    """batchcheck's own code, the standard library or an installed package (a user invariant module installed as
+    a package is known by the invariants it registered: ``_user_modules``)."""
+    if filename.startswith("<"):
+        return True
+    resolved = str(Path(filename).resolve())
+    return resolved.startswith(_OWN) or any(f"{os.sep}{d}{os.sep}" in resolved for d in ("site-packages",
+                                                                                          "dist-packages"))
 
 
 def _shown(filename: str) -> str:
