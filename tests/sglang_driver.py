@@ -198,6 +198,9 @@ def parse_args(argv=None):
                          "radix cache disabled add_one_req_ignore_eos is used)")
     ap.add_argument("--max-context-len", type=int, default=65536)
     ap.add_argument("--max-steps", type=int, default=100000)
+    ap.add_argument("--max-stalled-steps", type=int, default=1000,
+                    help="stop after this many steps in a row that schedule nothing once every request arrived "
+                         "(a request that can never be admitted waits forever in SGLang too)")
     ap.add_argument("--out", default="-")
     ap.add_argument("--model-dir", default=None, help="where the config-only model directory goes")
     ap.add_argument("--quiet", action="store_true")
@@ -213,13 +216,17 @@ _ENV_FLAGS = (
 )
 
 
-def set_env(args):
+def set_env(args, sg):
+    """envs.X.get() reads os.environ at each call; CLIP_MAX_NEW_TOKENS is read once, when schedule_policy.py is
+    imported, so it is set on the module too (4096 when the flag is absent, as at import without the variable)."""
     for attr, name in _ENV_FLAGS:
         value = getattr(args, attr)
         if value is not None:
             os.environ[name] = str(value)
         else:
             os.environ.pop(name, None)
+    clip = args.clip_max_new_tokens
+    sg.schedule_policy.CLIP_MAX_NEW_TOKENS = int(clip) if clip is not None else 4096
 
 
 _IMPORTED = {}
@@ -506,7 +513,7 @@ def scheduled_tokens(batch):
 
 def run(args, out, sg=None):
     sg = sg or sglang()
-    set_env(args)
+    set_env(args, sg)
     with open(args.trace) as f:
         trace = json.load(f)
     model_dir = ensure_tiny_model(args.model_dir or os.path.join(tempfile.gettempdir(), "sglang-driver-tiny"))
@@ -532,7 +539,7 @@ def run(args, out, sg=None):
     last_arrival = max(by_arrival) if by_arrival else 0
     done: set[str] = set()
     live: dict[str, object] = {}
-    loop_s, steps = 0.0, 0
+    loop_s, steps, stalled = 0.0, 0, 0
     for step in range(args.max_steps):
         t0 = time.perf_counter()
         sched.aborted_now = []
@@ -544,6 +551,8 @@ def run(args, out, sg=None):
             if rid not in done and rid in live:
                 sched.abort_request(sg.AbortReq(rid=rid + "$"))
         if step > last_arrival and len(done) >= len(pending) and not sched.aborted_now:
+            break
+        if step > last_arrival and stalled >= args.max_stalled_steps:
             break
         ratio_before = sched.new_token_ratio_tracker.current
         plan = sched.get_next_batch_to_run(running_batch=sched.running_batch, last_batch=sched.last_batch)
@@ -568,6 +577,7 @@ def run(args, out, sg=None):
             if not sched.waiting_queue and sched.running_batch.is_empty() and sched.chunked_req is None:
                 sched.new_token_ratio_tracker.reset()  # Scheduler.on_idle, when fully idle
         sched.last_batch = batch
+        stalled = stalled + 1 if batch is None and not aborted else 0
         loop_s += time.perf_counter() - t0
         steps += 1
         for rid in finished + aborted:

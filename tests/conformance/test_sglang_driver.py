@@ -1,0 +1,165 @@
+"""Facts of SGLang 0.5.23's real scheduler, pinned on small traces driven through tests/sglang_driver.py.
+
+Each test names the code it pins (paths inside the venv's site-packages/sglang/srt/); docs/sglang-harness.md
+has the rules at length. Skipped, with the reason, when the SGLang venv is absent (tools/sglang_setup.sh builds
+it; BATCHCHECK_SGLANG_VENV points at another): CI does not build it. All scenarios run in one driver process
+(SGLang's import is most of the ~30 s).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from tests import sglang_harness as harness
+
+pytestmark = pytest.mark.skipif(harness.venv_python() is None, reason=harness.absent_reason())
+
+# name -> (trace rows, driver flags)
+SCENARIOS = {
+    # one request, 100-token prompt, 30 outputs, 16-token pages, a 512-token pool, no chunking
+    "page": ([{"id": "a", "arrival_step": 0, "prompt_tokens": 100, "output_tokens": 30}],
+             ["--pool-tokens", "512", "--page-size", "16", "--chunked-prefill-size", "-1"]),
+    # the new-token ratio with init 0.5, min factor 0.2 (min 0.1), 10 decay steps (0.04 a step)
+    "ratio": ([{"id": "a", "arrival_step": 0, "prompt_tokens": 10, "output_tokens": 20}],
+              ["--pool-tokens", "512", "--init-new-token-ratio", "0.5", "--min-new-token-ratio-factor", "0.2",
+               "--new-token-ratio-decay-steps", "10"]),
+    # the defaults: SGLANG_INIT_NEW_TOKEN_RATIO 0.7, factor 0.14, 600 steps
+    "ratio_default": ([{"id": "a", "arrival_step": 0, "prompt_tokens": 10, "output_tokens": 8}],
+                      ["--pool-tokens", "512"]),
+    # two requests admitted together (the clip keeps the reservation small), then decode runs out of pool
+    "retract": ([{"id": "a", "arrival_step": 0, "prompt_tokens": 80, "output_tokens": 100},
+                 {"id": "b", "arrival_step": 0, "prompt_tokens": 60, "output_tokens": 100}],
+                ["--pool-tokens", "300", "--disable-radix-cache", "--clip-max-new-tokens", "10"]),
+    # b arrives later, so it has fewer outputs when the pool runs out
+    "retract_fewest_outputs": ([{"id": "a", "arrival_step": 0, "prompt_tokens": 60, "output_tokens": 100},
+                                {"id": "b", "arrival_step": 3, "prompt_tokens": 80, "output_tokens": 100}],
+                               ["--pool-tokens", "300", "--disable-radix-cache", "--clip-max-new-tokens", "10"]),
+    # a lone request that outgrows the pool: nobody left to retract
+    "last_request": ([{"id": "a", "arrival_step": 0, "prompt_tokens": 50, "output_tokens": 100}],
+                     ["--pool-tokens", "64", "--disable-radix-cache", "--clip-max-new-tokens", "5"]),
+    # a 300-token prompt under a 128-token chunk: the chunked request goes first, 128 at a time
+    "chunks": ([{"id": "a", "arrival_step": 0, "prompt_tokens": 300, "output_tokens": 3},
+                {"id": "b", "arrival_step": 1, "prompt_tokens": 40, "output_tokens": 3}],
+               ["--pool-tokens", "1024", "--chunked-prefill-size", "128"]),
+}
+
+
+@pytest.fixture(scope="module")
+def logs(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("sglang")
+    jobs = []
+    for name, (rows, flags) in SCENARIOS.items():
+        jobs.append((harness.write_trace(folder / f"{name}.trace.json", rows), flags, folder / f"{name}.log.jsonl"))
+    summaries = harness.drive(jobs, timeout=600)
+    out = {}
+    for (name, _), (_, _, log), summary in zip(SCENARIOS.items(), jobs, summaries):
+        out[name] = (harness.read_log(log), summary)
+    return out
+
+
+def decode_steps(steps):
+    return [s for s in steps if s["kind"] == "decode"]
+
+
+def test_every_scenario_runs_to_completion(logs):
+    for name, (steps, summary) in logs.items():
+        assert summary["done"] == summary["requests"], name
+        assert steps, name
+
+
+def test_allocation_is_page_granular_and_the_tree_keeps_whole_pages(logs):
+    # allocator/paged.py alloc_extend / alloc_decode: a request holds ceil(kv_len / page) pages; a decode step
+    # takes a new page only when kv_committed_len % page_size == 0 (ScheduleBatch.new_tokens_required_next_decode).
+    # The radix tree inserts page-aligned keys only, so the tree holds floor(kv_len / page) pages.
+    steps, _ = logs["page"]
+    pool, page, prompt = 512, 16, 100
+    first = steps[0]
+    assert first["kind"] == "prefill" and first["scheduled"] == {"a": 100}
+    assert first["available_tokens"] == pool - page * math.ceil(prompt / page)  # 400: 7 pages for 100 tokens
+    assert first["protected_tokens"] == page * (prompt // page)  # 96: the partial 7th page is not in the tree
+    for d, s in enumerate(decode_steps(steps), start=1):
+        kv_len = prompt + d  # each decode step writes the KV of the token sampled the step before
+        if s["finished"]:
+            # release_kv_cache: the tree keeps the whole pages (evictable now), the partial page is freed
+            assert s["evictable_tokens"] == page * (kv_len // page)
+            assert s["available_tokens"] + s["evictable_tokens"] == pool and s["protected_tokens"] == 0
+        else:
+            assert s["available_tokens"] == pool - page * math.ceil(kv_len / page), s
+    # the 13th decode step (kv 113) is the first to take an 8th page
+    assert [s["available_tokens"] for s in decode_steps(steps)[11:13]] == [400, 384]
+
+
+def test_the_new_token_ratio_decays_linearly_per_decode_step_to_its_floor(logs):
+    # scheduler_components/new_token_ratio_tracker.py: init = min(SGLANG_INIT_NEW_TOKEN_RATIO *
+    # schedule_conservativeness, 1), min = min(init * SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR, 1),
+    # decay = (init - min) / SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS; decay_step: max(current - decay, min), called by
+    # Scheduler.update_running_batch when check_decode_mem passes. A prefill step does not decay it.
+    steps, _ = logs["ratio"]
+    assert steps[0]["kind"] == "prefill" and steps[0]["new_token_ratio"] == 0.5
+    for d, s in enumerate(decode_steps(steps), start=1):
+        assert s["new_token_ratio"] == pytest.approx(max(0.5 - 0.04 * d, 0.1), abs=1e-9), s
+    assert decode_steps(steps)[-1]["new_token_ratio"] == pytest.approx(0.1)
+
+
+def test_the_default_ratio_parameters(logs):
+    steps, _ = logs["ratio_default"]
+    init, floor = 0.7, 0.7 * 0.14
+    decay = (init - floor) / 600
+    assert steps[0]["new_token_ratio"] == pytest.approx(init)
+    for d, s in enumerate(decode_steps(steps), start=1):
+        assert s["new_token_ratio"] == pytest.approx(init - decay * d, abs=1e-9)
+
+
+def _retraction(steps):
+    hits = [(i, s) for i, s in enumerate(steps) if s["retracted"]]
+    assert len(hits) == 1, [s["step"] for _, s in hits]
+    return hits[0]
+
+
+def test_retraction_picks_the_longest_prompt_among_equal_outputs_and_frees_its_whole_kv(logs):
+    # ScheduleBatch._get_decode_retraction_order: indices sorted by (len(output_ids), -len(origin_input_ids)),
+    # descending; retract_decode pops from the end: fewest outputs first, then the longest prompt.
+    steps, _ = logs["retract"]
+    assert steps[0]["scheduled"] == {"a": 80, "b": 60}  # both admitted at once (clipped reservations)
+    i, s = _retraction(steps)
+    assert s["retracted"] == ["a"] and s["kind"] == "decode" and s["scheduled"] == {"b": 1}
+    assert s["running"] == 1 and s["waiting"] == 1
+    prev = steps[i - 1]
+    outputs = prev["step"] + 1  # one from the prefill at step 0, one a decode step after it
+    kv_a = 80 + outputs - 1  # a's KV: the prompt and every output but the last (not yet written)
+    # release_req -> release_kv_cache(checkpoint=False): all of a's KV goes back; b then takes one slot
+    assert s["available_tokens"] == prev["available_tokens"] + kv_a - 1
+    # NewTokenRatioTracker.estimate_new_token_ratio_after_retract over the requests left (b):
+    # min(1, (decoded + SGLANG_RETRACT_DECODE_STEPS * n) / (sum max_new_tokens + 1))
+    assert s["new_token_ratio"] == pytest.approx(min(1.0, (outputs + 20 * 1) / (100 + 1)))
+    # a comes back through the waiting queue: it prefills its prompt and the outputs it kept
+    again = next(t for t in steps[i + 1:] if "a" in t["scheduled"])
+    assert again["kind"] == "prefill" and again["scheduled"]["a"] == 80 + outputs
+
+
+def test_retraction_picks_the_request_with_fewest_outputs_first(logs):
+    steps, _ = logs["retract_fewest_outputs"]
+    _, s = _retraction(steps)
+    assert s["retracted"] == ["b"]  # b (later, fewer outputs) goes, though its prompt is the longer one
+
+
+def test_the_last_running_request_is_aborted_when_even_it_does_not_fit(logs):
+    # retract_decode keeps at least one request; if that one still fails check_decode_mem it is aborted
+    # ("Out of memory even after retracting all other requests", FINISH_ABORT) and its KV freed.
+    steps, _ = logs["last_request"]
+    end = [s for s in steps if s["aborted"]]
+    assert len(end) == 1 and end[0]["aborted"] == ["a"] and not end[0]["retracted"]
+    assert end[0]["kind"] == "idle" and end[0]["available_tokens"] == 64
+    # it had filled the pool: 64 tokens of KV when the next decode needed a 65th
+    before = steps[steps.index(end[0]) - 1]
+    assert before["available_tokens"] == 0
+
+
+def test_the_chunked_request_is_continued_first_and_page_sized_chunks_fill_the_budget(logs):
+    # _get_new_batch_prefill_raw: adder.add_chunked_req(self.chunked_req) runs before the waiting queue; the
+    # chunk budget left after it (rem_chunk_tokens) admits the next request.
+    steps, _ = logs["chunks"]
+    assert [s["scheduled"] for s in steps[:3]] == [{"a": 128}, {"a": 128}, {"a": 44, "b": 40}]
+    assert [s["chunked"] for s in steps[:3]] == ["a", "a", None]
