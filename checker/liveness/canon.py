@@ -179,6 +179,10 @@ class Canon:
             caps.append((max(priorities) - min(priorities)) * self.period)
         if timeout_ms is not None:
             caps.append(timeout_ms * 1000 // step_us + 1)
+        # Under aging, the holders' queue of a loading connector is kept by the queue's key at time 0
+        # (checker.semantics.transfer.start_load), which reads the absolute clock's phase in the aging period: the
+        # key then ends with it (the iteration's index modulo the period).
+        self.phase = self.period if aging and con.loads and con.holders_first and block_identity else 0
         self.age_cap = max(caps)
         # a request's class by its fields (prompt, output, max_output, priority, tenant; with the cache also its
         # prompt content) -> class id
@@ -401,6 +405,8 @@ class Canon:
             if pool is None:
                 raise InternalError("liveness: a caching policy's state without its block pool")
             self._encode_pool(out, pool, live, held)
+        if self.phase:
+            out.append(next_now_us // self.step_us % self.phase)
         return tuple(out)
 
     def _holding_entry(self, r: Request, next_step: int) -> tuple:
@@ -490,7 +496,8 @@ class Canon:
             pos += m
         else:
             ages = list(range(m, 0, -1))  # distinct, in arrival order: only the order is read
-        now = (ages[0] if m else 0) * step_us
+        first = ages[0] if m else 0
+        now = (first + (key[-1] - first) % self.phase if self.phase else first) * step_us
         s = SchedulerState.__new__(SchedulerState)
         s.policy = self.policy
         s.step = 0
