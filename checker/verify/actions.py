@@ -372,7 +372,41 @@ def prove(policy: Policy, inv: Invariant, params: dict[str, int], env: Environme
         return _failed(started, result.broken_by.get(name, "initial state"))
     kept = sorted(n for n in result.alive["P"] if not n.startswith(("invariant ", NEVER)))
     return InductionResult("proved", time.monotonic() - started, kept, certificate=result.certificate, k=1,
-                           cti=[f"{tier} candidates; {result.summary}"])
+                           cti=[f"{tier} candidates; {result.summary}"], tier=tier,
+                           alive={loc: sorted(names) for loc, names in result.alive.items()})
+
+
+def recheck_rebuilt(policy: Policy, inv: Invariant, params: dict[str, int], env: Environment, tier: str,
+                    alive: dict[str, list[str]], timeout_s: float) -> tuple[str, str]:
+    """Rebuild an action-wise proof from the policy and the candidates that survived (a certificate's binding)
+    and decide it with fresh solvers: the invariant is among the step-boundary candidates, the initial state
+    satisfies them, and each action, from the candidates where it starts, keeps the ones where it ends. Returns
+    ("unsat", "") when the proof holds, else the solver's answer and where ("sat", "the prefix")."""
+    model = ActionModel(policy, _targets(inv, params), env, tier)
+    locations = ["P"] + [f"M{k}" for k in range(len(model.passes))]
+    kept = {loc: set(alive.get(loc, ())) for loc in locations}
+    if target_name(inv, params) not in kept["P"]:
+        return "sat", f"the step-boundary candidates (they do not hold {target_name(inv, params)})"
+    if _false_initially(model, kept["P"]):
+        return "sat", "the initial state"
+    deadline = time.monotonic() + timeout_s
+    for action in model.actions():
+        smt = SmtSession(timeout_ms=max(1, int((deadline - time.monotonic()) * 1000)))
+        pre, post = action.run(smt, "")
+        smt.add(*(fn(pre) for name, fn in model.candidates(action.pre) if name in kept[action.pre]))
+        goals = [fn(post) for name, fn in model.candidates(action.post) if name in kept[action.post]]
+        goal = smt.bool_var("goal_broken")
+        smt.add(smt.implies(goal, Z3Ops.not_(Z3Ops.and_(*goals))))
+        result = smt.check(goal)
+        if result != "unsat":
+            return result, action.name
+    return "unsat", ""
+
+
+def _targets(inv: Invariant, params: dict[str, int]) -> tuple[Target, ...]:
+    """The state invariants proved together (one Houdini run serves all four), in a stable order."""
+    return tuple(sorted([(inv, params)] + [(CATALOGUE[n], {}) for n in STATE_INVARIANTS if n != inv.name],
+                        key=lambda t: target_name(*t)))
 
 
 # A tier not yet run is run for a "never occurs" candidate only if this many times the seconds of the tier
@@ -394,8 +428,7 @@ def _survives(policy: Policy, inv: Invariant, params: dict[str, int], env: Envir
     result), ("dropped", last tier, result) or ("unknown", tier, None) on a timeout (or, with
     ``cost_factor``, when the next tier is not expected to fit the time left)."""
     started = time.monotonic()
-    targets = tuple(sorted([(inv, params)] + [(CATALOGUE[n], {}) for n in STATE_INVARIANTS if n != inv.name],
-                           key=lambda t: target_name(*t)))
+    targets = _targets(inv, params)
     result = None
     for tier in TIERS:
         key = (policy.model_dump_json(), env, tuple(target_name(i, p) for i, p in targets), tier)

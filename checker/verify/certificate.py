@@ -8,9 +8,10 @@ the sha256 of the queries below it. ``recheck`` refuses (exit 2, located) a file
 queries are not the ones the binding hashes, one bound to another policy, invariant or N than the ones given
 (``--policy``, ``--invariant``, ``--requests``), and one whose queries are unsat by themselves: each query is its
 premises and then its goal literal ("the property breaks"), and premises that are unsat without the goal (e.g.
-``(assert false)``) prove nothing. With ``--policy``, a whole-step induction certificate is rebuilt from the policy
-and the binding and must assert the file's terms, in its order (an action-wise one, found by Houdini, is checked by
-its shape and hash). Only then does a fresh solver decide the queries.
+``(assert false)``) prove nothing. With ``--policy`` the proof is rebuilt from the policy and the binding: a whole-step
+induction query must assert the file's terms, in its order; an action-wise proof (found by Houdini) is rebuilt from
+the candidates that survived, listed in the binding per location, and decided by fresh solvers
+(checker.verify.actions.recheck_rebuilt). Then a fresh solver decides the file's queries.
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ class Binding(BaseModel):
     environment: dict
     queries: Annotated[int, Field(ge=1)]
     query_sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+    tier: str = ""  # action-wise: the Houdini candidate tier
+    alive: dict[str, list[str]] = {}  # action-wise: the candidates that survived, per location (P, M0, ...)
 
 
 def _sha256(text: str) -> str:
@@ -56,7 +59,7 @@ def _sha256(text: str) -> str:
 
 
 def render(policy: Policy, inv_name: str, params: dict[str, int], env, method: str, k: int, lemmas: list[str],
-           meaning: str, body: str) -> str:
+           meaning: str, body: str, tier: str = "", alive: dict[str, list[str]] | None = None) -> str:
     """The certificate file: a readable header, the binding line, then the queries (``body``)."""
     from checker.smt.ops import CERTIFICATE_BLOCK
     from checker.verify.counterexample import policy_hash
@@ -64,7 +67,7 @@ def render(policy: Policy, inv_name: str, params: dict[str, int], env, method: s
     binding = Binding(format=FORMAT, policy=policy.name or "", policy_sha256=policy_hash(policy), invariant=inv_name,
                       params=params, requests=env.requests, kv_blocks=policy.kv.num_blocks, method=method, k=k,
                       lemmas=lemmas, environment=env.as_dict(), queries=max(1, body.count(CERTIFICATE_BLOCK)),
-                      query_sha256=_sha256(body))
+                      query_sha256=_sha256(body), tier=tier, alive=alive or {})
     return (f"; batchcheck certificate: {inv_name} for policy {policy.name}, {env.requests} request slots, any depth.\n"
             f"; The {meaning}.\n; Lemmas: {', '.join(lemmas)}\n"
             f"{BINDING}{json.dumps(binding.model_dump(mode='json'), sort_keys=True, separators=(',', ':'))}\n{body}")
@@ -174,11 +177,20 @@ def recheck(path: str | Path, policy: Policy | None = None, policy_file: str | N
                           f"k={binding.k} (rebuilt from the binding: the file was edited, or written by another "
                           "version of batchcheck)")
         checked.append("its query is the one rebuilt from the policy")
-    missing = [] if policy is not None else ["the policy (give --policy POLICY: its hash is compared, and a "
-                                             "whole-step induction query is rebuilt from it)"]
-    if binding.method == "action-wise":
-        missing.append("that its queries are the ones batchcheck builds (action-wise queries come from a Houdini run "
-                       "and are not rebuilt: they are held to their hash and shape)")
+    missing = [] if policy is not None else ["the policy (give --policy POLICY: its hash is compared, and the "
+                                             "queries are rebuilt from it)"]
+    if policy is not None and binding.method == "action-wise":
+        from checker.verify.actions import recheck_rebuilt
+
+        inv, env = _invariant_and_environment(binding, source, line)
+        answer, where = recheck_rebuilt(policy, inv, binding.params, env, binding.tier, binding.alive,
+                                        timeout_ms / 1000)
+        if answer != "unsat":
+            checked.append(f"rebuilt from the policy and the candidates that survived: {where} is not shown to keep "
+                           f"them (the fresh solver says {answer})")
+            return Recheck(source, answer, binding, checked, missing)
+        checked.append(f"its {binding.queries} action queries, rebuilt from the policy and the candidates that "
+                       "survived, are unsat")
     if undecided:
         return Recheck(source, "unknown", binding, checked, missing)
     try:
@@ -189,8 +201,14 @@ def recheck(path: str | Path, policy: Policy | None = None, policy_file: str | N
 
 
 def _rebuilt(policy: Policy, binding: Binding, source: str, line: int) -> str:
-    from checker.verify.env import Environment
     from checker.verify.induction import certificate_query
+
+    inv, env = _invariant_and_environment(binding, source, line)
+    return certificate_query(policy, inv, binding.params, env, binding.k)
+
+
+def _invariant_and_environment(binding: Binding, source: str, line: int):
+    from checker.verify.env import Environment
     from invariants.catalogue import CATALOGUE
 
     inv = CATALOGUE.get(binding.invariant)
@@ -205,4 +223,4 @@ def _rebuilt(policy: Policy, binding: Binding, source: str, line: int) -> str:
         raise _refuse(source, line, "binding.environment", "<invalid>", "the environment as verify records it "
                       "(requests, depth, prompt_tokens, output_tokens, max_output_cap, priorities, tenants, "
                       "cancellations, step_us)") from None
-    return certificate_query(policy, inv, binding.params, env, binding.k)
+    return inv, env

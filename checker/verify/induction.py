@@ -143,6 +143,8 @@ class InductionResult:
     certificate: str = ""  # SMT-LIB2 of the step query (unsat = proof)
     cti: list[str] = field(default_factory=list)  # what breaks, and the state before the step
     k: int = 1  # the induction depth that proved it
+    tier: str = ""  # action-wise: the Houdini candidate tier that proved it
+    alive: dict[str, list[str]] = field(default_factory=dict)  # action-wise: the surviving candidates per location
 
 
 def _symbolic_state(smt: SmtSession, env: Environment, n: int, tag: str):

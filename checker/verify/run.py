@@ -216,13 +216,14 @@ def _try_actionwise(policy: Policy, inv: Invariant, params: dict[str, int], env:
                       lemmas=len(result.lemmas), method=f"action-wise induction: {result.cti[0]}", notes=[how])
     checked.certificate = _write_certificate(policy, inv, params, env, proof_dir, result.certificate,
                                              "queries below are each unsat iff each scheduler action keeps the lemmas "
-                                             "(action-wise induction)", result.lemmas, "action-wise", 1)
+                                             "(action-wise induction)", result.lemmas, "action-wise", 1,
+                                             result.tier, result.alive)
     return checked
 
 
 def _write_certificate(policy: Policy, inv: Invariant, params: dict[str, int], env: Environment,
                        proof_dir: Path | None, body: str, meaning: str, lemma_names: list[str], method: str,
-                       k: int) -> Path | None:
+                       k: int, tier: str = "", alive: dict[str, list[str]] | None = None) -> Path | None:
     """The certificate, bound to the policy's hash, the invariant, N and the method (checker/verify/certificate.py)."""
     from checker.verify import certificate
 
@@ -230,7 +231,7 @@ def _write_certificate(policy: Policy, inv: Invariant, params: dict[str, int], e
         return None
     path = proof_dir / f"{safe_name(policy.name, 'policy')}__{safe_name(inv.name)}__N{env.requests}.smt2"
     cex.write_atomic(path, certificate.render(policy, inv.name, {**inv.defaults, **params}, env, method, k,
-                                              lemma_names, meaning, body))
+                                              lemma_names, meaning, body, tier, alive))
     return path
 
 

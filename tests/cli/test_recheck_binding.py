@@ -31,6 +31,18 @@ def certificate(tmp_path_factory) -> Path:
     return Path(result.certificate)
 
 
+@pytest.fixture(scope="module")
+def actionwise(tmp_path_factory) -> Path:
+    """An action-wise induction certificate of request_conservation for vllm_v1, N=2."""
+    from checker.api import run_verify
+
+    folder = tmp_path_factory.mktemp("proofs")
+    _, (result,) = run_verify(V1, ["request_conservation"], 2, 2, 60.0, None, folder / "cex", (1, 2048),
+                              unbounded=True, proof_dir=folder)
+    assert result.certificate is not None and "action-wise" in result.method
+    return Path(result.certificate)
+
+
 def _rebound(path: Path, target: Path, body: str, **changes) -> Path:
     """``path``'s binding over another body (its hash recomputed, as someone editing by hand would)."""
     head, _, _ = path.read_text().partition(BINDING)
@@ -144,3 +156,25 @@ def test_malformed_bindings_and_queries_are_located(capsys, tmp_path, certificat
     code, _, err = run(capsys, "recheck", str(cert))
     assert code == 2 and err.startswith(f"batchcheck: error: {cert}: queries[0]=<unparsable> (expected SMT-LIB2 that "
                                         "z3 reads (")
+
+
+def test_an_action_wise_proof_is_rebuilt_from_the_policy_and_its_surviving_candidates(capsys, tmp_path, actionwise):
+    code, out, _ = run(capsys, "recheck", str(actionwise), "--policy", V1)
+    assert code == 0
+    assert out.splitlines()[-1] == ("  checked: its 5 action queries, rebuilt from the policy and the candidates that "
+                                    "survived, are unsat")
+    line = actionwise.read_text().split(BINDING, 1)[1].split("\n", 1)[0]
+    alive = json.loads(line)["alive"]
+    without = {**alive, "P": [n for n in alive["P"] if n != "invariant request_conservation"]}
+    cert = _rebound(actionwise, tmp_path / "no_target.smt2", _body(actionwise), alive=without)
+    code, out, _ = run(capsys, "recheck", str(cert), "--policy", V1)
+    assert code == 1
+    assert out.splitlines()[0] == f"{cert}: certificate does NOT hold (the fresh solver says sat)"
+    assert out.splitlines()[-1] == ("  checked: rebuilt from the policy and the candidates that survived: the "
+                                    "step-boundary candidates (they do not hold invariant request_conservation) is not "
+                                    "shown to keep them (the fresh solver says sat)")
+    vacuous = "(declare-fun goal_broken () Bool)\n(assert (=> goal_broken false))\n(assert goal_broken)\n"
+    emptied = {loc: [n for n in names if n.startswith("invariant ")] for loc, names in alive.items()}
+    cert = _rebound(actionwise, tmp_path / "emptied.smt2", vacuous, queries=1, alive=emptied)
+    code, out, _ = run(capsys, "recheck", str(cert), "--policy", V1)  # no lemma left: some action breaks it
+    assert code == 1 and "is not shown to keep them (the fresh solver says sat)" in out.splitlines()[-1]
