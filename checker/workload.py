@@ -174,6 +174,32 @@ class Sessions(_Strict):
     think_time_ms: Annotated[float, Field(ge=0, le=1e9)]
 
 
+class ExternalKV(_Strict):
+    """With a KV connector (policy.connector): requests of the class whose prompt an external tier (a CPU
+    offload, a prefill node) holds, and how their transfers go. Draws come from a stream of their own, so the
+    class's other draws are the same with or without this section."""
+
+    fraction: Annotated[float, Field(ge=0, le=1)]
+    """Share of the class's requests with an external hit."""
+    prefix_share: Annotated[float, Field(gt=0, le=1)] = 1.0
+    """How much of the prompt the tier holds (rounded down to a token, at least one)."""
+    load_steps: Length = Field(default_factory=lambda: Fixed(dist="fixed", value=1))
+    """Steps a load takes (a load started in step t is reported in the output of step t + load_steps - 1)."""
+    lost: Annotated[float, Field(ge=0, le=1)] = 0.0
+    """Probability that a load (or, on a prefill node, a send) is never reported."""
+    send_steps: Annotated[int, Field(ge=0, le=MAX_TOKENS)] = 0
+    """On a prefill node: steps after a finish (plus one) until the decode side confirms the transfer."""
+
+    def draw(self, rng: random.Random, prompt: int) -> dict:
+        """RequestSpec connector fields for one request (nothing for a request without an external hit)."""
+        lost = rng.random() < self.lost
+        fields: dict = {"send_steps": None if lost else self.send_steps} if self.send_steps or lost else {}
+        if rng.random() < self.fraction:
+            steps = self.load_steps.sample(rng)
+            fields.update(external_tokens=max(1, int(prompt * self.prefix_share)), load_steps=None if lost else steps)
+        return fields
+
+
 class RequestClass(_Strict):
     name: Annotated[str, Field(min_length=1)]
     priority: Annotated[int, Field(ge=-1_000_000, le=1_000_000)] = 0
@@ -190,6 +216,8 @@ class RequestClass(_Strict):
     """Requests start with one of a few system prompts (prefix caching can share them)."""
     sessions: Sessions | None = None
     """Requests are the turns of multi-turn conversations, each prompt extending the previous one."""
+    external_kv: ExternalKV | None = None
+    """With a KV connector: an external-hit fraction and the transfers' latency (ignored without one)."""
 
     @model_validator(mode="after")
     def _consistent(self) -> RequestClass:
@@ -240,13 +268,14 @@ def generate(w: Workload) -> list[RequestSpec]:
     names = TokenNames()
     for ci, c in enumerate(w.classes):
         rng = random.Random(f"{w.seed}/{ci}/{c.name}")
+        external = None if c.external_kv is None else (c.external_kv, random.Random(f"{w.seed}/{ci}/{c.name}/external"))
         stop = min(stop_all, c.stop_ms) if c.stop_ms is not None else stop_all
         for t in c.arrival.times_ms(rng, c.start_ms, stop):
             if c.sessions is None and c.shared_prefix is None:  # the request's own tokens (no content needed)
                 prompt = c.prompt_tokens.sample(rng)
                 output = c.output_tokens.sample(rng)
                 rows.append((t, ci, prompt, output, c.max_output, c.priority, tenants[c.tenant],
-                             _cancel(c, rng, t), None))
+                             _cancel(c, rng, t), None, _transfer(external, prompt)))
                 continue
             content: PromptContent = ()
             if c.shared_prefix is not None:
@@ -261,7 +290,7 @@ def generate(w: Workload) -> list[RequestSpec]:
                 prompt = sum(n for _, n in content)
                 if arrival < stop:
                     rows.append((arrival, ci, prompt, output, c.max_output, c.priority, tenants[c.tenant],
-                                 _cancel(c, rng, arrival), content))
+                                 _cancel(c, rng, arrival), content, _transfer(external, prompt)))
                 previous_output = output
     rows.sort(key=lambda row: (row[0], row[1]))
     if w.max_requests is not None:
@@ -269,9 +298,13 @@ def generate(w: Workload) -> list[RequestSpec]:
     return [
         RequestSpec(rid=i, arrival_us=round(t * 1000), prompt_len=prompt, output_len=output,
                     max_output=max_out, priority=prio, tenant=tenant, cls=ci,
-                    cancel_us=None if cancel is None else round(cancel * 1000), content=content)
-        for i, (t, ci, prompt, output, max_out, prio, tenant, cancel, content) in enumerate(rows)
+                    cancel_us=None if cancel is None else round(cancel * 1000), content=content, **transfer)
+        for i, (t, ci, prompt, output, max_out, prio, tenant, cancel, content, transfer) in enumerate(rows)
     ]
+
+
+def _transfer(external: tuple[ExternalKV, random.Random] | None, prompt: int) -> dict:
+    return {} if external is None else external[0].draw(external[1], prompt)
 
 
 def _cancel(c: RequestClass, rng: random.Random, t: float) -> float | None:

@@ -24,7 +24,8 @@ from checker.errors import InputError, InternalError, Problem
 from checker.fuzz import counterexample as fuzz_cex
 from checker.fuzz.seeds import SeedCorpus, seed_corpus, shrink
 from checker.fuzz.slo import Outcome, Property, evaluate, load_slo
-from checker.fuzz.strategies import STRESSES, Draw, adversarial, ranges, request_maker, to_requests
+from checker.fuzz.strategies import (CONNECTOR_STRESSES, STRESSES, Draw, adversarial, default_stresses, ranges,
+                                     request_maker, to_requests)
 from checker.inputfiles import PolicyInput, load_policy, policy_source, trace_requests
 from checker.metrics import lazy_summary
 from checker.policy import Policy
@@ -200,6 +201,10 @@ def run_fuzz(policy: PolicyInput, workload: str | Path, slo: str | Path | None =
     for name in stresses or []:
         if name not in STRESSES:
             raise InputError(Problem("--stress", name, "one of: " + ", ".join(STRESSES)))
+        if name in CONNECTOR_STRESSES and not pol.connector.loads:
+            raise InputError(Problem("--stress", name, "a stress the policy can feel: it draws loads from an external "
+                                     "KV tier, and the policy has no loading connector (connector.kind offload, "
+                                     "decode_node or both)"))
     prof = load_profile(profile)
     corpus = None
     if seed_trace is not None:
@@ -216,7 +221,7 @@ def run_fuzz(policy: PolicyInput, workload: str | Path, slo: str | Path | None =
         if result.violated and out_dir is not None:
             requests = to_requests(result.trace, wl, "fuzz")
             search = {"seed": seed, "max_examples": max_examples, "examples_run": result.examples,
-                      "stresses": stresses or list(STRESSES), "max_requests_per_stress": max_requests,
+                      "stresses": stresses or default_stresses(pol), "max_requests_per_stress": max_requests,
                       "workload": str(workload), "slo": str(slo_path)}
             if seed_trace is not None:
                 search.update(seed_trace=str(seed_trace), seed_windows_run=result.seeds_run,

@@ -34,6 +34,8 @@ class Draw(NamedTuple):
     prompt: int
     output: int
     cancel_after_ms: int | None = None
+    external_tokens: int = 0  # with a KV connector: the prompt prefix an external tier holds
+    load_steps: int | None = 1  # steps its load takes (None: it is never reported)
 
 
 @dataclass(frozen=True)
@@ -249,9 +251,63 @@ def priority_stream(r: Ranges, policy: Policy, n: int, min_size: int = 1, cap: i
     return _records(CANCEL, min_size, n, cap, decode)
 
 
+def _transfer_fields(r: Ranges, policy: Policy, b: bytes, at: int) -> tuple[int, int, Scale]:
+    """Record bytes at ``at``: the share of the prompt held externally (3/4 to all of it) and the load's
+    latency: 1 .. 2 * max_load_steps, the top value a load that is never reported (0: the simplest, one step)."""
+    top = 2 * policy.connector.max_load_steps
+    steps = _scale(1, top + 1, 8)(b[at + 1])
+    return b[at], steps, _scale(0, 0)
+
+
+def _with_load(d: Draw, share: int, steps: int, top: int) -> Draw:
+    held = d.prompt - (d.prompt * (255 - share)) // 1020  # 3/4 of the prompt (share 0xff) .. all of it (share 0)
+    return d._replace(external_tokens=max(1, held), load_steps=None if steps > top else steps)
+
+
+def slow_or_lost_transfers(r: Ranges, policy: Policy, n: int, min_size: int = 1, cap: int | None = None
+                           ) -> st.SearchStrategy[list[Draw]]:
+    """Every request with an external hit (most of its prompt) whose load takes up to twice the policy's
+    longest transfer, or is never reported; arrivals close together, so loads pile up on the pool."""
+    classes = len(r.prompt)
+    gaps, prompt, output = _per_class([(0, max(1, m // 2)) for m in r.mean_gap_ms]), _per_class(r.prompt), _per_class(r.output)
+    top = 2 * policy.connector.max_load_steps
+
+    def decode(b: bytes) -> Draw:
+        c = (b[0] * classes) >> 8
+        d = Draw(gaps[c]((b[1] << 8) | b[2]), c, prompt[c]((b[3] << 8) | b[4]), output[c]((b[5] << 8) | b[6]))
+        share, steps, _ = _transfer_fields(r, policy, b, CANCEL)
+        return _with_load(d, share, steps, top)
+    return _records(CANCEL + 2, min_size, n, cap, decode)
+
+
+def abort_during_load(r: Ranges, policy: Policy, n: int, min_size: int = 1, cap: int | None = None
+                      ) -> st.SearchStrategy[list[Draw]]:
+    """Requests with an external hit and a slow or lost load, cancelled within 50 ms of arriving (while the
+    load is in flight, before or after it is reported)."""
+    classes = len(r.prompt)
+    gaps, prompt, output = _per_class([(0, m) for m in r.mean_gap_ms]), _per_class(r.prompt), _per_class(r.output)
+    top = 2 * policy.connector.max_load_steps
+    early = _scale(0, 50, 8)
+
+    def decode(b: bytes) -> Draw:
+        c = (b[0] * classes) >> 8
+        d = Draw(gaps[c]((b[1] << 8) | b[2]), c, prompt[c]((b[3] << 8) | b[4]), output[c]((b[5] << 8) | b[6]),
+                 early(b[CANCEL + 2]))
+        share, steps, _ = _transfer_fields(r, policy, b, CANCEL)
+        return _with_load(d, share, steps, top)
+    return _records(CANCEL + 3, min_size, n, cap, decode)
+
+
 STRESSES: dict[str, Stress] = {f.__name__: f for f in (
     plain, long_prefill_bursts, max_outputs, tenant_skew, late_cancellations, kv_fragmentation,
-    saturate_prefill, saturate_decode, exhaust_slots, priority_stream)}
+    saturate_prefill, saturate_decode, exhaust_slots, priority_stream, slow_or_lost_transfers, abort_during_load)}
+# Stresses that only mean something under a loading KV connector (policy.connector): drawn by default only there,
+# so the default search of every other policy stays as it was.
+CONNECTOR_STRESSES = ("slow_or_lost_transfers", "abort_during_load")
+
+
+def default_stresses(policy: Policy) -> list[str]:
+    return [name for name in STRESSES if policy.connector.loads or name not in CONNECTOR_STRESSES]
 
 
 def adversarial(w: Workload, policy: Policy, max_requests: int = 20, stresses: list[str] | None = None,
@@ -260,7 +316,7 @@ def adversarial(w: Workload, policy: Policy, max_requests: int = 20, stresses: l
     requests (the trace at most ``max_segments * max_requests``); the first segment has at least
     ``min_requests`` (bench/fuzz_speed.py measures 20-request traces with min = max = 20, one segment)."""
     r = ranges(w)
-    chosen = [STRESSES[name] for name in (stresses or list(STRESSES))]
+    chosen = [STRESSES[name] for name in (stresses or default_stresses(policy))]
     cap = max_segments * max(max_requests, min_requests)
 
     def segment(low: int) -> st.SearchStrategy[list[Draw]]:
@@ -297,7 +353,7 @@ def request_maker(w: Workload) -> Callable[[list[Draw], str], RequestSet]:
                 prompt += shared.tokens
             specs.append(RequestSpec(rid, arrival, prompt, d.output, max(max_output, d.output), priority, tenant,
                                      d.cls, None if d.cancel_after_ms is None else arrival + d.cancel_after_ms * 1000,
-                                     content))
+                                     content, min(d.external_tokens, prompt), d.load_steps))
         return RequestSet(specs, class_names, tenant_names, source)
     return make
 

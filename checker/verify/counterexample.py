@@ -19,6 +19,7 @@ from checker.loading import load_document
 from checker.policy import Policy
 from checker.semantics.state import Status
 from checker.requests import RequestSpec
+from checker.traces import TRANSFER_FIELDS, transfer_fields
 
 FORMAT = "batchcheck-counterexample"
 ITF_DESCRIPTION = "https://apalache-mc.org/docs/adr/015adr-trace.html"  # the trace format of "vars" and "states"
@@ -29,6 +30,7 @@ STATUS_NAMES = {int(s): s.name for s in Status}
 # of the hash at that value, so files recorded earlier (counterexamples, certificates) keep their hash.
 LATER_FIELDS = (("chunking", "threshold_when_alone", True), ("chunking", "threshold_adaptive", False),
                 ("kv", "prefix_caching", {"enabled": False, "count_evictable_hits": True, "chained_hashes": True}))
+LATER_SECTIONS = (("connector", Policy.model_fields["connector"].default_factory().model_dump(mode="json")),)
 
 
 def policy_hash(policy: Policy) -> str:
@@ -36,6 +38,9 @@ def policy_hash(policy: Policy) -> str:
     for section, name, unchanged in LATER_FIELDS:
         if data[section].get(name) == unchanged:
             del data[section][name]
+    for section, unchanged in LATER_SECTIONS:
+        if data.get(section) == unchanged:
+            del data[section]
     canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()
 
@@ -44,7 +49,8 @@ def requests_json(specs: list[RequestSpec]) -> list[dict]:
     return [{"id": s.rid, "arrival_ms": s.arrival_us / 1000, "prompt_tokens": s.prompt_len,
              "output_tokens": s.output_len, "max_output_tokens": s.max_output, "priority": s.priority,
              "tenant": s.tenant, "cancel_after_ms": None if s.cancel_us is None else (s.cancel_us - s.arrival_us) / 1000,
-             **({} if s.content is None else {"prompt_runs": [list(run) for run in s.content]})}
+             **({} if s.content is None else {"prompt_runs": [list(run) for run in s.content]}),
+             **transfer_fields(s)}
             for s in specs]
 
 
@@ -58,7 +64,8 @@ def specs_from_json(rows: list[dict]) -> list[RequestSpec]:
                                  priority=row.get("priority", 0), tenant=row.get("tenant", 0), cls=0,
                                  cancel_us=None if cancel is None else arrival + round(cancel * 1000),
                                  content=None if row.get("prompt_runs") is None
-                                 else tuple((int(a), int(n)) for a, n in row["prompt_runs"])))
+                                 else tuple((int(a), int(n)) for a, n in row["prompt_runs"]),
+                                 **{k: row[k] for k in TRANSFER_FIELDS if k in row}))
     return specs
 
 
