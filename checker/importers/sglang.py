@@ -64,6 +64,9 @@ OPTIONS = [
     _o("enable-dp-attention", "bool"),
     _o("speculative-algorithm", "str"),
     _o("kv-cache-dtype", "str"),
+    _o("disaggregation-mode", "choice", choices=("null", "prefill", "decode")),
+    _o("disaggregation-transfer-backend", "str"),
+    _o("enable-hierarchical-cache", "bool"),
     # environment variables (KEY=VALUE on the command line)
     _o("SGLANG_REQ_WAITING_TIMEOUT", "float"),
     _o("SGLANG_REQ_RUNNING_TIMEOUT", "float"),
@@ -255,6 +258,17 @@ def _refusals(given: Given, draft: Draft) -> None:
     arg = given.take("speculative-algorithm")
     if arg is not None:
         raise refuse(arg, "no speculative decoding: draft tokens per step are not modelled")
+    mode, backend = given.take("disaggregation-mode"), given.take("disaggregation-transfer-backend")
+    if mode is not None and mode.value != "null":
+        raise refuse(mode, "null: SGLang's disaggregation queues (the decode side's prealloc and transfer queues, "
+                     "which reserve KV before the transfer; the prefill side's bootstrap and inflight queues) are not "
+                     "modelled; batchcheck's connector model follows vLLM 0.33's rules (docs/semantics.md)")
+    if backend is not None:
+        draft.ignore(backend, "no effect without --disaggregation-mode prefill or decode")
+    arg = given.take("enable-hierarchical-cache")
+    if arg is not None and arg.value:
+        raise refuse(arg, "false: HiCache's host-memory KV tier (loads back into the device pool) is not modelled "
+                     "for SGLang")
     arg = given.take("SGLANG_REQ_RUNNING_TIMEOUT")
     if arg is not None and arg.value > 0:
         raise refuse(arg, "0: a timeout on running requests is not modelled (only queue timeouts)")

@@ -607,3 +607,20 @@ def test_vllm_connector_flags_the_model_lacks_are_refused_by_name(flags, message
     with pytest.raises(InputError) as err:
         import_policy("vllm", ["--max-model-len", "4096", "--num-gpu-blocks-override", "101"] + flags)
     assert message in str(err.value)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--disaggregation-mode", "decode"], "--disaggregation-mode='decode' (expected null: SGLang's disaggregation queues"),
+    (["--disaggregation-mode", "prefill"], "--disaggregation-mode='prefill' (expected null: SGLang's disaggregation"),
+    (["--enable-hierarchical-cache"], "--enable-hierarchical-cache=True (expected false: HiCache's host-memory KV tier"),
+])
+def test_sglang_disaggregation_and_hicache_are_refused_by_name(flags, message):
+    with pytest.raises(InputError) as err:
+        import_policy("sglang", ["--context-length", "4096", "--max-total-tokens", "20000"] + flags)
+    assert message in str(err.value)
+
+
+def test_sglang_disaggregation_mode_null_is_the_plain_server():
+    result = import_policy("sglang", ["--context-length", "4096", "--max-total-tokens", "20000",
+                                      "--disaggregation-mode", "null"])
+    assert result.policy.connector.kind.value == "none"
