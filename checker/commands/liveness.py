@@ -7,7 +7,8 @@ import json
 
 from checker.commands.shell import SECONDS, STEP_MS, number, terminal_progress
 from checker.liveness.canon import IDENTITY_TOKENS
-from checker.liveness.lasso import PROPERTIES
+from checker.liveness.explore import external_choice
+from checker.liveness.lasso import ALL_PROPERTIES
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -35,6 +36,18 @@ def _identities(text: str) -> tuple:
     return tuple(IDENTITY_TOKENS[n] for n in dict.fromkeys(names))
 
 
+def _external(text: str) -> tuple[int, ...]:
+    """none,block,all or token counts: the external hits of a KV connector's arrivals (LivenessEnv.external)."""
+    try:
+        values = tuple(dict.fromkeys(external_choice(p.strip()) for p in text.split(",") if p.strip()))
+    except ValueError:
+        values = ()
+    if not values:
+        raise argparse.ArgumentTypeError(f"{text!r} (expected external hits among none, block, all (the whole prompt) "
+                                         "or token counts >= 0, e.g. none,block,all)")
+    return values
+
+
 def run(args: argparse.Namespace) -> int:
     """Explore, check and print (the liveness verb and ``verify --liveness``)."""
     from checker.api import run_liveness
@@ -42,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     report = run_liveness(args.policy, args.property, args.requests, args.prompts, args.outputs, args.priorities,
                           args.tenants, args.cancellations, args.arrivals_per_step, args.step_ms, args.set,
                           args.max_states, args.timeout, args.out, terminal_progress(), args.jobs,
-                          identities=args.identities)
+                          identities=args.identities, external=args.external)
     terminal_progress.clear()
     code = report.exit_code()
     if args.json:
@@ -67,17 +80,22 @@ DESCRIPTION = ("Enumerate every reachable state of the policy with a bounded num
 
 # The options of the instance that only the liveness check reads (verify --liveness takes them too).
 INSTANCE_OPTIONS = ("property", "prompts", "outputs", "priorities", "tenants", "cancellations", "arrivals_per_step",
-                    "identities", "set", "max_states", "jobs")
+                    "identities", "external", "set", "max_states", "jobs")
 
 
 def add_instance_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--property", action="append", choices=PROPERTIES, metavar="NAME",
-                   help="eventually_served, no_livelock or no_deadlock (repeatable; default: all three)")
+    p.add_argument("--property", action="append", choices=ALL_PROPERTIES, metavar="NAME",
+                   help="eventually_served, no_livelock, no_deadlock or no_hold_and_wait (repeatable; default: the first "
+                   "three, and no_hold_and_wait with a KV connector)")
     p.add_argument("--prompts", type=_ints, metavar="LIST", help="prompt lengths, e.g. 16,600 (default: one KV block; "
                    "two with prefix caching)")
     p.add_argument("--identities", type=_identities, metavar="LIST", help="prefix caching: the prompt identities a "
                    "request's prompt is drawn from, among own (its own tokens), g0, g1 (prefix groups 0 and 1) and "
                    "g0+1 (group 0 from its second block) (default g0: requests share their common prefix)")
+    p.add_argument("--external", type=_external, metavar="LIST", help="a KV connector that loads: the external hits an "
+                   "arrival may have, among none, block (its first KV block), all (its whole prompt) and token counts "
+                   "(default none,block,all); load latencies come from connector.max_load_steps and "
+                   "connector.transfers_may_hang")
     p.add_argument("--outputs", type=_ints, default=(1, 2), metavar="LIST", help="output lengths (default 1:2)")
     p.add_argument("--priorities", type=_ints, metavar="LIST",
                    help="priorities (default 0,1 when the policy reads priorities, else 0)")

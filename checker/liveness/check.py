@@ -12,7 +12,7 @@ from checker.exitcodes import ExitCode
 from checker.inputfiles import PolicyInput, apply_overrides, load_policy, policy_source
 from checker.liveness.canon import STATUS_AT, identities_need_the_cache, live_field
 from checker.liveness.explore import (DEFAULT_MAX_STATES, Choice, LivenessEnv, StateGraph, Transition, explore,
-                                      external_name, instance_env, live_positions, make_canon)
+                                      EXTERNAL_BLOCK, external_name, instance_env, live_positions, make_canon)
 from checker.liveness.lasso import (ALL_PROPERTIES, EVENTUALLY_SERVED, NO_HOLD_AND_WAIT, STATEMENTS, Lasso,
                                     StarvationBound, default_properties, find_lasso, starvation_bound)
 from checker.liveness.properties import LIVENESS
@@ -332,7 +332,8 @@ def run_liveness(policy: PolicyInput, properties: list[str] | None = None, reque
     eventually_served, no_livelock and no_deadlock on it (docs/liveness.md); returns a LivenessReport.
     Defaults: prompts of one KV block (two with prefix caching), priorities 0 and 1 when the policy reads
     priorities (else 0), prompt identities (prefix caching only) DEFAULT_IDENTITIES; with a loading KV connector,
-    ``external`` hits (tokens; explore.EXTERNAL_ALL: the whole prompt) none, the first block and the whole prompt,
+    ``external`` hits (tokens; explore.EXTERNAL_ALL: the whole prompt, EXTERNAL_BLOCK: one block; default none, the
+    first block and the whole prompt),
     load latencies from the policy's connector section (explore.instance_env).
     ``jobs`` > 1 explores with that many worker processes (the same graph)."""
     for name in properties or []:
@@ -363,6 +364,8 @@ def liveness_env(pol: Policy, requests: int = 2, prompts: tuple[int, ...] | None
         raise InputError(Problem("--external", ",".join(map(external_name, external)),
                                  "only with a KV connector that loads (connector.kind offload or decode_node; without one "
                                  "a request's external hit is never read)"))
+    if external is not None:  # "block": the policy's block size
+        external = tuple(pol.kv.block_size if e == EXTERNAL_BLOCK else e for e in external)
     prompt = pol.kv.block_size * (2 if caching else 1)  # with the cache: a block a fresh request can hit
     env = LivenessEnv(requests, tuple(prompts or (prompt,)), tuple(outputs),
                       tuple(priorities or ((0, 1) if reads_priority else (0,))), tenants, cancellations,

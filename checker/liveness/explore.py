@@ -46,14 +46,13 @@ TERMINAL_STATUSES = frozenset({Status.FINISHED, Status.REJECTED, Status.CANCELLE
 LIVE_STATUSES = frozenset({Status.WAITING, Status.SWAPPED, Status.RUNNING, Status.LOADING})
 # An external hit of the whole prompt (LivenessEnv.external); names of external hits as the liveness options write them
 EXTERNAL_ALL = -1
-EXTERNAL_NAMES = {"none": 0, "all": EXTERNAL_ALL}  # and "block": the policy's block size (external_choice)
+EXTERNAL_BLOCK = -2  # the policy's block size: check.liveness_env resolves it (LivenessEnv holds token counts and ALL)
+EXTERNAL_NAMES = {"none": 0, "block": EXTERNAL_BLOCK, "all": EXTERNAL_ALL}
 
 
-def external_choice(token: str, block_size: int) -> int:
+def external_choice(token: str) -> int:
     """An external hit as the options write it: none, block (the first KV block), all (the whole prompt), or a
     token count; ValueError for anything else."""
-    if token == "block":
-        return block_size
     if token in EXTERNAL_NAMES:
         return EXTERNAL_NAMES[token]
     value = int(token)
@@ -63,7 +62,7 @@ def external_choice(token: str, block_size: int) -> int:
 
 
 def external_name(value: int) -> str:
-    return "all" if value == EXTERNAL_ALL else "none" if value == 0 else str(value)
+    return {0: "none", EXTERNAL_ALL: "all", EXTERNAL_BLOCK: "block"}.get(value, str(value))
 
 
 @dataclass(frozen=True)
@@ -169,8 +168,8 @@ class LivenessEnv:
                 "cancellations": self.cancellations, "arrivals_per_step": self.arrivals_per_step,
                 "step_us": self.step_us,
                 **({} if self.identities is None else {"prompt_identities": [identity_token(i) for i in self.identities]}),
-                **{name: list(values) for name, values in (("external_tokens", self.external),
-                                                           ("load_steps", self.load_steps),
+                **({} if self.external is None else {"external_tokens": list(map(external_name, self.external))}),
+                **{name: list(values) for name, values in (("load_steps", self.load_steps),
                                                            ("send_steps", self.send_steps)) if values is not None}}
 
 
