@@ -31,7 +31,8 @@ Each step s:
   3. ``get_next_batch_to_run(running_batch, last_batch)`` is called (the body of ``event_loop_normal``),
   4. the fake forward + result processing runs on the batch; no batch -> ``on_idle``'s ratio reset.
 Output: one JSON line per step (stdout or --out):
-  {"step", "kind": prefill|decode|mixed|idle, "scheduled": {id: tokens}, "retracted": [ids], "finished": [ids],
+  {"step", "kind": prefill|decode|mixed|idle, "scheduled": {id: tokens}, "retracted": [ids], "preempted": [ids],
+   "finished": [ids],
    "aborted": [ids], "running", "waiting", "available_tokens", "evictable_tokens", "protected_tokens",
    "new_token_ratio", "chunked": id|null}
 and a JSON summary on stderr (steps, steps/s of the scheduling loop, setup seconds).
@@ -193,6 +194,7 @@ def parse_args(argv=None):
     ap.add_argument("--enable-priority-scheduling", action="store_true")
     ap.add_argument("--schedule-low-priority-values-first", action="store_true")
     ap.add_argument("--priority-scheduling-preemption-threshold", type=int, default=10)
+    ap.add_argument("--disable-priority-preemption", action="store_true")
     ap.add_argument("--ignore-eos", action="store_true",
                     help="requests set ignore_eos (then the new-token ratio does not apply to them, and with the "
                          "radix cache disabled add_one_req_ignore_eos is used)")
@@ -265,7 +267,7 @@ def sglang():
 _SERVER_ARG_FLAGS = (
     "page_size", "max_running_requests", "chunked_prefill_size", "max_prefill_tokens", "schedule_policy",
     "schedule_conservativeness", "disable_radix_cache", "enable_mixed_chunk", "enable_priority_scheduling",
-    "schedule_low_priority_values_first", "priority_scheduling_preemption_threshold",
+    "schedule_low_priority_values_first", "priority_scheduling_preemption_threshold", "disable_priority_preemption",
 )
 
 
@@ -276,8 +278,15 @@ def server_args(sg, args, model_dir):
                          context_length=args.max_context_len, **fields)
 
 
+def pool_tokens(args) -> int:
+    """model_executor/pool_configurator.py rounds max_total_num_tokens down to whole pages."""
+    return args.pool_tokens // args.page_size * args.page_size
+
+
 def build_pools(sg, args):
     import torch
+
+    total = pool_tokens(args)
 
     req_pool = sg.ReqToTokenPool(
         size=args.req_pool_size or args.max_running_requests,
@@ -286,13 +295,13 @@ def build_pools(sg, args):
         enable_memory_saver=False,
     )
     kv = sg.MHATokenToKVPool(
-        args.pool_tokens, page_size=args.page_size, dtype=torch.float16, head_num=1, head_dim=1, layer_num=1,
+        total, page_size=args.page_size, dtype=torch.float16, head_num=1, head_dim=1, layer_num=1,
         device="cpu", enable_memory_saver=False, enable_alt_stream=False,
     )
     if args.page_size == 1:
-        allocator = sg.TokenToKVPoolAllocator(args.pool_tokens, torch.float16, "cpu", kv, need_sort=False)
+        allocator = sg.TokenToKVPoolAllocator(total, torch.float16, "cpu", kv, need_sort=False)
     else:
-        allocator = sg.PagedTokenToKVPoolAllocator(args.pool_tokens, args.page_size, torch.float16, "cpu", kv,
+        allocator = sg.PagedTokenToKVPoolAllocator(total, args.page_size, torch.float16, "cpu", kv,
                                                    need_sort=False)
     return req_pool, allocator
 
@@ -336,8 +345,8 @@ def make_scheduler(sg, args, sa):
             self.enable_priority_scheduling = args.enable_priority_scheduling
             self.schedule_low_priority_values_first = args.schedule_low_priority_values_first
             self.priority_scheduling_preemption_threshold = args.priority_scheduling_preemption_threshold
-            self.enable_priority_preemption = args.enable_priority_scheduling and sa.enable_priority_preemption \
-                if hasattr(sa, "enable_priority_preemption") else False
+            # init_schedule_policy: preemption is on by default under priority scheduling
+            self.enable_priority_preemption = args.enable_priority_scheduling and not args.disable_priority_preemption
             self.abort_on_priority_when_disabled = False
             self.new_token_ratio_tracker = sg.NewTokenRatioTracker.from_config()
             self.policy = SchedulePolicy(
@@ -428,6 +437,11 @@ def new_req(sg, rid, prompt, output_tokens, priority, ignore_eos):
 
 
 _RETRACTED: list = []
+_PREEMPTED: list = []
+
+
+def _is_abort(req) -> bool:
+    return type(req.finished_reason).__name__ == "FINISH_ABORT"
 
 
 def record_retractions(sg):
@@ -445,12 +459,21 @@ def record_retractions(sg):
     retract_decode._driver_wrapped = True
     sg.ScheduleBatch.retract_decode = retract_decode
 
+    real_preempt = sg.schedule_policy.PrefillAdder.preempt_to_schedule
+
+    def preempt_to_schedule(self, req):
+        before = len(self.preempt_list)
+        ok = real_preempt(self, req)
+        _PREEMPTED.extend(r.rid[:-1] for r in self.preempt_list[before:])
+        return ok
+
+    sg.schedule_policy.PrefillAdder.preempt_to_schedule = preempt_to_schedule
+
 
 def fake_forward(sg, sched, batch):
     """The model step and process_batch_result_{prefill,decode}'s request/KV handling
     (managers/scheduler_components/batch_result_processor.py) for a normal (non-overlap) loop."""
     allocator = sched.token_to_kv_pool_allocator
-    finished = []
     allocator.free_group_begin()
     if batch.forward_mode.is_decode():
         for req in batch.reqs:
@@ -458,7 +481,6 @@ def fake_forward(sg, sched, batch):
             req.update_finish_state(1)
             if req.finished():
                 sg.release_kv_cache(req, sched.tree_cache, checkpoint=True)
-                finished.append(req)
     else:
         decoding = batch.decoding_reqs or []
         for req in batch.reqs:
@@ -469,7 +491,6 @@ def fake_forward(sg, sched, batch):
                 req.update_finish_state()
                 if req.finished():
                     sg.release_kv_cache(req, sched.tree_cache, checkpoint=True)
-                    finished.append(req)
                 elif req not in decoding:
                     sg.checkpoint_kv_cache(req, sched.tree_cache)
             else:
@@ -477,13 +498,21 @@ def fake_forward(sg, sched, batch):
         sched.processed_tokens_counter += batch.extend_num_tokens
     allocator.free_group_end()
     sched.tree_cache.flush_pending_backups()
-    return finished
 
 
 def pool_counts(sched):
     tc = sched.tree_cache
     return (int(sched.token_to_kv_pool_allocator.available_size()), int(tc.evictable_size()),
             int(tc.protected_size()))
+
+
+def running_count(sched, batch):
+    """Requests that hold a running slot after the step: the running batch plus the prefill batch that merges
+    into it at the next get_next_batch_to_run (the chunked request included), less those that finished."""
+    reqs = list(sched.running_batch.reqs)
+    if batch is not None and not batch.forward_mode.is_decode() and batch is not sched.running_batch:
+        reqs += [r for r in batch.reqs if r not in reqs]
+    return sum(1 for r in reqs if not r.finished())
 
 
 def batch_kind(batch):
@@ -528,6 +557,7 @@ def run(args, out, sg=None):
     sched = make_scheduler(sg, args, sa)
     record_retractions(sg)
     _RETRACTED.clear()
+    _PREEMPTED.clear()
     setup_s = time.perf_counter() - t_setup
 
     by_arrival, aborts = {}, {}
@@ -539,13 +569,14 @@ def run(args, out, sg=None):
     last_arrival = max(by_arrival) if by_arrival else 0
     done: set[str] = set()
     live: dict[str, object] = {}
+    open_reqs: dict[str, object] = {}  # arrived, neither finished nor aborted yet
     loop_s, steps, stalled = 0.0, 0, 0
     for step in range(args.max_steps):
         t0 = time.perf_counter()
         sched.aborted_now = []
         for rid, prompt, n_out, prio in by_arrival.get(step, []):
             req = new_req(sg, rid, prompt, n_out, prio, args.ignore_eos)
-            live[rid] = req
+            live[rid] = open_reqs[rid] = req
             sched._add_request_to_queue(req)
         for rid in aborts.get(step, []):
             if rid not in done and rid in live:
@@ -554,28 +585,32 @@ def run(args, out, sg=None):
             break
         if step > last_arrival and stalled >= args.max_stalled_steps:
             break
-        ratio_before = sched.new_token_ratio_tracker.current
         plan = sched.get_next_batch_to_run(running_batch=sched.running_batch, last_batch=sched.last_batch)
         sched.running_batch = plan.running_batch
         batch = plan.batch_to_run
-        retracted = list(_RETRACTED)
+        retracted, preempted = list(_RETRACTED), list(_PREEMPTED)
         _RETRACTED.clear()
-        # the graceful abort of the last request (retract_decode) and aborts in the waiting queue
-        aborted = [rid[:-1] for rid in sched.aborted_now]
-        finished = []
+        _PREEMPTED.clear()
         if batch is not None and not batch.is_empty():
-            fin = fake_forward(sg, sched, batch)
+            fake_forward(sg, sched, batch)
             sched.forward_ct += 1
-            for req in fin:
-                rid = req.rid[:-1]
-                if type(req.finished_reason).__name__ == "FINISH_ABORT":
-                    aborted.append(rid)
-                else:
-                    finished.append(rid)
         else:
             batch = None
             if not sched.waiting_queue and sched.running_batch.is_empty() and sched.chunked_req is None:
                 sched.new_token_ratio_tracker.reset()  # Scheduler.on_idle, when fully idle
+        # Outcomes: send_abort_output reports the waiting-queue aborts and retract_decode's abort of the last
+        # request; process_pending_chunked_abort only sets finished_reason; the rest finish in fake_forward.
+        finished, aborted = [], []
+        reported = {rid[:-1] for rid in sched.aborted_now}
+        for rid in list(open_reqs):
+            req = open_reqs[rid]
+            if rid in reported or (req.finished() and _is_abort(req)):
+                aborted.append(rid)
+            elif req.finished():
+                finished.append(rid)
+            else:
+                continue
+            del open_reqs[rid]
         sched.last_batch = batch
         stalled = stalled + 1 if batch is None and not aborted else 0
         loop_s += time.perf_counter() - t0
@@ -589,11 +624,10 @@ def run(args, out, sg=None):
                 "kind": batch_kind(batch),
                 "scheduled": scheduled_tokens(batch),
                 "retracted": retracted,
+                "preempted": preempted,
                 "finished": finished,
                 "aborted": aborted,
-                "running": len(sched.running_batch.reqs) + (len(batch.reqs) if batch is not None
-                                                            and not batch.forward_mode.is_decode()
-                                                            and batch is not sched.running_batch else 0),
+                "running": running_count(sched, batch),
                 "waiting": len(sched.waiting_queue),
                 "available_tokens": avail,
                 "evictable_tokens": evictable,
@@ -602,9 +636,8 @@ def run(args, out, sg=None):
                 "chunked": sched.chunked_req.rid[:-1] if sched.chunked_req is not None else None,
             }
             out.write(json.dumps(rec) + "\n")
-        del ratio_before
     summary = {
-        "steps": steps, "requests": len(pending), "done": len(done), "setup_s": round(setup_s, 3),
+        "steps": steps, "requests": len(pending), "done": len(done), "total_tokens": pool_tokens(args), "setup_s": round(setup_s, 3),
         "loop_s": round(loop_s, 4), "steps_per_s": round(steps / loop_s, 1) if loop_s > 0 else None,
     }
     return summary

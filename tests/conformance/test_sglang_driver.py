@@ -43,6 +43,20 @@ SCENARIOS = {
     "chunks": ([{"id": "a", "arrival_step": 0, "prompt_tokens": 300, "output_tokens": 3},
                 {"id": "b", "arrival_step": 1, "prompt_tokens": 40, "output_tokens": 3}],
                ["--pool-tokens", "1024", "--chunked-prefill-size", "128"]),
+    # b is aborted while waiting, a while it is the chunked request, c while it decodes
+    "aborts": ([{"id": "a", "arrival_step": 0, "prompt_tokens": 300, "output_tokens": 3, "abort_step": 1},
+                {"id": "b", "arrival_step": 0, "prompt_tokens": 40, "output_tokens": 3, "abort_step": 0},
+                {"id": "c", "arrival_step": 1, "prompt_tokens": 40, "output_tokens": 5, "abort_step": 3}],
+               ["--pool-tokens", "1024", "--chunked-prefill-size", "128"]),
+    # two low-priority requests fill the two running slots; a high-priority one arrives
+    "priority": ([{"id": "lo1", "arrival_step": 0, "prompt_tokens": 100, "output_tokens": 50, "priority": 0},
+                  {"id": "lo2", "arrival_step": 0, "prompt_tokens": 100, "output_tokens": 50, "priority": 0},
+                  {"id": "hi", "arrival_step": 5, "prompt_tokens": 100, "output_tokens": 10, "priority": 20}],
+                 ["--pool-tokens", "1024", "--max-running-requests", "2", "--enable-priority-scheduling"]),
+    # a running request decodes inside the prefill batch of a later one
+    "mixed": ([{"id": "a", "arrival_step": 0, "prompt_tokens": 30, "output_tokens": 10},
+               {"id": "b", "arrival_step": 2, "prompt_tokens": 200, "output_tokens": 4}],
+              ["--pool-tokens", "1024", "--chunked-prefill-size", "128", "--enable-mixed-chunk"]),
 }
 
 
@@ -163,3 +177,48 @@ def test_the_chunked_request_is_continued_first_and_page_sized_chunks_fill_the_b
     steps, _ = logs["chunks"]
     assert [s["scheduled"] for s in steps[:3]] == [{"a": 128}, {"a": 128}, {"a": 44, "b": 40}]
     assert [s["chunked"] for s in steps[:3]] == ["a", "a", None]
+
+
+def test_aborts_while_waiting_while_chunked_and_while_decoding(logs):
+    # Scheduler.abort_request: a waiting request leaves the queue at once; the chunked request is only marked
+    # (_pending_chunked_abort_req) and torn down by process_pending_chunked_abort at the top of the next
+    # get_next_batch_to_run, its KV freed; a running request gets to_finish = FINISH_ABORT, still runs that
+    # step's forward, and finishes (aborted) when its result is processed.
+    steps, _ = logs["aborts"]
+    assert [(s["scheduled"], s["aborted"]) for s in steps] == [
+        ({"a": 128}, ["b"]), ({"c": 40}, ["a"]), ({"c": 1}, []), ({"c": 1}, ["c"])]
+    assert steps[1]["available_tokens"] == 1024 - 40  # a's 128-token chunk went back to the pool
+    last = steps[-1]
+    assert last["available_tokens"] + last["evictable_tokens"] + last["protected_tokens"] == 1024
+
+
+def test_priority_preemption_evicts_the_lowest_priority_latest_running_request(logs):
+    # PrefillAdder.preempt_to_schedule (on by default with --enable-priority-scheduling): running requests sorted
+    # by (priority * -priority_sign, -wait_queue_entry_time), preempted while the priority gap exceeds
+    # --priority-scheduling-preemption-threshold (10) until the candidate's tokens fit; preempted requests are
+    # released (their cached prefix stays in the tree, now evictable) and re-queued.
+    steps, _ = logs["priority"]
+    s = steps[5]
+    assert s["preempted"] == ["lo2"] and s["scheduled"] == {"hi": 100} and s["waiting"] == 1
+    assert s["evictable_tokens"] == 100  # lo2's prompt, unlocked in the tree
+    assert steps[6]["scheduled"] == {"lo1": 1, "hi": 1}
+    assert sum(len(t["preempted"]) for t in steps) == 1
+
+
+def test_a_mixed_step_carries_one_decode_token_per_running_request(logs):
+    # _get_new_batch_prefill_raw with --enable-mixed-chunk: the PrefillAdder's budgets start lowered by the
+    # running batch size (num_mixed_decode_tokens), then mix_with_running merges the decode rows into the batch.
+    steps, _ = logs["mixed"]
+    mixed = [s for s in steps if s["kind"] == "mixed"]
+    assert mixed and mixed[0]["step"] == 2
+    assert mixed[0]["scheduled"] == {"b": 127, "a": 1}  # the 128-token chunk less one row for a's decode
+    assert all(s["kind"] != "prefill" for s in steps[1:])
+
+
+def test_the_pool_identity_holds_once_nothing_runs(logs):
+    # available + evictable + protected == total when no request holds KV outside the tree
+    for name, (steps, summary) in logs.items():
+        last = steps[-1]
+        if last["running"] == 0 and last["chunked"] is None:
+            total = last["available_tokens"] + last["evictable_tokens"] + last["protected_tokens"]
+            assert total == summary["total_tokens"], name
