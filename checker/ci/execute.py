@@ -107,7 +107,10 @@ def _run_check(check: Check) -> Result:
             doc = shown_paths(json.loads(path.read_text(encoding="utf-8")), paths, check)
             artifacts.append(Artifact(COUNTEREXAMPLE, path.name, json.dumps(doc, indent=1) + "\n"))
         for path in sorted(proof_dir.glob("*")) if proof_dir.is_dir() else []:
-            artifacts.append(Artifact(CERTIFICATE, path.name, path.read_text(encoding="utf-8")))
+            from checker.verify.certificate import with_policy_file
+
+            artifacts.append(Artifact(CERTIFICATE, path.name, with_policy_file(path.read_text(encoding="utf-8"),
+                                                                               check.policy.shown)))
         for key in ("counterexample", "certificate"):
             if detail.get(key):
                 detail[key] = Path(detail[key]).name  # the caller replaces it with where it wrote the file

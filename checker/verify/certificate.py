@@ -50,6 +50,7 @@ class Binding(BaseModel):
     environment: dict
     queries: Annotated[int, Field(ge=1)]
     query_sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+    policy_file: str | None = None  # the file verify was given (recheck's policy when --policy is not given)
     tier: str = ""  # action-wise: the Houdini candidate tier
     alive: dict[str, list[str]] = {}  # action-wise: the candidates that survived, per location (P, M0, ...)
 
@@ -59,7 +60,8 @@ def _sha256(text: str) -> str:
 
 
 def render(policy: Policy, inv_name: str, params: dict[str, int], env, method: str, k: int, lemmas: list[str],
-           meaning: str, body: str, tier: str = "", alive: dict[str, list[str]] | None = None) -> str:
+           meaning: str, body: str, tier: str = "", alive: dict[str, list[str]] | None = None,
+           policy_file: str | None = None) -> str:
     """The certificate file: a readable header, the binding line, then the queries (``body``)."""
     from checker.smt.ops import CERTIFICATE_BLOCK
     from checker.verify.counterexample import policy_hash
@@ -67,10 +69,25 @@ def render(policy: Policy, inv_name: str, params: dict[str, int], env, method: s
     binding = Binding(format=FORMAT, policy=policy.name or "", policy_sha256=policy_hash(policy), invariant=inv_name,
                       params=params, requests=env.requests, kv_blocks=policy.kv.num_blocks, method=method, k=k,
                       lemmas=lemmas, environment=env.as_dict(), queries=max(1, body.count(CERTIFICATE_BLOCK)),
-                      query_sha256=_sha256(body), tier=tier, alive=alive or {})
+                      query_sha256=_sha256(body), tier=tier, alive=alive or {}, policy_file=policy_file)
     return (f"; batchcheck certificate: {inv_name} for policy {policy.name}, {env.requests} request slots, any depth.\n"
             f"; The {meaning}.\n; Lemmas: {', '.join(lemmas)}\n"
-            f"{BINDING}{json.dumps(binding.model_dump(mode='json'), sort_keys=True, separators=(',', ':'))}\n{body}")
+            f"{_binding_line(binding)}\n{body}")
+
+
+def _binding_line(binding: Binding) -> str:
+    return f"{BINDING}{json.dumps(binding.model_dump(mode='json'), sort_keys=True, separators=(',', ':'))}"
+
+
+def with_policy_file(text: str, shown: str) -> str:
+    """A certificate naming ``shown`` as its policy file (ci: the project's file, not the worker's copy; the
+    queries, and so their hash, are unchanged)."""
+    head, sep, rest = text.partition(BINDING)
+    if not sep:
+        return text
+    line, _, body = rest.partition("\n")
+    binding = Binding.model_validate(json.loads(line)).model_copy(update={"policy_file": shown})
+    return f"{head}{_binding_line(binding)}\n{body}"
 
 
 @dataclass
@@ -129,6 +146,14 @@ def recheck(path: str | Path, policy: Policy | None = None, policy_file: str | N
     source = str(path)
     binding, body, line = read_binding(read_text(path), source)
     checked = [f"its queries are the ones its binding hashes (sha256 {binding.query_sha256[:12]})"]
+    missing: list[str] = []
+    if policy is None and binding.policy_file:  # the policy file it names, when it still holds that policy
+        policy, policy_file, why = _recorded_policy(binding, Path(path))
+        if policy is None:
+            missing.append(f"the policy: {binding.policy_file}, the file its binding names, {why} (give --policy "
+                           "POLICY: its hash is compared, and the proof is rebuilt from it)")
+    elif policy is None:
+        missing.append("the policy (give --policy POLICY: its hash is compared, and the proof is rebuilt from it)")
     if policy is not None:
         if policy_hash(policy) != binding.policy_sha256:
             raise _refuse(source, line, "binding.policy_sha256", binding.policy_sha256,
@@ -177,8 +202,6 @@ def recheck(path: str | Path, policy: Policy | None = None, policy_file: str | N
                           f"k={binding.k} (rebuilt from the binding: the file was edited, or written by another "
                           "version of batchcheck)")
         checked.append("its query is the one rebuilt from the policy")
-    missing = [] if policy is not None else ["the policy (give --policy POLICY: its hash is compared, and the "
-                                             "queries are rebuilt from it)"]
     if policy is not None and binding.method == "action-wise":
         from checker.verify.actions import recheck_rebuilt
 
@@ -198,6 +221,27 @@ def recheck(path: str | Path, policy: Policy | None = None, policy_file: str | N
     except ValueError as exc:
         raise _refuse(source, None, "queries", "<unparsable>", f"SMT-LIB2 that z3 reads ({exc})") from None
     return Recheck(source, solver, binding, checked, missing)
+
+
+def _recorded_policy(binding: Binding, certificate: Path) -> tuple[Policy | None, str | None, str]:
+    """The policy file a binding names, when it still holds the policy the certificate was made for: as named
+    (from the working directory), else from the folder above the certificate's (``proofs/`` beside ``spec/``).
+    What it holds is never shown: the file may be anything."""
+    from checker.inputfiles import load_policy
+    from checker.verify.counterexample import policy_hash
+
+    recorded = Path(binding.policy_file or "")
+    candidates = [recorded] + ([] if recorded.is_absolute() else [certificate.resolve().parent.parent / recorded])
+    found = next((c for c in candidates if c.is_file()), None)
+    if found is None:
+        return None, None, "is not found"
+    try:
+        policy = load_policy(found)
+    except InputError:
+        return None, None, "does not load as a policy"
+    if policy_hash(policy) != binding.policy_sha256:
+        return None, None, "has changed since (its policy hash differs)"
+    return policy, f"{binding.policy_file} (the file its binding names)", ""
 
 
 def _rebuilt(policy: Policy, binding: Binding, source: str, line: int) -> str:

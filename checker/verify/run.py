@@ -137,7 +137,7 @@ def check_one(policy: Policy, policy_file: str | None, inv: Invariant, params: d
         return check_many(policy, policy_file, [(inv, params)], env, timeout_s, out_dir, unbounded, progress)[0]
     started = time.monotonic()
     if unbounded:
-        proved = _try_actionwise(policy, inv, params, env, timeout_s, proof_dir, progress)
+        proved = _try_actionwise(policy, inv, params, env, timeout_s, proof_dir, progress, policy_file)
         if proved is not None:
             return proved
     outcome = search(policy, inv, params, env, timeout_s - (time.monotonic() - started), progress)
@@ -149,7 +149,7 @@ def check_one(policy: Policy, policy_file: str | None, inv: Invariant, params: d
             return Checked(inv, params, Verdict.VACUOUS, env, seconds, depth=outcome.depth_reached)
         checked = Checked(inv, params, Verdict.HOLDS_UP_TO, env, seconds, depth=outcome.depth_reached)
         if unbounded:
-            _try_induction(checked, policy, timeout_s - seconds, proof_dir)
+            _try_induction(checked, policy, timeout_s - seconds, proof_dir, policy_file)
             checked.seconds = time.monotonic() - started
         return checked
     found = outcome.found
@@ -187,7 +187,8 @@ VACUITY_SHARE = 0.05
 
 
 def _try_actionwise(policy: Policy, inv: Invariant, params: dict[str, int], env: Environment, timeout_s: float,
-                    proof_dir: Path | None, progress: Callable[[str], None] | None) -> Checked | None:
+                    proof_dir: Path | None, progress: Callable[[str], None] | None,
+                    policy_file: str | None = None) -> Checked | None:
     """PROVED (or VACUOUS) by action-wise induction (checker/verify/actions.py), or None to go on with the
     bounded search and whole-step induction."""
     from checker.verify import actions, vacuity
@@ -217,13 +218,14 @@ def _try_actionwise(policy: Policy, inv: Invariant, params: dict[str, int], env:
     checked.certificate = _write_certificate(policy, inv, params, env, proof_dir, result.certificate,
                                              "queries below are each unsat iff each scheduler action keeps the lemmas "
                                              "(action-wise induction)", result.lemmas, "action-wise", 1,
-                                             result.tier, result.alive)
+                                             result.tier, result.alive, policy_file)
     return checked
 
 
 def _write_certificate(policy: Policy, inv: Invariant, params: dict[str, int], env: Environment,
                        proof_dir: Path | None, body: str, meaning: str, lemma_names: list[str], method: str,
-                       k: int, tier: str = "", alive: dict[str, list[str]] | None = None) -> Path | None:
+                       k: int, tier: str = "", alive: dict[str, list[str]] | None = None,
+                       policy_file: str | None = None) -> Path | None:
     """The certificate, bound to the policy's hash, the invariant, N and the method (checker/verify/certificate.py)."""
     from checker.verify import certificate
 
@@ -231,11 +233,12 @@ def _write_certificate(policy: Policy, inv: Invariant, params: dict[str, int], e
         return None
     path = proof_dir / f"{safe_name(policy.name, 'policy')}__{safe_name(inv.name)}__N{env.requests}.smt2"
     cex.write_atomic(path, certificate.render(policy, inv.name, {**inv.defaults, **params}, env, method, k,
-                                              lemma_names, meaning, body, tier, alive))
+                                              lemma_names, meaning, body, tier, alive, policy_file))
     return path
 
 
-def _try_induction(checked: Checked, policy: Policy, timeout_s: float, proof_dir: Path | None) -> None:
+def _try_induction(checked: Checked, policy: Policy, timeout_s: float, proof_dir: Path | None,
+                   policy_file: str | None = None) -> None:
     """Upgrade a bounded result to PROVED when the invariant plus the structural lemmas is inductive."""
     from checker.verify.induction import prove
 
@@ -252,7 +255,8 @@ def _try_induction(checked: Checked, policy: Policy, timeout_s: float, proof_dir
         checked.certificate = _write_certificate(
             policy, inv, checked.params, checked.env, proof_dir, result.certificate,
             f"step query below is unsat iff the invariant with its lemmas is "
-            f"{'inductive' if result.k == 1 else f'{result.k}-inductive'}", result.lemmas, "induction", result.k)
+            f"{'inductive' if result.k == 1 else f'{result.k}-inductive'}", result.lemmas, "induction", result.k,
+            policy_file=policy_file)
     elif result.status == "cti":
         checked.notes.append(f"induction failed (up to k={result.k}), counterexample to induction: "
                              + "; ".join(result.cti[:3]))

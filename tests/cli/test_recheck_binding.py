@@ -113,8 +113,18 @@ def test_a_query_without_its_goal_literal_is_refused(capsys, tmp_path, certifica
 def test_a_goal_emptied_by_hand_is_caught_by_the_rebuilt_query(capsys, tmp_path, certificate):
     vacuous = "(declare-fun goal_broken () Bool)\n(assert (=> goal_broken false))\n(assert goal_broken)\n"
     cert = _rebound(certificate, tmp_path / "vacuous.smt2", vacuous)
-    code, _, _ = run(capsys, "recheck", str(cert))
-    assert code == 0  # its shape is right: without the policy nothing tells the goal is not the invariant's
+    assert _refused(capsys, cert) == _refused(capsys, cert, "--policy", V1).replace(
+        V1, f"{V1} (the file its binding names)")  # without --policy: the policy file its binding names
+    cert = _rebound(certificate, tmp_path / "unbound.smt2", vacuous, policy_file=None)
+    code, out, _ = run(capsys, "recheck", str(cert))
+    assert code == 0  # its shape is right: without a policy nothing tells the goal is not the invariant's
+    assert out.splitlines()[-1] == ("  not checked: the policy (give --policy POLICY: its hash is compared, and the "
+                                    "proof is rebuilt from it)")
+    cert = _rebound(certificate, tmp_path / "moved.smt2", vacuous, policy_file=str(tmp_path / "gone.yaml"))
+    code, out, _ = run(capsys, "recheck", str(cert))
+    assert code == 0 and out.splitlines()[-1] == (f"  not checked: the policy: {tmp_path / 'gone.yaml'}, the file its "
+                                                  "binding names, is not found (give --policy POLICY: its hash is "
+                                                  "compared, and the proof is rebuilt from it)")
     assert _refused(capsys, cert, "--policy", V1) == (f"batchcheck: error: {cert}:4: queries=<differ> (expected the step query that batchcheck builds "
                    f"for cancellation_releases on {V1} with N=2 and k=1 (rebuilt from the binding: the file was "
                    "edited, or written by another version of batchcheck))\n")
@@ -140,7 +150,7 @@ def test_a_certificate_made_for_something_else_is_refused(capsys, certificate, f
 
 def test_a_satisfiable_query_with_a_sound_shape_does_not_hold(capsys, tmp_path, certificate):
     sat = "(declare-fun x () Int)\n(declare-fun goal_broken () Bool)\n(assert (> x 0))\n(assert goal_broken)\n"
-    cert = _rebound(certificate, tmp_path / "sat.smt2", sat)
+    cert = _rebound(certificate, tmp_path / "sat.smt2", sat, policy_file=None)  # no policy to rebuild it from
     code, out, _ = run(capsys, "recheck", str(cert))
     assert code == 1
     assert out.splitlines()[0] == f"{cert}: certificate does NOT hold (the fresh solver says sat)"
