@@ -4,7 +4,7 @@ Every explorer transition equals the engine's step on the same inputs: breadth-f
 (no reduction: request numbers, absolute steps and transfer steps as the engine makes them, merged only when exactly
 equal), stepping each under every environment choice of its key gives exactly the successor keys the explorer
 computes from the key's representative, and the keys met are the graph's. Also for the states the graph's BFS paths
-replay to, and with the memo off.
+replay to, and with the memo off or two worker processes.
 """
 
 from __future__ import annotations
@@ -87,9 +87,10 @@ def test_the_explorers_transitions_are_the_engines_steps_on_the_engines_own_stat
 DEPTH, PER_LAYER = 6, 60
 
 
-@pytest.mark.parametrize("case", [0, 3, 5], ids=[IDS[0], IDS[3], IDS[5]])
-def test_memo_off_gives_the_same_graph(case):
+@pytest.mark.parametrize("case", [0, 3, 5, 7], ids=[IDS[0], IDS[3], IDS[5], IDS[7]])
+def test_memo_off_and_two_workers_give_the_same_graph(case):
     name, overrides, env = CASES[case]
     policy = _policy(name, overrides)
-    a, b = explore(policy, env, max_states=2500), explore(policy, env, max_states=2500, memo=False)
-    assert a.keys == b.keys and sorted(a.graph.edges) == sorted(b.graph.edges)
+    a = explore(policy, env, max_states=2500)
+    for other in (explore(policy, env, max_states=2500, memo=False), explore(policy, env, max_states=2500, workers=2)):
+        assert a.keys == other.keys and list(a.graph.edges) == list(other.graph.edges)
