@@ -35,11 +35,14 @@ CASES = [
      LivenessEnv(2, (16, 32), (1,), cancellations=True)),
     ("prefix_caching/vllm_v1", OFFLOAD + ["kv.num_blocks=5", "batch.max_num_seqs=2"],
      LivenessEnv(2, (32,), (1,), identities=((0, 0),), external=(0, 16, -1))),
+    ("prefix_caching/vllm_v1", OFFLOAD + ["kv.num_blocks=5", "connector.release=deadline",
+                                          "connector.release_deadline_steps=1", "cancellation.release_lag_steps=2"],
+     LivenessEnv(2, (32,), (1,), cancellations=True, identities=((0, 0),), external=(0, 16))),
     ("priority_aging", ["connector.kind=decode_node", "connector.max_load_steps=1", "kv.num_blocks=3",
                         "batch.max_num_seqs=1"], LivenessEnv(2, (32,), (1,), (0, 1), step_us=250_000)),
 ]
 IDS = ["holders-first", "holders-in-queue", "hung-abort", "deadline+lag", "immediate-no-reserve", "prefill-node",
-       "cache", "aging-decode-node"]
+       "cache", "cache-aborts", "aging-decode-node"]
 
 
 def _policy(name, overrides):
@@ -87,7 +90,7 @@ def test_the_explorers_transitions_are_the_engines_steps_on_the_engines_own_stat
 DEPTH, PER_LAYER = 6, 60
 
 
-@pytest.mark.parametrize("case", [0, 3, 5, 7], ids=[IDS[0], IDS[3], IDS[5], IDS[7]])
+@pytest.mark.parametrize("case", [0, 3, 5, 8], ids=[IDS[0], IDS[3], IDS[5], IDS[8]])
 def test_memo_off_and_two_workers_give_the_same_graph(case):
     name, overrides, env = CASES[case]
     policy = _policy(name, overrides)
