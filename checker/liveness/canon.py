@@ -200,6 +200,9 @@ class Canon:
             self._engine: dict[int, int] = {}  # chain name -> engine chain in self.chains
         for cls in classes:
             self.class_id(cls)
+        if self.connector:  # and each class as it reads once its load has started: the same ids in every process
+            for cls in classes:
+                self.class_id(cls[:6] + (self.read_transfer(*transfer_of(cls), 0),))
 
     def class_id(self, cls: RequestClass) -> int:
         lookup = self._lookup(cls)

@@ -169,3 +169,13 @@ def test_a_transfer_of_the_past_is_kept_only_as_had_one():
     assert s.requests[0].transfer_step not in (-1, NEVER) and s.requests[0].spec.external_tokens == 0
     assert _section(canon, canon.encode(SchedulerState(policy, [RequestSpec(0, 0, 16, 1, 1)]), 0)) == ()
     assert T_NONE == 0
+
+
+def test_the_classes_loads_turn_into_are_registered_up_front_so_workers_name_them_alike():
+    """With --external all only, a request whose load started has a class no arrival has (no external hit): the Canon
+    registers it with the instance's classes, so every worker process gives it the same id."""
+    policy = _policy(["connector.kind=offload", "kv.num_blocks=4", "connector.max_load_steps=2"])
+    env = LivenessEnv(3, (32,), (1, 2), cancellations=True, arrivals_per_step=1, external=(EXTERNAL_ALL,))
+    one = explore(policy, env)
+    assert one.complete and one.keys == explore(policy, env, workers=2).keys
+    assert len(one.canon.classes) == 2 * len(env.classes())  # each class, and each as it reads once loaded
