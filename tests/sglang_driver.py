@@ -195,6 +195,7 @@ def parse_args(argv=None):
     ap.add_argument("--schedule-low-priority-values-first", action="store_true")
     ap.add_argument("--priority-scheduling-preemption-threshold", type=int, default=10)
     ap.add_argument("--disable-priority-preemption", action="store_true")
+    ap.add_argument("--retraction-policy", choices=["length", "priority"], default="length")
     ap.add_argument("--ignore-eos", action="store_true",
                     help="requests set ignore_eos (then the new-token ratio does not apply to them, and with the "
                          "radix cache disabled add_one_req_ignore_eos is used)")
@@ -268,6 +269,7 @@ _SERVER_ARG_FLAGS = (
     "page_size", "max_running_requests", "chunked_prefill_size", "max_prefill_tokens", "schedule_policy",
     "schedule_conservativeness", "disable_radix_cache", "enable_mixed_chunk", "enable_priority_scheduling",
     "schedule_low_priority_values_first", "priority_scheduling_preemption_threshold", "disable_priority_preemption",
+    "retraction_policy",
 )
 
 
@@ -596,8 +598,11 @@ def run(args, out, sg=None):
             sched.forward_ct += 1
         else:
             batch = None
-            if not sched.waiting_queue and sched.running_batch.is_empty() and sched.chunked_req is None:
-                sched.new_token_ratio_tracker.reset()  # Scheduler.on_idle, when fully idle
+            # Scheduler.on_idle resets the ratio when is_fully_idle(): nothing running, no chunked request, the
+            # previous step's batch empty (last_batch is still the previous one here), nothing waiting.
+            if (sched.running_batch.is_empty() and sched.chunked_req is None and not sched.waiting_queue
+                    and (sched.last_batch is None or sched.last_batch.is_empty())):
+                sched.new_token_ratio_tracker.reset()
         # Outcomes: send_abort_output reports the waiting-queue aborts and retract_decode's abort of the last
         # request; process_pending_chunked_abort only sets finished_reason; the rest finish in fake_forward.
         finished, aborted = [], []

@@ -60,6 +60,24 @@ SCENARIOS = {
 }
 
 
+def _lpm_rows(unique: int) -> list[dict]:
+    """r0 (prefix group 0) fills the tree; at step 5, `unique` unrelated requests and then y (group 0) wait."""
+    rows = [{"id": "r0", "arrival_step": 0, "prompt_tokens": 300, "output_tokens": 1, "prefix_group": 0}]
+    rows += [{"id": f"u{i}", "arrival_step": 5, "prompt_tokens": 10, "output_tokens": 1} for i in range(unique)]
+    rows.append({"id": "y", "arrival_step": 5, "prompt_tokens": 250, "output_tokens": 1, "prefix_group": 0})
+    return rows
+
+
+ONE_AT_A_TIME = ["--pool-tokens", "4096", "--max-running-requests", "1"]
+SCENARIOS.update({
+    "lpm": (_lpm_rows(2), ONE_AT_A_TIME + ["--schedule-policy", "lpm"]),
+    "fcfs": (_lpm_rows(2), ONE_AT_A_TIME + ["--schedule-policy", "fcfs"]),
+    "lpm_128": (_lpm_rows(127), ONE_AT_A_TIME + ["--schedule-policy", "lpm"]),  # 128 waiting: still LPM
+    "lpm_129": (_lpm_rows(128), ONE_AT_A_TIME + ["--schedule-policy", "lpm"]),  # 129 waiting: FCFS
+    "lpm_no_cache": (_lpm_rows(2), ONE_AT_A_TIME + ["--schedule-policy", "lpm", "--disable-radix-cache"]),
+})
+
+
 @pytest.fixture(scope="module")
 def logs(tmp_path_factory):
     folder = tmp_path_factory.mktemp("sglang")
@@ -222,3 +240,22 @@ def test_the_pool_identity_holds_once_nothing_runs(logs):
         if last["running"] == 0 and last["chunked"] is None:
             total = last["available_tokens"] + last["evictable_tokens"] + last["protected_tokens"]
             assert total == summary["total_tokens"], name
+
+
+def _first_after_arrival(steps):
+    return next(s["scheduled"] for s in steps if s["step"] >= 5 and s["scheduled"])
+
+
+def test_lpm_takes_the_longest_cached_prefix_first_and_matches_at_most_len_minus_one(logs):
+    # SchedulePolicy._sort_by_longest_prefix: -num_matched_prefix_tokens; y matches 249 of its 250 tokens
+    # (Req._compute_max_prefix_len: input_len - 1), so its prefill extends 1 token.
+    assert _first_after_arrival(logs["lpm"][0]) == {"y": 1}
+    assert _first_after_arrival(logs["fcfs"][0]) == {"u0": 10}
+
+
+def test_lpm_falls_back_to_fcfs_above_128_waiting_and_without_the_cache(logs):
+    # _determine_active_policy: lpm with more than WAITING_QUEUE_PREFIX_MATCH_MAX (128) waiting -> FCFS;
+    # _validate_and_adjust_policy: a cache-aware policy with the radix cache disabled -> FCFS.
+    assert _first_after_arrival(logs["lpm_128"][0]) == {"y": 1}
+    assert _first_after_arrival(logs["lpm_129"][0]) == {"u0": 10}
+    assert _first_after_arrival(logs["lpm_no_cache"][0]) == {"u0": 10}
