@@ -178,4 +178,4 @@ def test_the_classes_loads_turn_into_are_registered_up_front_so_workers_name_the
     env = LivenessEnv(3, (32,), (1, 2), cancellations=True, arrivals_per_step=1, external=(EXTERNAL_ALL,))
     one = explore(policy, env)
     assert one.complete and one.keys == explore(policy, env, workers=2).keys
-    assert len(one.canon.classes) == 2 * len(env.classes())  # each class, and each as it reads once loaded
+    assert len(one.canon.classes) == len(one.env.classes()) + 2  # and the two outputs with no external hit
