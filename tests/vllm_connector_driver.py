@@ -41,6 +41,9 @@ Log: the shared driver's line per step; with --kv-role also
   sent_done   ids in this step's kv_connector_output.finished_sending
   pinned      finished ids whose blocks are still held for a send (after update_from_output)
   pinned_load finished (aborted) ids whose blocks are still held for a load's finished_recving
+  held        {id: blocks} of every request that holds KV blocks while it is not running, after
+              update_from_output (loading, loaded and waiting, pinned, aborted and held): what check-log
+              needs to account for the pool request by request
 The run stops as the shared driver's does (every request finished, past the last arrival) once no transfer
 that will ever be reported is pending, or earlier when nothing can change any more: past the last arrival
 and the last abort, every unfinished request a hung load and every held block waiting on a hung transfer.
@@ -395,7 +398,7 @@ def run(args, shared) -> int:
             if worker is not None:
                 rec.update(loading=in_order(loading), recv_done=in_order(results.finished_recving),
                            sent_done=in_order(results.finished_sending), pinned=in_order(held_send),
-                           pinned_load=in_order(held_load))
+                           pinned_load=in_order(held_load), held=held_outside_batch(sched, in_order))
             out.write(json.dumps(rec) + "\n")
     if out is not sys.stdout:
         out.close()
@@ -404,6 +407,18 @@ def run(args, shared) -> int:
                "steps_per_s": round(steps / sched_time, 1) if sched_time > 0 else None}
     print(json.dumps(summary), file=sys.stderr)
     return 0 if len(finished) >= total else 1
+
+
+def held_outside_batch(sched, in_order) -> dict[str, int]:
+    """Blocks held by each request that is not running (one KV cache group: the connector is not SupportsHMA)."""
+    running = {r.request_id for r in sched.running}
+    held = {}
+    for rid in sched.requests:
+        if rid not in running:
+            n = sum(len(group) for group in sched.kv_cache_manager.get_block_ids(rid))
+            if n:
+                held[rid] = n
+    return {rid: held[rid] for rid in in_order(held)}
 
 
 if __name__ == "__main__":
