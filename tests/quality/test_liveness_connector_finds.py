@@ -97,3 +97,23 @@ def test_the_lost_abort_leaves_a_state_whose_held_blocks_no_continuation_frees()
             if NEVER_CODE in releases:
                 held_forever.append(u)
         assert bool(held_forever) is expected and bool(never) is expected
+
+
+SHIPPED = POLICIES / "connector"
+NO_HANG = ["kv.num_blocks=3", "connector.transfers_may_hang=false"]
+SHIPPED_FINDS = [  # the shipped decode-node policies: vLLM 0.33 as imported, the planted in-queue scan, the fix
+    ("decode_node_scan_in_queue", NO_HANG, HOLD_ENV, ["no_deadlock", NO_HOLD_AND_WAIT], [VIOLATED, VIOLATED]),
+    ("decode_node_reclaim_deadline", NO_HANG, HOLD_ENV, ALL, [PROVED] * 4),
+    ("vllm_v1_decode_node", ["kv.num_blocks=3"], ABORT_ENV, [NO_HOLD_AND_WAIT], [VIOLATED]),
+    ("decode_node_reclaim_deadline", ["kv.num_blocks=3"], ABORT_ENV, [NO_HOLD_AND_WAIT], [PROVED]),
+]
+
+
+@pytest.mark.parametrize("name,overrides,env,props,verdicts", SHIPPED_FINDS,
+                         ids=["scan-in-queue", "reclaim-deadline", "as-imported:lost-abort", "reclaim-deadline:aborts"])
+def test_the_shipped_decode_node_policies(name, overrides, env, props, verdicts):
+    started = time.monotonic()
+    policy = apply_overrides(load_policy(SHIPPED / f"{name}.yaml"), overrides)
+    report = check_liveness(policy, None, env, props)
+    assert time.monotonic() - started < 60 and report.graph.complete
+    assert [r.verdict for r in report.results] == verdicts
