@@ -190,6 +190,9 @@ def parse_args(argv=None):
     ap.add_argument("--clip-max-new-tokens", type=int, default=None,
                     help="SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION (4096)")
     ap.add_argument("--disable-radix-cache", action="store_true")
+    ap.add_argument("--tree-core", choices=["rust", "python"], default=None,
+                    help="SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND: the radix tree's core (SGLang's default: the "
+                         "compiled Rust one shipped in the wheel; python: unified_cache/unified_tree_core.py)")
     ap.add_argument("--enable-mixed-chunk", action="store_true")
     ap.add_argument("--enable-priority-scheduling", action="store_true")
     ap.add_argument("--schedule-low-priority-values-first", action="store_true")
@@ -216,6 +219,7 @@ _ENV_FLAGS = (
     ("new_token_ratio_decay_steps", "SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS"),
     ("retract_decode_steps", "SGLANG_RETRACT_DECODE_STEPS"),
     ("clip_max_new_tokens", "SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION"),
+    ("tree_core", "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND"),
 )
 
 
