@@ -34,7 +34,7 @@ Output: one JSON line per step (stdout or --out):
   {"step", "kind": prefill|decode|mixed|idle, "scheduled": {id: tokens}, "retracted": [ids], "preempted": [ids],
    "finished": [ids],
    "aborted": [ids], "running", "waiting", "available_tokens", "evictable_tokens", "protected_tokens",
-   "new_token_ratio", "chunked": id|null}
+   "held_tokens", "new_token_ratio", "chunked": id|null}
 and a JSON summary on stderr (steps, steps/s of the scheduling loop, setup seconds).
 """
 
@@ -512,6 +512,17 @@ def pool_counts(sched):
             int(tc.protected_size()))
 
 
+def held_tokens(reqs, page_size):
+    """KV the requests hold outside the tree: ReqKvInfo's own range [cache_protected_len, kv_allocated_len), in
+    whole pages (cache_protected_len is page-aligned)."""
+    held = 0
+    for req in reqs:
+        kv = req.kv
+        if kv.holds_kv:
+            held += -(-kv.kv_allocated_len // page_size) * page_size - kv.cache_protected_len
+    return held
+
+
 def running_count(sched, batch):
     """Requests that hold a running slot after the step: the running batch plus the prefill batch that merges
     into it at the next get_next_batch_to_run (the chunked request included), less those that finished."""
@@ -641,6 +652,7 @@ def run(args, out, sg=None):
                 "available_tokens": avail,
                 "evictable_tokens": evictable,
                 "protected_tokens": protected,
+                "held_tokens": held_tokens(live.values(), args.page_size),
                 "new_token_ratio": round(sched.new_token_ratio_tracker.current, 10),
                 "chunked": sched.chunked_req.rid[:-1] if sched.chunked_req is not None else None,
             }

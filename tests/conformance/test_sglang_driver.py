@@ -233,13 +233,16 @@ def test_a_mixed_step_carries_one_decode_token_per_running_request(logs):
     assert all(s["kind"] != "prefill" for s in steps[1:])
 
 
-def test_the_pool_identity_holds_once_nothing_runs(logs):
-    # available + evictable + protected == total when no request holds KV outside the tree
+def test_the_pool_identity_holds_on_every_step(logs):
+    # available + evictable + protected + held == total, held being the requests' own KV
+    # ([cache_protected_len, kv_allocated_len) in whole pages, ReqKvInfo); nothing is held once nothing runs.
     for name, (steps, summary) in logs.items():
+        for s in steps:
+            total = s["available_tokens"] + s["evictable_tokens"] + s["protected_tokens"] + s["held_tokens"]
+            assert total == summary["total_tokens"], (name, s)
         last = steps[-1]
         if last["running"] == 0 and last["chunked"] is None:
-            total = last["available_tokens"] + last["evictable_tokens"] + last["protected_tokens"]
-            assert total == summary["total_tokens"], name
+            assert last["held_tokens"] == 0, name
 
 
 def _first_after_arrival(steps):
