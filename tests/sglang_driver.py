@@ -41,7 +41,6 @@ and a JSON summary on stderr (steps, steps/s of the scheduling loop, setup secon
 from __future__ import annotations
 
 import argparse
-from array import array
 import importlib.abc
 import importlib.machinery
 import json
@@ -52,6 +51,7 @@ import tempfile
 import time
 import types
 import warnings
+from array import array
 
 warnings.filterwarnings("ignore")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -312,10 +312,6 @@ def build_pools(sg, args):
     return req_pool, allocator
 
 
-class DriverScheduler:  # the real base class is bound in make_scheduler (SGLang is imported lazily)
-    pass
-
-
 def make_scheduler(sg, args, sa):
     from sglang.srt.disaggregation.utils import DisaggregationMode
     from sglang.srt.managers.schedule_policy import SchedulePolicy
@@ -415,7 +411,7 @@ def make_scheduler(sg, args, sa):
     return _DriverScheduler()
 
 
-def make_requests(sg, trace, ignore_eos):
+def make_requests(trace):
     reqs = []
     for i, t in enumerate(trace):
         rid = str(t.get("id", i))
@@ -447,7 +443,7 @@ _PREEMPTED: list = []
 
 
 def _is_abort(req) -> bool:
-    return type(req.finished_reason).__name__ == "FINISH_ABORT"
+    return isinstance(req.finished_reason, _IMPORTED["FINISH_ABORT"])
 
 
 def record_retractions(sg):
@@ -578,7 +574,7 @@ def run(args, out, sg=None):
     setup_s = time.perf_counter() - t_setup
 
     by_arrival, aborts = {}, {}
-    pending = make_requests(sg, trace, args.ignore_eos)
+    pending = make_requests(trace)
     for rid, arrival, abort_step, prompt, n_out, prio in pending:
         by_arrival.setdefault(arrival, []).append((rid, prompt, n_out, prio))
         if abort_step is not None:
