@@ -39,7 +39,7 @@ from checker.fastforward import apply_stretch, next_steps_are_quiet_decodes, str
 from checker.frames import Frame, TraceContext
 from checker.loading import json_lines, load_document
 from checker.inputfiles import PolicyInput
-from checker.policy import MAX_TOKENS, Policy
+from checker.policy import MAX_TOKENS, Policy, ReleaseRule
 from checker.requests import DEFAULT_HASH_BLOCK_TOKENS, RequestSpec, prefix_problem, prompt_content
 from checker.semantics.kv import blocks_for
 from checker.semantics.state import FIELDS, Reason, SchedulerState, Status
@@ -67,11 +67,11 @@ CACHE_BLIND = ("request_conservation", "cancellation_releases")
 # (policy -> the rule applies, what the policy has, why a log cannot show per-request blocks then). A KV connector
 # too: requests hold blocks while loading and after finishing, and a log line does not say how many.
 _BLIND_RULES = (
-    (lambda p: p.kv.prefix_caching.enabled, "kv.prefix_caching.enabled",
+    (lambda p, held: p.kv.prefix_caching.enabled, "kv.prefix_caching.enabled",
      "a log does not say how many tokens each cache hit gave a request or which blocks requests share",
      "prefix caching", "a log shows no cache hits or shared blocks; --conformance compares the engine, which models "
      "the cache"),
-    (lambda p: p.connector.enabled, "connector.kind other than none",
+    (lambda p, held: p.connector.enabled and not held, "connector.kind other than none",
      "a log does not say how many blocks a loading, loaded or pinned request holds",
      "a KV connector", "a log does not say how many blocks a loading, loaded or pinned request holds; --conformance "
      "compares the engine, which models them"),
@@ -82,6 +82,34 @@ PENDING, WAITING, RUNNING = int(Status.PENDING), int(Status.WAITING), int(Status
 FINISHED, CANCELLED = int(Status.FINISHED), int(Status.CANCELLED)
 ABORTED, STOPPED = int(Reason.ABORTED), int(Reason.STOPPED)
 DONE = (FINISHED, CANCELLED)
+LOADING = int(Status.LOADING)
+
+
+def loaded_tokens(spec: RequestSpec) -> int:
+    """What a load computed for the request when it is promoted: its external tokens, one fewer when they cover
+    the whole prompt (the last token is computed again; checker.semantics.transfer.promote)."""
+    return min(spec.external_tokens, spec.prompt_len - 1)
+
+
+def held_update(slot: dict[str, int], spec: RequestSpec, blocks: int, loading: bool, step: int) -> dict[str, int]:
+    """What a connector log line says of a request that is not running: the fields of its slot that change (blocks
+    held, LOADING while its load is in flight, the loaded tokens once promoted, a held terminal request's release
+    pending)."""
+    status = slot["status"]
+    change: dict[str, int] = {}
+    if status in DONE:
+        if blocks != slot["blocks"]:
+            change.update(blocks=blocks, release_step=step if blocks else -1)
+        return change
+    if status == PENDING:
+        return change
+    if loading and status != LOADING:
+        change.update(status=LOADING, num_computed=spec.external_tokens)
+    elif not loading and status == LOADING:
+        change.update(status=WAITING, num_computed=loaded_tokens(spec) if blocks else 0)
+    if blocks != slot["blocks"]:
+        change["blocks"] = blocks
+    return change
 
 
 class LogStep(NamedTuple):  # a tuple: one is built per log line
@@ -94,6 +122,10 @@ class LogStep(NamedTuple):  # a tuple: one is built per log line
     waiting: int
     free_blocks: int
     line: int
+    # A KV connector's log (tests/vllm_connector_driver.py): blocks held by each request that is not running, and
+    # the requests loading; None when the line has no "held" key.
+    held: dict[int, int] | None = None
+    loading: list[int] | None = None
 
 
 @dataclass
@@ -265,7 +297,31 @@ def parse_step(rec: Any, line_no: int, arrivals: Arrivals, source: str) -> LogSt
         name, value = next((n, v) for n, v in (("running", running), ("waiting", waiting), ("free_blocks", free))
                            if v.__class__ is not int)
         raise InputError(Problem(name, value, "a whole number", line_no), source)
-    return _new_tuple(LogStep, (k, scheduled, lists[0], lists[1], lists[2], running, waiting, free, line_no))
+    raw_held = rec.get("held")
+    if raw_held is None:
+        return _new_tuple(LogStep, (k, scheduled, lists[0], lists[1], lists[2], running, waiting, free, line_no, None,
+                                    None))
+    held, loading = _connector_fields(raw_held, rec.get("loading"), line_no, arrivals, source)
+    return _new_tuple(LogStep, (k, scheduled, lists[0], lists[1], lists[2], running, waiting, free, line_no, held,
+                                loading))
+
+
+def _connector_fields(raw_held: Any, raw_loading: Any, line_no: int, arrivals: Arrivals, source: str
+                      ) -> tuple[dict[int, int], list[int]]:
+    """A connector log line's ``held`` ({id: blocks >= 1}) and ``loading`` (ids; none given: [])."""
+    if raw_held.__class__ is not dict:
+        raise InputError(Problem("held", raw_held, "an object: request id -> blocks it holds while not running",
+                                 line_no), source)
+    held = {}
+    for key, n in raw_held.items():
+        if not _whole(n, 1):
+            raise InputError(Problem(f"held.{key}", n, "a block count >= 1", line_no), source)
+        r = arrivals.rid(key)
+        if r is None:
+            raise InputError(Problem("held", key, "a request id from the arrivals file", line_no), source)
+        held[r] = n
+    loading = [] if raw_loading is None else _ids_slowly(raw_loading, "loading", line_no, arrivals, source)
+    return held, loading
 
 
 def _scheduled_slowly(raw: Any, line_no: int, arrivals: Arrivals, source: str) -> dict[int, int]:
@@ -441,6 +497,8 @@ class Observed:
         self.n = len(specs)
         self.slots = [_initial_slot() for _ in specs]
         self.prompt = [s.prompt_len for s in specs]
+        self.specs = specs
+        self.loading: set[int] = set()  # a connector log's requests loading after the last step
         self.arrival_us = [s.arrival_us for s in specs]  # specs are in arrival order (load_arrivals)
         self.next_arrival = 0
         self.size = policy.kv.block_size
@@ -490,13 +548,13 @@ class Observed:
         self.status_changed.append(r)
         if old == RUNNING:
             self.running.discard(r)
-        elif old == WAITING:
+        elif old == WAITING or old == LOADING:
             self.waiting.discard(r)
         elif old in DONE:
             self.done -= 1
         if new == RUNNING:
             self.running.add(r)
-        elif new == WAITING:
+        elif new == WAITING or new == LOADING:
             self.waiting.add(r)
         elif new in DONE:
             self.done += 1
@@ -546,6 +604,8 @@ class Observed:
         for r, n in entry.scheduled.items():
             s = w(r) if cow else slots[r]
             if s["status"] != running:
+                if s["status"] == LOADING:  # promoted and admitted in this step
+                    s["num_computed"] = loaded_tokens(self.specs[r])
                 status(r, s, running)
                 s["admitted_seq"] = self.seq
                 self.seq += 1
@@ -562,8 +622,31 @@ class Observed:
         if entry.finished:
             self._end(entry.finished, FINISHED, STOPPED, touched)
         self.kv_used = self.pool - entry.free_blocks
-        if self.aborted_holding:
+        if entry.held is not None:
+            self._apply_held(entry, touched)
+        elif self.aborted_holding:
             self._release_aborted()
+
+    def _apply_held(self, entry: LogStep, touched) -> None:
+        """A connector log line: the blocks each request that is not running holds, and which are loading
+        (held_update), for the requests it names and those that held blocks or loaded after the last step."""
+        held, loading = entry.held, set(entry.loading)
+        slots = self.slots
+        for r in set(held) | loading | self.loading | {r for r in self.holding if slots[r]["status"] != RUNNING}:
+            if slots[r]["status"] == RUNNING:
+                continue
+            change = held_update(slots[r], self.specs[r], held.get(r, 0), r in loading, entry.step)
+            if not change:
+                continue
+            s = self._w(r)
+            if "status" in change:
+                self._status(r, s, change.pop("status"))
+            if "blocks" in change:
+                self._blocks(r, s, change.pop("blocks"))
+            s.update(change)
+            touched.add(r)
+        self.loading = loading
+        self.aborted_holding.clear()  # the line says exactly what each request holds
 
     def _preempt(self, r: int, s: dict[str, int], touched) -> None:
         self._status(r, s, WAITING)
@@ -731,6 +814,8 @@ WINDOW: dict[Callable, tuple[Callable[[dict[str, int]], int], str]] = {
     catalogue.work_conserving: (lambda p: 0, "live"),
     catalogue.priority_inversion: (lambda p: 1, "admissions"),
     catalogue.degradation_order: (lambda p: p["gap"], "running+"),
+    catalogue.finished_releases: (lambda p: p["steps"], "holding"),
+    catalogue.no_hold_and_wait: (lambda p: p["steps"], "holding"),
 }
 # Anything else (tenant_fairness compares every earlier step; user invariants) runs on whole frames of
 # every request, all kept: the old path, memory growing with the log.
@@ -1231,9 +1316,29 @@ def check_stream(policy: Policy, arrivals: Arrivals, steps: Iterator[LogStep],
 
 def default_invariants(policy: Policy) -> list[str]:
     """What check-log checks when no --invariant is given: CHECK_LOG_INVARIANTS, a cancelled request's blocks
-    due back after the policy's own release lag."""
+    due back after the policy's own release lag; with a KV connector, after its release rule's bound (an aborted
+    load's report within connector.max_load_steps, or the deadline), and a pinned request's likewise
+    (finished_releases)."""
     lag = policy.cancellation.release_lag_steps
-    return [f"{name}:steps={lag}" if name == "cancellation_releases" else name for name in CHECK_LOG_INVARIANTS]
+    con = policy.connector
+    deadline = con.release_deadline_steps if con.release is ReleaseRule.DEADLINE else None
+    if con.loads and con.release is not ReleaseRule.IMMEDIATE:
+        lag = max(lag, deadline or con.max_load_steps)
+    names = [f"{name}:steps={lag}" if name == "cancellation_releases" else name for name in CHECK_LOG_INVARIANTS]
+    if con.pins:
+        names.append(f"finished_releases:steps={deadline or con.max_load_steps + 1}")
+    return names
+
+
+def _says_what_is_held(log: str | Path) -> bool:
+    """Whether the log's first line carries a connector's ``held`` field (tests/vllm_connector_driver.py)."""
+    try:
+        for line_no, raw in log_lines(log):
+            rec = parse_line(raw, line_no, str(log))
+            return isinstance(rec, dict) and "held" in rec
+    except InputError:
+        return False  # the reading proper reports it
+    return False
 
 
 def run_check_log(policy: PolicyInput, log: str | Path, arrivals: str | Path, invariants: list[str] | None = None,
@@ -1250,8 +1355,9 @@ def run_check_log(policy: PolicyInput, log: str | Path, arrivals: str | Path, in
     arr = load_arrivals(arrivals)
     names = list(invariants or default_invariants(pol))
     cache_note = None
+    held = pol.connector.enabled and _says_what_is_held(log)
     for blind_under, what, why, under, because in _BLIND_RULES:
-        if not blind_under(pol):
+        if not blind_under(pol, held):
             continue
         blind = [text for text in names if text.split(":", 1)[0] in CACHE_BLIND]
         if blind and invariants:
@@ -1324,6 +1430,8 @@ def observed_frames(policy: Policy, arrivals: Arrivals, log: list[LogStep]) -> t
                 preempt(r)
         for r, n in entry.scheduled.items():
             slot = slots[r]
+            if slot["status"] == LOADING:  # promoted and admitted in this step
+                slot["num_computed"] = loaded_tokens(specs[r])
             if slot["status"] != int(Status.RUNNING):
                 slot.update(status=int(Status.RUNNING), admitted_seq=seq)
                 seq += 1
@@ -1338,7 +1446,13 @@ def observed_frames(policy: Policy, arrivals: Arrivals, log: list[LogStep]) -> t
         for r in entry.finished:
             slots[r].update(status=int(Status.FINISHED), reason=int(Reason.STOPPED), blocks=0)
         kv_used = policy.kv.num_blocks - entry.free_blocks
-        if aborted_holding:
+        if entry.held is not None:  # the line says what every request that is not running holds
+            loading = set(entry.loading)
+            for r, slot in enumerate(slots):
+                if slot["status"] != RUNNING:
+                    slot.update(held_update(slot, specs[r], entry.held.get(r, 0), r in loading, k))
+            aborted_holding.clear()
+        elif aborted_holding:
             others = sum(s["blocks"] for i, s in enumerate(slots) if i not in aborted_holding)
             for r, left in release_aborted(aborted_holding, [slots[r]["blocks"] for r in aborted_holding],
                                            kv_used - others):
@@ -1347,7 +1461,7 @@ def observed_frames(policy: Policy, arrivals: Arrivals, log: list[LogStep]) -> t
                     slots[r]["release_step"] = -1
                     aborted_holding.remove(r)
         running = sum(s["status"] == int(Status.RUNNING) for s in slots)
-        waiting = sum(s["status"] == int(Status.WAITING) for s in slots)
+        waiting = sum(s["status"] in (WAITING, LOADING) for s in slots)
         if (running, waiting) != (entry.running, entry.waiting):
             notes.append(f"step {k}: the log counts running={entry.running} waiting={entry.waiting}, the arrivals and "
                          f"events give running={running} waiting={waiting}")
@@ -1371,7 +1485,7 @@ def check_log(policy: Policy, arrivals: Arrivals, log: list[LogStep],
             if not inv.holds(IntOps, ctx, t, params):
                 frame = ctx.frames[t]
                 slots = frame.slots
-                live = [r for r, slot in enumerate(slots) if slot["status"] in (WAITING, RUNNING)]
+                live = [r for r, slot in enumerate(slots) if slot["status"] in (WAITING, RUNNING, LOADING)]
                 holding = [r for r, slot in enumerate(slots) if slot["status"] == CANCELLED and slot["blocks"]]
                 context = context_lines(arrivals, entry, slots, live, holding, frame.kv_used)
                 return Violation(inv.name, entry.step, entry.line, context), notes

@@ -36,6 +36,7 @@ class Reason(IntEnum):
 
 
 NEVER = 1 << 62  # a step that never comes: a transfer that is never reported done, a release that never happens
+PAST_TRANSFER = -2  # transfer_step of a held request whose transfer is over (its report frees nothing)
 
 _PENDING, _NO_REASON = Status.PENDING, Reason.NONE  # bound once: an Enum class attribute costs ~0.2 us per use
 

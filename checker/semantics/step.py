@@ -21,7 +21,7 @@ from checker.policy import HeadOfLine, PhaseMode, PreemptMode, QueueOrder
 from checker.semantics import kv, transfer
 from checker.semantics.decision import DecisionBuilder, StepDecision
 from checker.semantics.order import enqueue, key_function, norm_priority, pick_victim, sort_waiting, victim_key
-from checker.semantics.state import Reason, Request, SchedulerState, Status
+from checker.semantics.state import PAST_TRANSFER, Reason, Request, SchedulerState, Status
 
 # The enum members the step reads and writes, bound once: looking a member up on its Enum class costs about
 # 0.2 us per use in CPython 3.11, and the step is the hot path of the engine, the fuzzer and the explorer.
@@ -158,6 +158,8 @@ def _cancel(s: SchedulerState, cancels: list[Request], out: DecisionBuilder) -> 
                 kv.free(s, r)
                 out.released.append(r.rid)
         elif r.blocks and lag > 0:
+            if r.transfer_step >= 0:  # a load of its past: its report is no release (report_phase)
+                r.transfer_step = PAST_TRANSFER
             r.release_step = s.step + lag
             s.holding.append(r)
         elif r.blocks:

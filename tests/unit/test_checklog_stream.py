@@ -28,7 +28,8 @@ SPECS = ["kv_never_overcommitted", "kv_never_overcommitted:headroom=3", "token_b
          "no_deadlock:steps=1", "no_deadlock:steps=3", "bounded_preemptions", "bounded_preemptions:times=0",
          "work_conserving", "priority_inversion", "priority_inversion:bound=1", "degradation_order",
          "degradation_order:gap=2,protected=1", "block_pool_conservation", "no_referenced_block_reused",
-         "hit_only_on_identical_chain", "scheduled_requests_run"]
+         "hit_only_on_identical_chain", "scheduled_requests_run", "finished_releases", "finished_releases:steps=3",
+         "no_hold_and_wait", "no_hold_and_wait:steps=2"]
 
 POLICY_CASES = {
     "vllm_small_pool": ("broken/vllm_v1_small_pool.yaml", []),
