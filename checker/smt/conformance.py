@@ -7,12 +7,12 @@ inputs. A mismatch is a drift between the engine and the encoder: a bug in batch
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from checker.policy import Policy
 from checker.semantics.decision import StepDecision
-from checker.semantics.state import FIELDS, Request, SchedulerState
-from checker.smt.encode import SlotParams, SlotState, StepResult, symbolic_step
+from checker.semantics.state import FIELDS, Request, SchedulerState, Status
+from checker.smt.encode import CONNECTOR_FIELDS, SlotParams, SlotState, StepResult, SymbolicStep, symbolic_step
 from checker.smt.ops import IntOps, Z3Ops, bool_var, int_var, pin_and_eval
 from checker.smt.pool import (POOL_FIELDS, Pool, PoolState, Shape, canonical_of_engine, canonical_of_values,
                               chained_code, empty_pool, identity_of, pool_from_engine, shape_for)
@@ -32,16 +32,67 @@ class Captured:
     counters: tuple[int, ...]
     now_us: int
     cancels: tuple[bool, ...]
+    # With a KV connector only (policy.connector; empty otherwise): per slot TRANSFER_PARAMS, per slot
+    # CONNECTOR_FIELDS (load_seq: the place in s.holders, from 1), and the next load_seq
+    transfer_params: tuple[tuple[int, ...], ...] = ()
+    transfer_slots: tuple[tuple[int, ...], ...] = ()
+    next_load: int = 1
+
+
+TRANSFER_PARAMS = ("external_tokens", "load_steps", "send_steps")  # RequestSpec's, None (never) as -1
+
+
+def transfer_params(spec) -> tuple[int, int, int]:
+    """A request's connector fields as the encoding takes them (None, a transfer that never completes: -1)."""
+    return (spec.external_tokens, -1 if spec.load_steps is None else spec.load_steps,
+            -1 if spec.send_steps is None else spec.send_steps)
 
 
 def capture(s: SchedulerState, cancels: list[Request], now_us: int) -> Captured:
     cancelled = {r.rid for r in cancels}
-    return Captured(
+    base = Captured(
         params=tuple((r.arrival_us, r.prompt_len, r.output_len, r.max_output, r.priority, r.tenant)
                      for r in s.requests),
         slots=tuple(r.snapshot() for r in s.requests),
         next_seq=s.next_seq, step=s.step, counters=tuple(s.tenant_counters), now_us=now_us,
         cancels=tuple(r.rid in cancelled for r in s.requests))
+    if not s.policy.connector.enabled:
+        return base
+    seq = {r.rid: k + 1 for k, r in enumerate(s.holders)}
+    return replace(base, transfer_params=tuple(transfer_params(r.spec) for r in s.requests),
+                   transfer_slots=tuple((r.transfer_step, seq.get(r.rid, 0)) for r in s.requests),
+                   next_load=len(s.holders) + 1)
+
+
+def _connector_outputs_of_engine(s: SchedulerState, d: StepDecision) -> dict[str, int]:
+    """What the connector adds to the comparison: each request's transfer step, its place in the holders' queue
+    (-1: not in it), whether it was admitted as a load in this step; the loads in flight."""
+    place = {r.rid: k for k, r in enumerate(s.holders)}
+    loads = set(d.loads)
+    out: dict[str, int] = {}
+    for r in s.requests:
+        out[f"slot{r.rid}.transfer_step"] = r.transfer_step
+        out[f"slot{r.rid}.holder"] = place.get(r.rid, -1)
+        out[f"slot{r.rid}.loaded"] = int(r.rid in loads)
+    out["loads_in_flight"] = s.loads_in_flight
+    return out
+
+
+def _connector_terms(o, policy: Policy, params: list[SlotParams], result: StepResult) -> dict[str, object]:
+    """The same facts from the encoding: the holders' queue is the queued slots holding blocks, in the order of
+    their holder keys (SymbolicStep.holder_key, read on the state after the step)."""
+    slots = result.state.slots
+    after = SymbolicStep(o, policy, params, result.state, 0, [False] * len(slots))
+    holder = [after.in_holders(i) for i in range(len(slots))]
+    keys = [after.holder_key(i) for i in range(len(slots))]
+    out: dict[str, object] = {}
+    for i, sl in enumerate(slots):
+        ahead = sum(o.b2i(o.and_(holder[j], after.lex_lt(keys[j], keys[i]))) for j in range(len(slots)) if j != i)
+        out[f"slot{i}.transfer_step"] = sl["transfer_step"]
+        out[f"slot{i}.holder"] = o.ite(holder[i], ahead, -1)
+        out[f"slot{i}.loaded"] = o.b2i(result.loads[i])
+    out["loads_in_flight"] = sum(o.b2i(sl["status"] == int(Status.LOADING)) for sl in slots)
+    return out
 
 
 def outputs_of_engine(s: SchedulerState, d: StepDecision) -> dict[str, int]:
@@ -57,10 +108,13 @@ def outputs_of_engine(s: SchedulerState, d: StepDecision) -> dict[str, int]:
         out[f"counter{t}"] = c
     out["kv_used"] = s.kv_used
     out["swap_used"] = s.swap_used
+    if s.policy.connector.enabled:
+        out.update(_connector_outputs_of_engine(s, d))
     return out
 
 
-def _flatten(result: StepResult) -> dict[str, object]:
+def _flatten(result: StepResult, o=None, policy: Policy | None = None,
+             params: list[SlotParams] | None = None) -> dict[str, object]:
     out: dict[str, object] = {}
     for i, slot in enumerate(result.state.slots):
         for name in FIELDS:
@@ -72,20 +126,27 @@ def _flatten(result: StepResult) -> dict[str, object]:
         out[f"counter{t}"] = c
     out["kv_used"] = result.state.kv_used
     out["swap_used"] = result.state.swap_used
+    if policy is not None and policy.connector.enabled:
+        out.update(_connector_terms(o, policy, params, result))
     return out
 
 
-def _state(slots: list[dict], next_seq, step, counters) -> SlotState:
-    return SlotState(slots=slots, next_seq=next_seq, step=step, counters=list(counters))
+def _state(slots: list[dict], next_seq, step, counters, next_load=1) -> SlotState:
+    return SlotState(slots=slots, next_seq=next_seq, step=step, counters=list(counters), next_load=next_load)
 
 
 def int_outputs(policy: Policy, c: Captured) -> dict[str, int]:
     """The symbolic step evaluated on ints."""
-    params = [SlotParams(*p) for p in c.params]
-    slots = [dict(zip(FIELDS, values)) for values in c.slots]
-    result = symbolic_step(IntOps, policy, params, _state(slots, c.next_seq, c.step, c.counters),
+    if c.transfer_params:
+        params = [SlotParams(*p, 0, *t) for p, t in zip(c.params, c.transfer_params)]
+        slots = [{**dict(zip(FIELDS, values)), **dict(zip(CONNECTOR_FIELDS, extra))}
+                 for values, extra in zip(c.slots, c.transfer_slots)]
+    else:
+        params = [SlotParams(*p) for p in c.params]
+        slots = [dict(zip(FIELDS, values)) for values in c.slots]
+    result = symbolic_step(IntOps, policy, params, _state(slots, c.next_seq, c.step, c.counters, c.next_load),
                            c.now_us, list(c.cancels))
-    return {k: int(v) for k, v in _flatten(result).items()}
+    return {k: int(v) for k, v in _flatten(result, IntOps, policy, params).items()}
 
 
 class Z3Step:
@@ -93,16 +154,21 @@ class Z3Step:
     evaluated by pinning the variables to a captured state."""
 
     def __init__(self, policy: Policy, num_slots: int, num_tenants: int):
-        self.params = [SlotParams(*(int_var(f"{f}_{i}") for f in PARAM_FIELDS)) for i in range(num_slots)]
-        self.slots = [{f: int_var(f"{f}_{i}") for f in FIELDS} for i in range(num_slots)]
+        self.connector = policy.connector.enabled
+        extra = TRANSFER_PARAMS if self.connector else ()
+        self.params = [SlotParams(*(int_var(f"{f}_{i}") for f in PARAM_FIELDS),
+                                  **{f: int_var(f"{f}_{i}") for f in extra}) for i in range(num_slots)]
+        fields = FIELDS + (CONNECTOR_FIELDS if self.connector else ())
+        self.slots = [{f: int_var(f"{f}_{i}") for f in fields} for i in range(num_slots)]
         self.next_seq = int_var("next_seq")
         self.step = int_var("step")
+        self.next_load = int_var("next_load")
         self.counters = [int_var(f"counter_{t}") for t in range(num_tenants)]
         self.now = int_var("now_us")
         self.cancels = [bool_var(f"cancel_{i}") for i in range(num_slots)]
-        result = symbolic_step(Z3Ops, policy, self.params, _state(self.slots, self.next_seq, self.step, self.counters),
-                               self.now, self.cancels)
-        flat = _flatten(result)
+        state = _state(self.slots, self.next_seq, self.step, self.counters, self.next_load if self.connector else 1)
+        result = symbolic_step(Z3Ops, policy, self.params, state, self.now, self.cancels)
+        flat = _flatten(result, Z3Ops, policy, self.params)
         self.names = list(flat)
         self.terms = list(flat.values())
 
@@ -115,6 +181,11 @@ class Z3Step:
         pins += [(self.next_seq, c.next_seq), (self.step, c.step), (self.now, c.now_us)]
         pins += list(zip(self.counters, c.counters))
         pins += list(zip(self.cancels, c.cancels))
+        if self.connector:
+            for prm, values, slot, extra in zip(self.params, c.transfer_params, self.slots, c.transfer_slots):
+                pins += list(zip((getattr(prm, f) for f in TRANSFER_PARAMS), values))
+                pins += list(zip((slot[f] for f in CONNECTOR_FIELDS), extra))
+            pins.append((self.next_load, c.next_load))
         values = pin_and_eval(pins, self.terms)
         return {name: int(v) for name, v in zip(self.names, values)}
 

@@ -17,6 +17,7 @@ from typing import ClassVar
 
 from checker.policy import (
     Allocation,
+    ReleaseRule,
     HeadOfLine,
     PhaseMode,
     Polarity,
@@ -27,7 +28,7 @@ from checker.policy import (
     Victim,
 )
 from checker.errors import InputError, Problem
-from checker.semantics.state import Reason, Status
+from checker.semantics.state import FIELDS, NEVER, PAST_TRANSFER, Reason, Status
 from checker.smt.ops import Term, sum_terms
 from checker.smt.pool import Pool, chained_code, hash_code
 
@@ -43,6 +44,32 @@ class SlotParams:
     priority: Term
     tenant: Term
     identity: Term = 0  # prefix caching only: the prompt's identity (checker.smt.pool.IDENTITIES)
+    # A KV connector only (policy.connector; RequestSpec's fields, None as -1): tokens the external tier holds,
+    # the load's latency, the send's confirmation delay
+    external_tokens: Term = 0
+    load_steps: Term = 1
+    send_steps: Term = 0
+
+
+# Per-slot fields of the encoding with a KV connector, beside FIELDS: the step in whose output the slot's transfer
+# is reported (Request.transfer_step), and its place in the holders' queue (0: none; SchedulerState.holders in
+# load_seq order, numbered from SlotState.next_load).
+CONNECTOR_FIELDS = ("transfer_step", "load_seq")
+
+
+def slot_fields(policy: Policy) -> tuple[str, ...]:
+    """The per-slot fields of the encoded state for this policy (FIELDS, and CONNECTOR_FIELDS with a connector)."""
+    return FIELDS + CONNECTOR_FIELDS if policy.connector.enabled else FIELDS
+
+
+def blank_slot(policy: Policy) -> dict[str, int]:
+    """A slot before its request arrives."""
+    blank = {f: 0 for f in slot_fields(policy)}
+    blank["status"] = int(Status.PENDING)
+    blank["release_step"] = -1
+    if policy.connector.enabled:
+        blank["transfer_step"] = -1
+    return blank
 
 
 @dataclass
@@ -54,6 +81,7 @@ class SlotState:
     step: Term
     counters: list[Term]
     pool: Pool | None = None  # prefix caching: the block pool with block identity (checker/smt/pool.py)
+    next_load: Term = 1  # a KV connector's holders' queue: the load_seq of the next load started
 
     @property
     def kv_used(self) -> Term:
@@ -78,6 +106,7 @@ class StepResult:
     scheduled: list[Term]  # tokens per slot this step
     produced: list[Term]  # bool per slot
     preempted: list[Term] = field(default_factory=list)  # bool per slot
+    loads: list[Term] = field(default_factory=list)  # bool per slot: admitted as an asynchronous KV load
 
 
 WAITING_STATES = (Status.WAITING, Status.SWAPPED)
@@ -98,11 +127,34 @@ def require_encodable(policy: Policy) -> None:
                                  "the engine with the cache"))
 
 
+def require_connector_state(policy: Policy, state: SlotState) -> None:
+    """A KV connector needs its slot fields in the state (the bounded unrolling has them); a proof's symbolic
+    state (induction) does not: refuse (exit 2) rather than prove a different system."""
+    c = policy.connector
+    if not c.enabled:
+        return
+    if state.pool is not None:
+        raise InputError(Problem("connector.kind", c.kind.value, "none with kv.prefix_caching.enabled for the z3 "
+                                 "encoding (loads into the block pool are not encoded yet): `verify` checks it by "
+                                 "explicit-state search on the engine"))
+    if any("transfer_step" not in slot for slot in state.slots):
+        refuse_proof_with_connector(policy)
+
+
+def refuse_proof_with_connector(policy: Policy) -> None:
+    """Unbounded proofs (induction, action-wise induction) have no lemmas for a KV connector's states yet."""
+    c = policy.connector
+    if c.enabled:
+        raise InputError(Problem("--unbounded", True, f"no proof method covers KV connector states (connector.kind "
+                                 f"{c.kind.value}) yet: a bounded check only (drop --unbounded)"))
+
+
 class SymbolicStep:
     def __init__(self, ops, policy: Policy, params: list[SlotParams], state: SlotState, now_us: Term,
                  cancels: list[Term]):
         if state.pool is None:
             require_encodable(policy)  # a caching policy needs the pool in the state
+        require_connector_state(policy, state)
         self.o = ops
         self.p = policy
         self.params = params
@@ -118,6 +170,15 @@ class SymbolicStep:
         self.pool = self.s.pool
         self.order: list[Term] = [-1] * self.n  # when each slot was scheduled in this step (the release order)
         self.scheduled_count: Term = 0
+        con = policy.connector
+        self.con = con
+        self.holders_q = con.loads and con.holders_first  # transfer.uses_holders_queue
+        self.queued = WAITING_STATES + (Status.LOADING,) if con.loads else WAITING_STATES  # s.waiting + s.holders
+        self.loads: list[Term] = [False] * self.n
+        if self.holders_q and policy.queue.order is QueueOrder.TENANT_FAIR:
+            raise InputError(Problem("queue.order", "tenant_fair", "another order with connector.holders_first for "
+                                     "the z3 encoding: the engine keeps the holders' queue sorted by tenant counters "
+                                     "that change while it waits (no vLLM counterpart); use the engine's checks"))
 
     # ------------------------------------------------------------------ helpers
     def st(self, i: int) -> Term:
@@ -129,6 +190,17 @@ class SymbolicStep:
     def set(self, i: int, name: str, cond: Term, value: Term) -> None:
         slot = self.s.slots[i]
         slot[name] = self.o.ite(cond, value, slot[name])
+
+    def in_waiting_list(self, i: int) -> Term:
+        """In the engine's s.waiting: queued, and not in the holders' queue (transfer.queue_of)."""
+        queued = self.is_(i, *self.queued)
+        return self.o.and_(queued, self.s.slots[i]["blocks"] == 0) if self.holders_q else queued
+
+    def in_holders(self, i: int) -> Term:
+        """In the engine's s.holders (a KV connector with holders_first): queued and holding blocks."""
+        if not self.holders_q:
+            return False
+        return self.o.and_(self.is_(i, *self.queued), self.s.slots[i]["blocks"] > 0)
 
     def count(self, *statuses: Status) -> Term:
         return sum_terms([self.o.b2i(self.is_(i, *statuses)) for i in range(self.n)])
@@ -195,8 +267,9 @@ class SymbolicStep:
         tenant = self.params[i].tenant
         return sum_terms([self.o.ite(tenant == t, c, 0) for t, c in enumerate(self.s.counters)])
 
-    def queue_key(self, i: int) -> tuple:
+    def queue_key(self, i: int, now: Term | None = None) -> tuple:
         o, q, sl, prm = self.o, self.p.queue, self.s.slots[i], self.params[i]
+        now = self.now if now is None else now
         if q.preempted_requeue is Requeue.FRONT:
             requeued = sl["requeue_seq"] > 0
             head = (o.ite(requeued, 0, 1), o.ite(requeued, -sl["requeue_seq"], 0))
@@ -207,13 +280,30 @@ class SymbolicStep:
         elif q.order is QueueOrder.PRIORITY:
             body = (self.norm_priority(i),)
         elif q.order is QueueOrder.PRIORITY_AGING:
-            waited = o.floor_div(self.now - prm.arrival_us, q.aging_interval_ms * 1000)
+            waited = o.floor_div(now - prm.arrival_us, q.aging_interval_ms * 1000)
             body = (self.norm_priority(i) - waited,)
         elif q.order is QueueOrder.SHORTEST_PROMPT_FIRST:
             body = (prm.prompt_len,)
         else:
             body = (self.tenant_counter(i),)
         return head + body + (prm.arrival_us, i)
+
+    def holder_key(self, i: int) -> tuple:
+        """A request's place in the holders' queue (transfer.start_load): under fcfs the order the loads started
+        in (load_seq), else the queue's key as it is at time 0 (fixed while the request holds: the list is kept
+        sorted by it)."""
+        if self.p.queue.order is QueueOrder.FCFS:
+            return (self.s.slots[i]["load_seq"],) + self.queue_key(i)
+        return (0,) + self.queue_key(i, 0)
+
+    def waiting_key(self, i: int) -> tuple:
+        """The waiting pass's order: the queue order; with a KV connector's holders' queue, its requests first, in
+        their order (step._waiting_pass scans s.holders, then s.waiting)."""
+        if not self.holders_q:
+            return self.queue_key(i)
+        o, holder = self.o, self.in_holders(i)
+        queued = (0,) + self.queue_key(i)
+        return (o.ite(holder, 0, 1),) + tuple(o.ite(holder, h, q) for h, q in zip(self.holder_key(i), queued))
 
     def victim_key(self, i: int) -> tuple:
         sl, prm = self.s.slots[i], self.params[i]
@@ -236,7 +326,7 @@ class SymbolicStep:
             if k + 1 < len(passes):
                 loop = passes[k + 1].start(self)
         produced = self.complete()
-        return StepResult(self.s, self.sched, produced, self.preempted)
+        return StepResult(self.s, self.sched, produced, self.preempted, self.loads)
 
     def prefix(self, passes: list[Pass]) -> dict:
         """The phases before the schedule, the schedule's start and the first pass's start (its loop)."""
@@ -251,8 +341,9 @@ class SymbolicStep:
         o, s = self.o, self.s
         for i in range(self.n):
             sl = s.slots[i]
-            rel = o.and_(self.st(i) == int(Status.CANCELLED), sl["release_step"] != -1,
-                         sl["release_step"] <= s.step)
+            held = self.is_(i, Status.CANCELLED, Status.FINISHED) if self.con.pins else \
+                self.st(i) == int(Status.CANCELLED)  # a prefill node's pinned requests are held too
+            rel = o.and_(held, sl["release_step"] != -1, sl["release_step"] <= s.step)
             if self.pool is not None:  # in slot order: the engine's holding list order (one lag, rid order)
                 self.pool.release([(i, rel, sl["blocks"], 0)])
             self.set(i, "blocks", rel, 0)
@@ -262,9 +353,9 @@ class SymbolicStep:
         o, p = self.o, self.p
         adm = p.admission
         running = self.count(Status.RUNNING)
-        waiting = self.count(*WAITING_STATES)
-        queued_tokens = sum_terms([o.ite(self.is_(i, *WAITING_STATES), self.params[i].prompt_len, 0)
-                                   for i in range(self.n)])
+        waiting = self.count(*self.queued)  # s.waiting and s.holders
+        queued_tokens = sum_terms([o.ite(self.in_waiting_list(i), self.params[i].prompt_len, 0)
+                                   for i in range(self.n)])  # s.waiting only
         for i in range(self.n):
             prm = self.params[i]
             arriving = o.and_(self.st(i) == int(Status.PENDING), prm.arrival_us <= self.now)
@@ -290,7 +381,10 @@ class SymbolicStep:
     def lift_counter(self, i: int, accepted: Term) -> None:
         """VTC counter lift (mirrors step._lift_counter)."""
         o, s = self.o, self.s
-        holds = [self.is_(j, Status.WAITING, Status.SWAPPED, Status.RUNNING) for j in range(self.n)]
+        if self.con.loads:  # s.waiting and s.running (not the holders' queue)
+            holds = [o.or_(self.in_waiting_list(j), self.st(j) == int(Status.RUNNING)) for j in range(self.n)]
+        else:
+            holds = [self.is_(j, Status.WAITING, Status.SWAPPED, Status.RUNNING) for j in range(self.n)]
         active = [o.or_(*(o.and_(holds[j], self.params[j].tenant == t) for j in range(self.n)))
                   for t in range(len(s.counters))]
         mine = self.params[i].tenant
@@ -308,10 +402,17 @@ class SymbolicStep:
         lag = self.p.cancellation.release_lag_steps
         for i in range(self.n):
             sl = s.slots[i]
-            cancelling = o.and_(self.cancels[i], self.is_(i, Status.WAITING, Status.SWAPPED, Status.RUNNING))
+            cancelling = o.and_(self.cancels[i], self.is_(i, Status.WAITING, Status.SWAPPED, Status.RUNNING,
+                                                          *((Status.LOADING,) if self.con.loads else ())))
             self.set(i, "swapped_blocks", cancelling, 0)
             holds = o.and_(cancelling, sl["blocks"] > 0)
+            if self.con.loads:  # an aborted load: its own release rule (transfer.abort_load), not the lag
+                loading = o.and_(cancelling, self.st(i) == int(Status.LOADING))
+                self.abort_load(i, loading)
+                holds = o.and_(holds, o.not_(loading))
             if lag > 0:
+                if self.con.loads:  # a load of its past: its report is no release (step._cancel, report_phase)
+                    self.set(i, "transfer_step", o.and_(holds, sl["transfer_step"] >= 0), PAST_TRANSFER)
                 self.set(i, "release_step", holds, s.step + lag)
             else:
                 if self.pool is not None:
@@ -319,6 +420,16 @@ class SymbolicStep:
                 self.set(i, "blocks", holds, 0)
             self.set(i, "reason", cancelling, int(Reason.ABORTED))
             self.set(i, "status", cancelling, int(Status.CANCELLED))
+
+    def abort_load(self, i: int, loading: Term) -> None:
+        """transfer.abort_load: freed now (release immediate, or the load already reported), else held until the
+        report (the end-of-step report phase) or the deadline (the release phase)."""
+        o, s, c = self.o, self.s, self.con
+        sl = s.slots[i]
+        now = True if c.release is ReleaseRule.IMMEDIATE else sl["transfer_step"] < s.step
+        self.set(i, "blocks", o.and_(loading, now), 0)
+        later = s.step + c.release_deadline_steps if c.release is ReleaseRule.DEADLINE else NEVER
+        self.set(i, "release_step", o.and_(loading, o.not_(now)), later)
 
     def expire(self) -> None:
         limit_ms = self.p.timeouts.queue_timeout_ms
@@ -329,6 +440,8 @@ class SymbolicStep:
             sl, prm = self.s.slots[i], self.params[i]
             e = o.and_(self.is_(i, *WAITING_STATES), sl["admitted_seq"] == 0,
                        self.now - prm.arrival_us > limit_ms * 1000)
+            if self.con.loads:  # a request holding blocks (a load done, not yet running) does not expire
+                e = o.and_(e, sl["blocks"] == 0)
             self.set(i, "reason", e, int(Reason.TIMEOUT))
             self.set(i, "status", e, int(Status.REJECTED))
 
@@ -349,7 +462,7 @@ class SymbolicStep:
         threshold = c.long_prefill_token_threshold
         if not threshold or (c.threshold_when_alone and not c.threshold_adaptive):
             return threshold
-        eligible = self.running + self.count(*WAITING_STATES)
+        eligible = self.running + self.count(*self.queued)
         cap: Term = threshold
         if c.threshold_adaptive:  # max(threshold, budget // eligible), eligible in 1..n as a chain (linear)
             budget = p.batch.max_num_batched_tokens
@@ -467,7 +580,21 @@ class SymbolicStep:
         preempt one running request for it (priority inversion), or give up. Returns (admitted, failed)."""
         o, p = self.o, self.p
         n_slots = self.n
+        load_done: Term = False
+        load_failed: Term = False
+        if self.con.loads:  # a LOADING request: passed over until its load is reported, then promoted
+            passed = self.promote(sel, active)
+            active = o.and_(active, o.not_(passed))
         cur = self.selected(sel)
+        if self.con.loads:  # an asynchronous load: it takes no tokens, and preempts nobody
+            ext = self.select(sel, [self.external_tokens(i) for i in range(n_slots)])
+            is_load = ext > 0
+            fits_load = o.and_(self.running < p.batch.max_num_seqs, self.can_start_load(cur, ext))
+            started = o.and_(active, is_load, fits_load)
+            self.start_load(sel, cur, ext, started)
+            load_done = o.or_(passed, started)
+            load_failed = o.and_(active, is_load, o.not_(fits_load))
+            active = o.and_(active, o.not_(is_load))
         hit = None
         if self.pool is not None:  # kv.prefix_hit, looked up in every round (after each preemption too)
             cur, hit, held = self.prefix_hit(sel, cur)
@@ -492,7 +619,77 @@ class SymbolicStep:
         self.admit(sel, cur, n, do_admit, hit)
         if p.preempts_on_inversion:
             self.preempt(victim, do_preempt)
+        if self.con.loads:
+            return o.or_(do_admit, load_done), o.or_(do_fail, load_failed)
         return do_admit, do_fail
+
+    # ------------------------------------------------------------------ a KV connector's loads (transfer.py)
+    def external_tokens(self, i: int) -> Term:
+        """transfer.external_tokens: what a load would bring (only a request that has had no transfer asks)."""
+        o, sl, ext = self.o, self.s.slots[i], self.params[i].external_tokens
+        return o.ite(o.and_(sl["transfer_step"] == -1, ext > 0), o.max(0, ext - sl["num_computed"]), 0)
+
+    def promote(self, sel: list[Term], active: Term) -> Term:
+        """_try_admit's first lines: a selected LOADING request whose load was reported in an earlier step's
+        output is promoted (transfer.promote: WAITING, a full-prompt load recomputing its last token); one whose
+        load is not reported is passed over (returned: the round is done with it)."""
+        o, s = self.o, self.s
+        passed: Term = False
+        for i in range(self.n):
+            sl, prm = s.slots[i], self.params[i]
+            loading = o.and_(active, sel[i], self.st(i) == int(Status.LOADING))
+            reported = sl["transfer_step"] < s.step
+            passed = o.or_(passed, o.and_(loading, o.not_(reported)))
+            up = o.and_(loading, reported)
+            tokens = prm.prompt_len + sl["num_generated"]
+            self.set(i, "num_computed", o.and_(up, sl["num_computed"] >= tokens), tokens - 1)
+            self.set(i, "status", up, int(Status.WAITING))
+        return passed
+
+    def inflight_reserved(self) -> Term:
+        """transfer.inflight_reserved: blocks the loads in flight and the running requests still in their prefill
+        (after the tokens scheduled so far in this step) need to hold their whole sequence."""
+        o, p, s = self.o, self.p, self.s
+        total: Term = 0
+        for i in range(self.n):
+            sl, prm = s.slots[i], self.params[i]
+            tokens = prm.prompt_len + sl["num_generated"]
+            need = o.max(0, self.blocks_for(o.min(tokens, p.max_model_len)) - sl["blocks"])
+            computed = sl["num_computed"] + self.sched[i]
+            prefilling = o.and_(self.st(i) == int(Status.RUNNING), computed < tokens,
+                                o.or_(sl["num_generated"] == 0, computed + 1 < tokens))
+            total = total + o.ite(o.or_(self.st(i) == int(Status.LOADING), prefilling), need, 0)
+        return total
+
+    def can_start_load(self, r: dict[str, Term], ext: Term) -> Term:
+        """transfer.can_start_load (no block pool: the request holds ``r["blocks"]``)."""
+        o, p = self.o, self.p
+        free = p.kv.num_blocks - self.s.kv_used - o.ite(self.running > 0, p.kv.watermark_blocks, 0)
+        held = r["blocks"]
+        ok: Term = True
+        if p.admission.reserve_full_prompt:
+            ok = self.blocks_for(r["prompt_len"] + r["num_generated"]) - held <= free
+        reserved = self.inflight_reserved() if self.con.reserve_inflight else 0
+        return o.and_(ok, self.blocks_for(r["num_computed"] + ext) - held <= free - reserved)
+
+    def start_load(self, sel: list[Term], r: dict[str, Term], ext: Term, cond: Term) -> None:
+        """transfer.start_load: the loaded tokens' blocks taken and held while LOADING; reported in the output of
+        step ``step + load_steps - 1`` (never, for -1); with holders_first it joins the holders' queue last."""
+        o, s = self.o, self.s
+        tokens = r["num_computed"] + ext
+        blocks = self.blocks_for(tokens)
+        for i in range(self.n):
+            c = o.and_(cond, sel[i])
+            steps = self.params[i].load_steps
+            self.set(i, "blocks", c, blocks)
+            self.set(i, "num_computed", c, tokens)
+            self.set(i, "transfer_step", c, o.ite(steps < 0, NEVER, s.step + steps - 1))
+            self.set(i, "status", c, int(Status.LOADING))
+            if self.holders_q:
+                self.set(i, "load_seq", c, s.next_load)
+            self.loads[i] = o.or_(self.loads[i], c)
+        if self.holders_q:
+            s.next_load = s.next_load + o.b2i(cond)
 
     def admission_blocked(self) -> Term:
         if self.p.preemption.block_admission_after_preempt:
@@ -618,14 +815,37 @@ class SymbolicStep:
                                                  int(Reason.LENGTH_CAPPED)))
             self.set(i, "status", finish, int(Status.FINISHED))
             holders.append((i, finish, sl["blocks"]))
-            self.set(i, "blocks", finish, 0)
+            if self.con.pins:  # transfer.pin: held until the send is confirmed or the deadline passes
+                self.pin(i, finish)
+            else:
+                self.set(i, "blocks", finish, 0)
             produced_all.append(produced)
         if self.pool is not None:
             self.pool.release([(i, finish, blocks, sum_terms([o.b2i(o.and_(f, self.order[q] < self.order[i]))
                                                               for q, f, _ in holders if q != i]))
                                for i, finish, blocks in holders])
+        if self.con.enabled:
+            self.report_phase()
         s.step = s.step + 1
         return produced_all
+
+    def pin(self, i: int, finish: Term) -> None:
+        """transfer.pin: confirmed in the output of step ``step + 1 + send_steps`` (never, for -1)."""
+        o, s, c = self.o, self.s, self.con
+        steps = self.params[i].send_steps
+        self.set(i, "transfer_step", finish, o.ite(steps < 0, NEVER, s.step + 1 + steps))
+        self.set(i, "release_step", finish,
+                 s.step + c.release_deadline_steps if c.release is ReleaseRule.DEADLINE else NEVER)
+
+    def report_phase(self) -> None:
+        """transfer.report_phase: held requests whose transfer is reported in this step's output are freed."""
+        o, s = self.o, self.s
+        for i in range(self.n):
+            sl = s.slots[i]
+            due = o.and_(self.is_(i, Status.CANCELLED, Status.FINISHED), sl["release_step"] != -1,
+                         sl["transfer_step"] >= 0, sl["transfer_step"] <= s.step)
+            self.set(i, "blocks", due, 0)
+            self.set(i, "release_step", due, -1)
 
 
 class Pass:
@@ -670,8 +890,8 @@ class WaitingPass(Pass):
     def start(self, step: SymbolicStep) -> dict:
         o, n = step.o, step.n
         enabled = o.and_(self.enabled(step), o.not_(step.admission_blocked()))
-        return {"snapshot": [o.and_(step.is_(i, *WAITING_STATES), o.not_(step.preempted[i])) for i in range(n)],
-                "keys": [step.queue_key(i) for i in range(n)], "tried": [False] * n, "stopped": o.not_(enabled)}
+        return {"snapshot": [o.and_(step.is_(i, *step.queued), o.not_(step.preempted[i])) for i in range(n)],
+                "keys": [step.waiting_key(i) for i in range(n)], "tried": [False] * n, "stopped": o.not_(enabled)}
 
     def round(self, step: SymbolicStep, loop: dict) -> None:
         step.waiting_round(loop)
