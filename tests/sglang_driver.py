@@ -30,6 +30,7 @@ Each step s:
      request: aborted at the top of the next ``get_next_batch_to_run``),
   3. ``get_next_batch_to_run(running_batch, last_batch)`` is called (the body of ``event_loop_normal``),
   4. the fake forward + result processing runs on the batch; no batch -> ``on_idle``'s ratio reset.
+Under --overlap, step 4 follows event_loop_overlap instead: the batch is queued and the previous one processed.
 Output: one JSON line per step (stdout or --out):
   {"step", "kind": prefill|decode|mixed|idle, "scheduled": {id: tokens}, "retracted": [ids], "preempted": [ids],
    "finished": [ids],
@@ -41,6 +42,7 @@ and a JSON summary on stderr (steps, steps/s of the scheduling loop, setup secon
 from __future__ import annotations
 
 import argparse
+import collections
 import importlib.abc
 import importlib.machinery
 import json
@@ -202,6 +204,9 @@ def parse_args(argv=None):
     ap.add_argument("--ignore-eos", action="store_true",
                     help="requests set ignore_eos (then the new-token ratio does not apply to them, and with the "
                          "radix cache disabled add_one_req_ignore_eos is used)")
+    ap.add_argument("--overlap", action="store_true",
+                    help="event_loop_overlap's order (SGLang's GPU default): a batch's result is processed one "
+                         "iteration after it is scheduled")
     ap.add_argument("--max-context-len", type=int, default=65536)
     ap.add_argument("--max-steps", type=int, default=100000)
     ap.add_argument("--max-stalled-steps", type=int, default=1000,
@@ -280,7 +285,7 @@ _SERVER_ARG_FLAGS = (
 def server_args(sg, args, model_dir):
     fields = {name: getattr(args, name) for name in _SERVER_ARG_FLAGS}
     return sg.ServerArgs(model_path=model_dir, device="cpu", skip_tokenizer_init=True,
-                         max_total_tokens=args.pool_tokens, disable_overlap_schedule=True, disable_cuda_graph=True,
+                         max_total_tokens=args.pool_tokens, disable_overlap_schedule=not args.overlap, disable_cuda_graph=True,
                          context_length=args.max_context_len, **fields)
 
 
@@ -365,7 +370,7 @@ def make_scheduler(sg, args, sa):
             self.device = "cpu"
             self.model_config = types.SimpleNamespace(vocab_size=TINY_CONFIG["vocab_size"],
                                                       is_encoder_decoder=False, is_multimodal=False)
-            self.enable_overlap = False
+            self.enable_overlap = args.overlap
             self.spec_algorithm = sg.SpeculativeAlgorithm.NONE
             self.truncation_align_size = None
             self.max_prefill_bs = 0
@@ -383,9 +388,9 @@ def make_scheduler(sg, args, sa):
             self.lora_drainer = None
             self.is_hybrid_swa = False
             self.require_mlp_sync = False
-            self.enable_skip_finishing_decode = False
+            self.enable_skip_finishing_decode = args.overlap  # event_loop_overlap sets it
             self.enable_continuous_input_polling = False
-            self.result_queue = None
+            self.result_queue = collections.deque() if args.overlap else None
             self.prefill_delayer = None
             self.min_free_slots_delayer = None
             self.dynamic_chunk_sizer = None
@@ -474,11 +479,14 @@ def record_retractions(sg):
 
 def fake_forward(sg, sched, batch):
     """The model step and process_batch_result_{prefill,decode}'s request/KV handling
-    (managers/scheduler_components/batch_result_processor.py) for a normal (non-overlap) loop."""
+    (managers/scheduler_components/batch_result_processor.py); under --overlap it runs on the batch.copy() that
+    event_loop_overlap queues, one iteration after the batch was scheduled."""
     allocator = sched.token_to_kv_pool_allocator
     allocator.free_group_begin()
     if batch.forward_mode.is_decode():
         for req in batch.reqs:
+            if sched.enable_overlap and (req.finished() or req.is_retracted):
+                continue  # process_batch_result_decode under overlap: ended while its forward was in flight
             req.output_ids.append(SAMPLED_TOKEN)
             req.update_finish_state(1)
             if req.finished():
@@ -497,9 +505,35 @@ def fake_forward(sg, sched, batch):
                     sg.checkpoint_kv_cache(req, sched.tree_cache)
             else:
                 req.inflight_middle_chunks -= 1
-        sched.processed_tokens_counter += batch.extend_num_tokens
+        sched.processed_tokens_counter += sum(batch.extend_lens or [])
     allocator.free_group_end()
     sched.tree_cache.flush_pending_backups()
+
+
+def on_idle(sched):
+    """Scheduler.on_idle resets the ratio when is_fully_idle(): nothing running, no chunked request, the previous
+    step's batch empty (last_batch is still the previous one when this runs), nothing waiting."""
+    if (sched.running_batch.is_empty() and sched.chunked_req is None and not sched.waiting_queue
+            and (sched.last_batch is None or sched.last_batch.is_empty())):
+        sched.new_token_ratio_tracker.reset()
+
+
+def overlap_step(sg, sched, batch):
+    """The rest of one event_loop_overlap iteration (scheduler.py, event_loop_overlap) after
+    get_next_batch_to_run: the previous batch's result is processed after this batch is scheduled and launched,
+    or before it when is_disable_overlap_for_batch says so (two extend batches in a row with
+    SGLANG_DISABLE_CONSECUTIVE_PREFILL_OVERLAP)."""
+    disable = sched.is_disable_overlap_for_batch(batch, last_batch=sched.last_batch)
+    if disable:
+        fake_forward(sg, sched, sched.result_queue.popleft()[0])
+    if batch is not None:
+        sched.result_queue.append((batch.copy(), None))  # (batch, result); the fake forward needs no result
+        sched.forward_ct += 1
+    if sched.last_batch is not None:
+        if not disable:
+            fake_forward(sg, sched, sched.result_queue.popleft()[0])
+    elif batch is None:
+        on_idle(sched)
 
 
 def pool_counts(sched):
@@ -604,16 +638,15 @@ def run(args, out, sg=None):
         retracted, preempted = list(_RETRACTED), list(_PREEMPTED)
         _RETRACTED.clear()
         _PREEMPTED.clear()
-        if batch is not None and not batch.is_empty():
+        if batch is not None and batch.is_empty():
+            batch = None
+        if args.overlap:
+            overlap_step(sg, sched, batch)
+        elif batch is not None:
             fake_forward(sg, sched, batch)
             sched.forward_ct += 1
         else:
-            batch = None
-            # Scheduler.on_idle resets the ratio when is_fully_idle(): nothing running, no chunked request, the
-            # previous step's batch empty (last_batch is still the previous one here), nothing waiting.
-            if (sched.running_batch.is_empty() and sched.chunked_req is None and not sched.waiting_queue
-                    and (sched.last_batch is None or sched.last_batch.is_empty())):
-                sched.new_token_ratio_tracker.reset()
+            on_idle(sched)
         # Outcomes: send_abort_output reports the waiting-queue aborts and retract_decode's abort of the last
         # request; process_pending_chunked_abort only sets finished_reason; the rest finish in fake_forward.
         finished, aborted = [], []

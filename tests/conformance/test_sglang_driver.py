@@ -69,12 +69,15 @@ def _lpm_rows(unique: int) -> list[dict]:
 
 
 ONE_AT_A_TIME = ["--pool-tokens", "4096", "--max-running-requests", "1"]
+ONE = [{"id": "a", "arrival_step": 0, "prompt_tokens": 20, "output_tokens": 3}]
 SCENARIOS.update({
     "lpm": (_lpm_rows(2), ONE_AT_A_TIME + ["--schedule-policy", "lpm"]),
     "fcfs": (_lpm_rows(2), ONE_AT_A_TIME + ["--schedule-policy", "fcfs"]),
     "lpm_128": (_lpm_rows(127), ONE_AT_A_TIME + ["--schedule-policy", "lpm"]),  # 128 waiting: still LPM
     "lpm_129": (_lpm_rows(128), ONE_AT_A_TIME + ["--schedule-policy", "lpm"]),  # 129 waiting: FCFS
     "lpm_no_cache": (_lpm_rows(2), ONE_AT_A_TIME + ["--schedule-policy", "lpm", "--disable-radix-cache"]),
+    "normal_loop": (ONE, ["--pool-tokens", "256"]),
+    "overlap_loop": (ONE, ["--pool-tokens", "256", "--overlap"]),
 })
 
 
@@ -262,3 +265,16 @@ def test_lpm_falls_back_to_fcfs_above_128_waiting_and_without_the_cache(logs):
     assert _first_after_arrival(logs["lpm_128"][0]) == {"y": 1}
     assert _first_after_arrival(logs["lpm_129"][0]) == {"u0": 10}
     assert _first_after_arrival(logs["lpm_no_cache"][0]) == {"u0": 10}
+
+
+def test_the_overlap_loop_processes_each_result_one_iteration_late_and_skips_the_finishing_decode(logs):
+    # event_loop_overlap: batch k's result is processed after batch k+1 is scheduled. The prefill's checkpoint
+    # into the tree therefore lands a step late, and _reqs_finishing_inflight keeps a request whose queued
+    # result reaches max_new_tokens out of the next decode batch (no wasted decode).
+    normal, _ = logs["normal_loop"]
+    overlap, _ = logs["overlap_loop"]
+    assert [(s["kind"], s["finished"]) for s in normal] == [("prefill", []), ("decode", []), ("decode", ["a"])]
+    assert [(s["kind"], s["finished"]) for s in overlap] == [
+        ("prefill", []), ("decode", []), ("decode", []), ("idle", ["a"])]
+    assert (normal[0]["protected_tokens"], normal[0]["held_tokens"]) == (20, 0)
+    assert (overlap[0]["protected_tokens"], overlap[0]["held_tokens"]) == (0, 20)
