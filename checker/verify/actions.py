@@ -36,7 +36,7 @@ from functools import cached_property
 from checker.frames import Frame, TraceContext
 from checker.policy import Allocation, Policy
 from checker.semantics.state import Status
-from checker.smt.encode import Pass, SlotParams, SlotState, SymbolicStep
+from checker.smt.encode import Pass, SlotParams, SlotState, SymbolicStep, refuse_proof_with_connector
 from checker.smt.ops import CERTIFICATE_BLOCK, SmtSession, Term, Z3Ops, sum_terms
 from checker.verify.env import Environment
 from checker.verify.induction import (
@@ -361,6 +361,7 @@ def prove(policy: Policy, inv: Invariant, params: dict[str, int], env: Environme
     """PROVED when the invariant survives Houdini over the actions (see the module docstring). The state
     invariants are proved together (one Houdini run serves all four; its result is kept for the next
     call), first with the core candidates, then with all."""
+    refuse_proof_with_connector(policy)
     if not supported(inv):
         return InductionResult("unsupported")
     started = time.monotonic()

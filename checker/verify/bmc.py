@@ -16,13 +16,16 @@ from checker.frames import Frame, TraceContext
 from checker.policy import Policy
 from checker.semantics.state import FIELDS, Status
 from checker.requests import RequestSpec
-from checker.smt.encode import SlotState, symbolic_step
+from checker.smt.encode import SlotState, blank_slot, slot_fields, symbolic_step
 from checker.smt.ops import SmtSession, Z3Ops
 from checker.verify.env import Environment, SymbolicRequests, concrete_requests, symbolic_requests
 from invariants.catalogue import Invariant
 
 
-def initial_state(n: int, tenants: int) -> SlotState:
+def initial_state(n: int, tenants: int, policy: Policy | None = None) -> SlotState:
+    """Every slot not yet arrived; with ``policy``, the slot fields its encoding has (a KV connector's too)."""
+    if policy is not None:
+        return SlotState(slots=[blank_slot(policy) for _ in range(n)], next_seq=1, step=0, counters=[0] * tenants)
     blank = {f: 0 for f in FIELDS}
     blank["status"] = int(Status.PENDING)
     blank["release_step"] = -1
@@ -46,7 +49,8 @@ class Unrolling:
                 requests = symbolic_requests(smt, Z3Ops, env, n)
             smt.add(*requests.constraints)
         self.requests: SymbolicRequests = requests
-        self.state = initial_state(n, env.tenants)
+        self.state = initial_state(n, env.tenants, policy)
+        self.fields = slot_fields(policy)
         self.shape = None
         if caching:  # the block pool with block identity (checker/smt/pool.py), empty at the start
             from checker.verify.cache_bmc import initial_pool
@@ -66,7 +70,7 @@ class Unrolling:
             smt.add(var == term)
             return var
 
-        slots = [{f: fresh(f"{f}_{i}@{k}", slot[f]) for f in FIELDS} for i, slot in enumerate(result.state.slots)]
+        slots = [{f: fresh(f"{f}_{i}@{k}", slot[f]) for f in self.fields} for i, slot in enumerate(result.state.slots)]
         st = result.state
         facts = None
         if st.pool is not None:
@@ -75,7 +79,8 @@ class Unrolling:
         self.state = SlotState(slots=slots, next_seq=fresh(f"next_seq@{k}", st.next_seq),
                                step=fresh(f"step@{k}", st.step),
                                counters=[fresh(f"counter_{t}@{k}", c) for t, c in enumerate(st.counters)],
-                               pool=None if facts is None else pool)
+                               pool=None if facts is None else pool,
+                               next_load=fresh(f"next_load@{k}", st.next_load) if self.policy.connector.enabled else 1)
         self.frames.append(Frame(
             slots=tuple(slots),
             scheduled=tuple(fresh(f"scheduled_{i}@{k}", x) for i, x in enumerate(result.scheduled)),
@@ -181,8 +186,8 @@ def _proved_for_any_depth(policy: Policy, inv: Invariant, params: dict[str, int]
     any depth: then no unrolling of n slots is needed. A failed or timed-out attempt proves nothing."""
     from checker.verify.induction import prove, supported
 
-    if not supported(inv, params) or policy.kv.prefix_caching.enabled:  # no induction over the pool (yet)
-        return False
+    if not supported(inv, params) or policy.kv.prefix_caching.enabled or policy.connector.enabled:
+        return False  # no induction over the pool or a KV connector's states (yet)
     seconds = min(INDUCTION_SHORTCUT_S, deadline.left_ms() / 1000)
     return seconds > 0 and prove(policy, inv, params, replace(env, requests=n), seconds).status == "proved"
 

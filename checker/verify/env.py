@@ -6,6 +6,11 @@ slots are numbered in arrival order (symmetry breaking, and the encoder's assump
 output lengths lie in declared ranges, its declared max output lies between its output length and a
 cap, its priority and tenant come from declared sets, and (if allowed) the client cancels it at some
 iteration at or after its arrival. The clock is fixed: iteration k starts at k * step_us.
+
+With a KV connector (policy.connector) the environment also chooses, per slot, the tokens the external tier
+holds (0, or any prefix of the prompt up to all of it) and the transfer latencies: a load takes 1 ..
+connector.max_load_steps steps, a prefill node's send is confirmed 1 .. max_load_steps steps after the finish
+(send_steps 0 .. max_load_steps - 1), and either never completes if connector.transfers_may_hang.
 """
 
 from __future__ import annotations
@@ -33,6 +38,11 @@ class Environment:
     tenants: int = 1
     cancellations: bool = True
     step_us: int = DEFAULT_STEP_US
+    # A KV connector (policy.connector), 0 without one: the longest transfer in steps, and whether one may hang
+    max_load_steps: int = 0
+    transfers_may_hang: bool = False
+    loads: bool = False  # requests may load external KV (offload, decode_node, both)
+    sends: bool = False  # finished requests wait for their send (prefill_node, both)
 
     def describe(self) -> list[str]:
         return [
@@ -42,13 +52,23 @@ class Environment:
             f"[{self.output[0]}, {self.output[1]}], declared max output in [output, {self.max_output_cap}]",
             f"priorities in {{{', '.join(map(str, self.priorities))}}}, {self.tenants} tenant(s); "
             + ("a client may cancel at any iteration after arrival" if self.cancellations else "no cancellations"),
-        ]
+        ] + self.describe_connector()
+
+    def describe_connector(self) -> list[str]:
+        if not self.max_load_steps:
+            return []
+        what = [w for w, on in (("a load (external tokens: 0 or any prefix of the prompt)", self.loads),
+                                ("a send after the finish", self.sends)) if on]
+        return [f"KV connector: {' and '.join(what) or 'no transfer'} takes 1..{self.max_load_steps} iteration(s)"
+                + (", or never completes" if self.transfers_may_hang else "")]
 
     def as_dict(self) -> dict:
         return {"requests": self.requests, "depth": self.depth, "prompt_tokens": list(self.prompt),
                 "output_tokens": list(self.output), "max_output_cap": self.max_output_cap,
                 "priorities": list(self.priorities), "tenants": self.tenants,
-                "cancellations": self.cancellations, "step_us": self.step_us}
+                "cancellations": self.cancellations, "step_us": self.step_us,
+                **({"connector": {"max_load_steps": self.max_load_steps, "transfers_may_hang": self.transfers_may_hang,
+                                  "loads": self.loads, "sends": self.sends}} if self.max_load_steps else {})}
 
 
 def default_environment(policy: Policy, requests: int, depth: int, workload: Workload | None = None,
@@ -76,8 +96,12 @@ def default_environment(policy: Policy, requests: int, depth: int, workload: Wor
             raise InputError(Problem(name, f"{lo}:{hi}", "LOW:HIGH with 1 <= LOW <= HIGH"))
     if requests < 1 or depth < 1:
         raise InputError(Problem("--requests/--depth", f"{requests}/{depth}", "both >= 1"))
+    con = policy.connector
+    transfers = {} if not con.enabled else {
+        "max_load_steps": con.max_load_steps, "transfers_may_hang": con.transfers_may_hang,
+        "loads": con.loads, "sends": con.pins}
     return Environment(requests, depth, (lo_p, hi_p), (lo_o, hi_o), max(cap, hi_o), priorities, tenants,
-                       cancellations, step_us)
+                       cancellations, step_us, **transfers)
 
 
 def _low(dist) -> int:
@@ -121,8 +145,28 @@ def symbolic_requests(smt: SmtSession, o, env: Environment, n: int, tag: str = "
             cons.append(arrival[-1] <= a)
         arrival.append(a)
         cancel.append(c)
-        params.append(SlotParams(a * env.step_us, prompt, output, max_out, prio, tenant))
+        transfer = _transfer_choices(smt, o, env, f"{tag}", i, prompt, cons)
+        params.append(SlotParams(a * env.step_us, prompt, output, max_out, prio, tenant, **transfer))
     return SymbolicRequests(arrival, cancel, params, cons)
+
+
+def _transfer_choices(smt: SmtSession, o, env: Environment, tag: str, i: int, prompt: Term,
+                      cons: list[Term]) -> dict[str, Term]:
+    """A KV connector's per-slot choices (none without one: the SlotParams defaults, never read)."""
+    if not env.max_load_steps:
+        return {}
+    out: dict[str, Term] = {}
+    hang = [-1] if env.transfers_may_hang else []
+    if env.loads:
+        ext, steps = smt.int_var(f"{tag}external_tokens_{i}"), smt.int_var(f"{tag}load_steps_{i}")
+        cons += [ext >= 0, ext <= prompt,
+                 o.or_(o.and_(steps >= 1, steps <= env.max_load_steps), *(steps == h for h in hang))]
+        out.update(external_tokens=ext, load_steps=steps)
+    if env.sends:
+        send = smt.int_var(f"{tag}send_steps_{i}")
+        cons.append(o.or_(o.and_(send >= 0, send < env.max_load_steps), *(send == h for h in hang)))
+        out["send_steps"] = send
+    return out
 
 
 def concrete_requests(smt: SmtSession, sym: SymbolicRequests, env: Environment, horizon: int) -> list[RequestSpec]:
@@ -134,9 +178,14 @@ def concrete_requests(smt: SmtSession, sym: SymbolicRequests, env: Environment, 
         if a >= horizon:
             break
         c = smt.value(sym.cancel_step[i])
+        transfer = {}
+        if env.max_load_steps:  # a KV connector's choices (-1: never)
+            load, send = smt.value(prm.load_steps), smt.value(prm.send_steps)
+            transfer = {"external_tokens": smt.value(prm.external_tokens), "load_steps": None if load < 0 else load,
+                        "send_steps": None if send < 0 else send}
         specs.append(RequestSpec(
             rid=i, arrival_us=a * env.step_us, prompt_len=smt.value(prm.prompt_len),
             output_len=smt.value(prm.output_len), max_output=smt.value(prm.max_output),
             priority=smt.value(prm.priority), tenant=smt.value(prm.tenant), cls=0,
-            cancel_us=None if c < 0 else c * env.step_us))
+            cancel_us=None if c < 0 else c * env.step_us, **transfer))
     return specs
