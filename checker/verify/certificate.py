@@ -68,7 +68,8 @@ def render(policy: Policy, inv_name: str, params: dict[str, int], env, method: s
 
     binding = Binding(format=FORMAT, policy=policy.name or "", policy_sha256=policy_hash(policy), invariant=inv_name,
                       params=params, requests=env.requests, kv_blocks=policy.kv.num_blocks, method=method, k=k,
-                      lemmas=lemmas, environment=env.as_dict(), queries=max(1, body.count(CERTIFICATE_BLOCK)),
+                      lemmas=lemmas, environment=env.as_dict() if hasattr(env, "as_dict") else {"requests": env.requests},
+                      queries=max(1, body.count(CERTIFICATE_BLOCK)),
                       query_sha256=_sha256(body), tier=tier, alive=alive or {}, policy_file=policy_file)
     return (f"; batchcheck certificate: {inv_name} for policy {policy.name}, {env.requests} request slots, any depth.\n"
             f"; The {meaning}.\n; Lemmas: {', '.join(lemmas)}\n"

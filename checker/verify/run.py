@@ -215,25 +215,27 @@ def _try_actionwise(policy: Policy, inv: Invariant, params: dict[str, int], env:
         how = reach.how
     checked = Checked(inv, params, Verdict.PROVED, env, time.monotonic() - started, depth=env.depth,
                       lemmas=len(result.lemmas), method=f"action-wise induction: {result.cti[0]}", notes=[how])
-    checked.certificate = _write_certificate(policy, inv, params, env, proof_dir, result.certificate,
+    checked.certificate = _write_certificate(policy, inv, env, proof_dir, result.certificate,
                                              "queries below are each unsat iff each scheduler action keeps the lemmas "
-                                             "(action-wise induction)", result.lemmas, "action-wise", 1,
-                                             result.tier, result.alive, policy_file)
+                                             "(action-wise induction)", result.lemmas, params=params,
+                                             method="action-wise", tier=result.tier, alive=result.alive,
+                                             policy_file=policy_file)
     return checked
 
 
-def _write_certificate(policy: Policy, inv: Invariant, params: dict[str, int], env: Environment,
-                       proof_dir: Path | None, body: str, meaning: str, lemma_names: list[str], method: str,
-                       k: int, tier: str = "", alive: dict[str, list[str]] | None = None,
-                       policy_file: str | None = None) -> Path | None:
+def _write_certificate(policy: Policy, inv: Invariant, env: Environment, proof_dir: Path | None, body: str,
+                       meaning: str, lemma_names: list[str], *, params: dict[str, int] | None = None,
+                       method: str = "induction", k: int = 1, tier: str = "",
+                       alive: dict[str, list[str]] | None = None, policy_file: str | None = None) -> Path | None:
     """The certificate, bound to the policy's hash, the invariant, N and the method (checker/verify/certificate.py)."""
     from checker.verify import certificate
 
     if proof_dir is None:
         return None
     path = proof_dir / f"{safe_name(policy.name, 'policy')}__{safe_name(inv.name)}__N{env.requests}.smt2"
-    cex.write_atomic(path, certificate.render(policy, inv.name, {**inv.defaults, **params}, env, method, k,
-                                              lemma_names, meaning, body, tier, alive, policy_file))
+    full = {**getattr(inv, "defaults", {}), **(params or {})}
+    cex.write_atomic(path, certificate.render(policy, inv.name, full, env, method, k, lemma_names, meaning, body,
+                                              tier, alive, policy_file))
     return path
 
 
@@ -253,10 +255,10 @@ def _try_induction(checked: Checked, policy: Policy, timeout_s: float, proof_dir
         checked.lemmas = len(result.lemmas)
         checked.induction_depth = result.k
         checked.certificate = _write_certificate(
-            policy, inv, checked.params, checked.env, proof_dir, result.certificate,
+            policy, inv, checked.env, proof_dir, result.certificate,
             f"step query below is unsat iff the invariant with its lemmas is "
-            f"{'inductive' if result.k == 1 else f'{result.k}-inductive'}", result.lemmas, "induction", result.k,
-            policy_file=policy_file)
+            f"{'inductive' if result.k == 1 else f'{result.k}-inductive'}", result.lemmas, params=checked.params,
+            method="induction", k=result.k, policy_file=policy_file)
     elif result.status == "cti":
         checked.notes.append(f"induction failed (up to k={result.k}), counterexample to induction: "
                              + "; ".join(result.cti[:3]))
