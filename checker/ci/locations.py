@@ -21,6 +21,8 @@ INVARIANT_FIELDS: dict[str, tuple[str, ...]] = {
     "no_referenced_block_reused": ("kv.prefix_caching", "kv.num_blocks"),
     "hit_only_on_identical_chain": ("kv.prefix_caching",),
     "cancellation_releases": ("cancellation.release_lag_steps",),
+    "finished_releases": ("connector.release", "connector.release_deadline_steps"),
+    "no_hold_and_wait": ("connector.holders_first", "connector.release", "connector.release_deadline_steps"),
     "decode_progress": ("batch.phase_mode",),
     "bounded_starvation": ("queue.order", "queue.head_of_line"),
     "no_deadlock": ("admission.reject_never_fits", "kv.num_blocks"),
