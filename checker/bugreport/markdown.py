@@ -164,8 +164,8 @@ def _excerpt_lines(ex: Excerpt, rules: Sequence[str]) -> list[str]:
     width = max((len(str(n)) for n, _ in ex.lines if n is not None), default=0)
     body = [(f"{n:>{width}}  " if ex.numbered and n is not None else " " * (width + 2) if ex.numbered else "") + text
             for n, text in ex.lines]
-    where = (f"{code(ex.source)}, line numbers on the left ({text(ex.note)})" if ex.numbered else
-             f"{text(ex.source)} ({text(ex.note)})")
+    where = (f"{code(ex.source)}, line numbers on the left ({prose(ex.note)})" if ex.numbered else
+             f"{text(ex.source)} ({prose(ex.note)})")
     return [f"Rules that decide this property: {', '.join(code(rule) for rule in rules)}. From {where}:", "",
             *fence([one_line(line) for line in body], "text" if ex.numbered else "yaml")]
 
