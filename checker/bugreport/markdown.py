@@ -194,7 +194,7 @@ def _reqs(rids: Sequence[int]) -> str:
 
 def _lasso_lines(r: ReplayedCounterexample, timeline: Timeline) -> list[str]:
     """What the lasso is, and what the engine's replay did on its cycle, per property."""
-    from checker.liveness.lasso import EVENTUALLY_SERVED, NO_LIVELOCK
+    from checker.liveness.lasso import EVENTUALLY_SERVED, NO_HOLD_AND_WAIT, NO_LIVELOCK
 
     lasso, name = r.lasso, r.doc.property.name
     one, two = lasso.turn(1), lasso.turn(2)
@@ -226,6 +226,11 @@ def _lasso_lines(r: ReplayedCounterexample, timeline: Timeline) -> list[str]:
                      f"{_reqs(lasso.finished[0] + lasso.finished[1])}; cancelled: "
                      f"{_reqs(lasso.cancelled[0] + lasso.cancelled[1])}; preempted: {_reqs(preempted[0])} in turn 1, "
                      f"{_reqs(preempted[1])} in turn 2: work is done and thrown away, no completion")
+    elif name == NO_HOLD_AND_WAIT:
+        lines.append(f"- every state of the cycle has KV blocks held outside the running batch (a request loading, "
+                     f"loaded and waiting, or held after an abort or a finish), and from none of them can the system "
+                     f"reach a state where they run or are released; tokens scheduled: {lasso.tokens[0]} in turn 1, "
+                     f"{lasso.tokens[1]} in turn 2")
     else:
         cancelled = lasso.cancelled[0] + lasso.cancelled[1]
         lines.append(f"- live when the cycle starts: {_reqs(lasso.live_at_start)}; tokens scheduled: {lasso.tokens[0]} "

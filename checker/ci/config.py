@@ -28,7 +28,8 @@ MAX_TIMEOUT_S = 3600.0
 MAX_EXAMPLES = 100_000
 MAX_JOBS = 1024
 MAX_STATES = 10_000_000  # liveness: explored states (the graph lives in memory)
-LivenessProperty = Literal["eventually_served", "no_livelock", "no_deadlock"]  # checker.liveness.lasso.PROPERTIES
+LivenessProperty = Literal["eventually_served", "no_livelock", "no_deadlock",
+                           "no_hold_and_wait"]  # checker.liveness.lasso.ALL_PROPERTIES
 
 
 class _Strict(BaseModel):
@@ -133,7 +134,7 @@ class LivenessEntry(_Strict):
 
     policies: Names | None = None
     properties: Annotated[list[LivenessProperty], Field(min_length=1)] | None = None
-    """Default: all three (eventually_served, no_livelock, no_deadlock)."""
+    """Default: eventually_served, no_livelock, no_deadlock, and no_hold_and_wait under a KV connector."""
     requests: Requests = 2
     """Requests in the system at once (liveness --requests)."""
     prompts: Tokens | None = None
@@ -145,6 +146,8 @@ class LivenessEntry(_Strict):
     cancellations: bool = False
     identities: Annotated[list[Literal["own", "g0", "g1", "g0+1"]], Field(min_length=1)] | None = None
     """Prompt identities (liveness --identities; prefix caching only; default: g0 for a caching policy)."""
+    external: Annotated[list[Literal["none", "block", "all"]], Field(min_length=1)] | None = None
+    """A KV connector's external hits of the arrivals (liveness --external; default: the explorer's)."""
     arrivals_per_step: Annotated[int, Field(ge=1, le=MAX_REQUESTS)] | None = None
     """At most this many arrivals per iteration (default: as many as there are free places)."""
     step_ms: Annotated[float, Field(gt=0, le=3_600_000)] = 10.0

@@ -55,6 +55,7 @@ LIVENESS_FIELDS: dict[str, tuple[str, ...]] = {
     "eventually_served": ("queue.order", "queue.aging_interval_ms", "queue.head_of_line", "preemption.triggers"),
     "no_livelock": ("admission.reject_never_fits", "kv.num_blocks", "preemption.mode"),
     "no_deadlock": ("admission.reject_never_fits", "kv.num_blocks"),
+    "no_hold_and_wait": ("connector.holders_first", "connector.release", "connector.release_deadline_steps"),
 }
 
 DOCUMENT = ""  # the field path of a finding that no table names (a user invariant): the whole policy

@@ -56,6 +56,7 @@ class LivenessInstance:
     max_states: int
     overrides: tuple[str, ...]
     identities: tuple | None = None  # prompt identities (checker.requests.IDENTITIES entries), None: the default
+    external: tuple[int, ...] | None = None  # a KV connector's external hits (liveness --external), None: the default
 
 
 @dataclass(frozen=True)
@@ -376,9 +377,9 @@ def _diff_checks(res: _Resolver, i: int, entry: DiffEntry, modules: tuple,
 
 _LIVENESS_OPTIONS = {"--requests": "requests", "--prompts": "prompts", "--outputs": "outputs",
                      "--priorities": "priorities", "--arrivals-per-step": "arrivals_per_step", "--step-ms": "step_ms",
-                     "--identities": "identities"}
-_INSTANCE_KEYS = ("prompts", "outputs", "priorities", "tenants", "cancellations", "identities", "arrivals_per_step",
-                  "step_ms")
+                     "--identities": "identities", "--external": "external"}
+_INSTANCE_KEYS = ("prompts", "outputs", "priorities", "tenants", "cancellations", "identities", "external",
+                  "arrivals_per_step", "step_ms")
 
 
 def _base_diff_checks(res: _Resolver, plan: Plan, i: int, entry: DiffEntry, modules: tuple, base: str | None,
@@ -410,7 +411,8 @@ def _liveness_checks(res: _Resolver, i: int, entry: LivenessEntry) -> list[Check
     the key of the entry (an override that breaks the policy: at that override)."""
     from checker.liveness.canon import IDENTITY_TOKENS
     from checker.liveness.check import liveness_env
-    from checker.liveness.lasso import PROPERTIES
+    from checker.liveness.explore import external_choice
+    from checker.liveness.lasso import default_properties
 
     d = res.config.defaults
     defaults = LivenessEntry()
@@ -418,7 +420,8 @@ def _liveness_checks(res: _Resolver, i: int, entry: LivenessEntry) -> list[Check
         tuple(entry.prompts) if entry.prompts else None, tuple(entry.outputs),
         tuple(entry.priorities) if entry.priorities else None, entry.tenants, entry.cancellations,
         entry.arrivals_per_step, entry.step_ms, entry.max_states, tuple(entry.set),
-        tuple(IDENTITY_TOKENS[t] for t in entry.identities) if entry.identities else None)
+        tuple(IDENTITY_TOKENS[t] for t in entry.identities) if entry.identities else None,
+        tuple(external_choice(t) for t in entry.external) if entry.external else None)
     shown = [("requests", entry.requests)]
     for key in _INSTANCE_KEYS:
         value = getattr(entry, key)
@@ -439,7 +442,7 @@ def _liveness_checks(res: _Resolver, i: int, entry: LivenessEntry) -> list[Check
         try:
             liveness_env(overridden, entry.requests, instance.prompts, instance.outputs,
                          instance.priorities, entry.tenants, entry.cancellations, entry.arrivals_per_step,
-                         entry.step_ms, instance.identities)
+                         entry.step_ms, instance.identities, instance.external)
         except InputError as exc:
             p = exc.problems[0]
             key = _LIVENESS_OPTIONS.get(p.path, "")
@@ -448,7 +451,7 @@ def _liveness_checks(res: _Resolver, i: int, entry: LivenessEntry) -> list[Check
                 value = int(value)  # as written: step_ms = 300
             raise res.fail(("liveness", i, key) if key else ("liveness", i), value,
                            f"{p.expected} for {ref.shown}") from None
-        for prop in entry.properties or PROPERTIES:
+        for prop in entry.properties or default_properties(overridden):
             checks.append(Check(LIVENESS, ref, res.policies[ref.shown].name, prop, prop, tuple(shown),
                                 entry.level or d.level, f"liveness[{i}]", requests=entry.requests,
                                 timeout_s=entry.timeout_s, instance=instance))

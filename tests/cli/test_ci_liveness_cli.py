@@ -106,8 +106,8 @@ def test_a_cut_graph_is_inconclusive_and_gated_by_the_gate_setting(capsys, proje
 
 BAD = [
     ('[[liveness]]\npolicies = ["spec/policies/vllm_v1.yaml"]\nproperties = ["eventually_served", "starvation"]\n',
-     ("batchcheck.toml:3: liveness[0].properties[1]='starvation' (expected one of: eventually_served, no_livelock "
-      "or no_deadlock)")),
+     ("batchcheck.toml:3: liveness[0].properties[1]='starvation' (expected one of: eventually_served, no_livelock, "
+      "no_deadlock or no_hold_and_wait)")),
     (('[[liveness]]\npolicies = ["spec/policies/vllm_v1.yaml"]\nset = [\n  "batch.max_num_seqs=1",\n'
       '  "batch.max_num_seqs=0",\n]\n'),
      ("batchcheck.toml:5: liveness[0].set[1]='batch.max_num_seqs=0' (expected batch.max_num_seqs: a number >= 1 in "
@@ -127,7 +127,7 @@ BAD = [
      ("batchcheck.toml:4: liveness[0].outputs[0]=0 (expected a number >= 1)\n"
       "batchcheck.toml:3: liveness[0].max_states=0 (expected a number >= 1)\n"
       "batchcheck.toml:5: liveness[0].request=2 (expected a known key; did you mean requests? allowed here: arrivals_per_step, "
-      "cancellations, identities, level, max_states, outputs, policies, priorities, prompts, properties, requests, set, "
+      "cancellations, external, identities, level, max_states, outputs, policies, priorities, prompts, properties, requests, set, "
       "step_ms, tenants, timeout_s)")),
 ]
 
@@ -158,3 +158,25 @@ def test_a_caching_policys_instance_takes_its_prompt_identities_from_the_entry(c
     code, out, _ = run(capsys, "ci", "--jobs", "1", *OUTPUTS)
     assert code == 0, out
     assert "prompts {20, 40}, prompt identities {g0, g1}" in out
+
+
+def test_a_connector_policy_gets_no_hold_and_wait_by_default_with_the_external_hits_chosen(capsys, project):
+    folder = project('[[liveness]]\npolicies = ["spec/policies/scan_in_queue.yaml"]\nprompts = [32]\n'
+                     'external = ["none", "all"]\nset = ["kv.num_blocks=3", "connector.transfers_may_hang=false"]\n').parent
+    shutil.copy(POLICIES / "connector" / "decode_node_scan_in_queue.yaml",
+                folder / "spec" / "policies" / "scan_in_queue.yaml")
+    code, out, _ = run(capsys, "ci", "--jobs", "1", *OUTPUTS)
+    assert code == 1, out
+    label = "(requests=2, prompts=32, external=none,all, kv.num_blocks=3, connector.transfers_may_hang=false)"
+    cases = _cases(folder)
+    assert sorted(cases) == [f"liveness {p}{label}" for p in ("eventually_served", "no_deadlock", "no_hold_and_wait",
+                                                               "no_livelock")]
+    for prop in ("no_deadlock", "no_hold_and_wait"):
+        assert cases[f"liveness {prop}{label}"].find("failure").get("type") == "VIOLATED", prop
+
+
+def test_an_unknown_external_hit_is_refused_at_its_key(capsys, project):
+    folder = project('[[liveness]]\npolicies = ["spec/policies/vllm_v1.yaml"]\nexternal = ["half"]\n').parent
+    code, _, err = run(capsys, "ci", "--jobs", "1", *OUTPUTS)
+    assert code == 2
+    assert err == "batchcheck: error: batchcheck.toml:3: liveness[0].external[0]='half' (expected one of: none, block or all)\n"

@@ -148,13 +148,13 @@ def test_liveness_entries_default_as_the_liveness_command_and_share_one_explorat
     from checker.ci.execute import units
     from checker.ci.results import INCONCLUSIVE, PASSED, Result
     from checker.liveness.explore import DEFAULT_MAX_STATES
-    from checker.liveness.lasso import PROPERTIES
+    from checker.liveness.lasso import ALL_PROPERTIES
 
-    assert typing.get_args(LivenessProperty) == PROPERTIES
+    assert typing.get_args(LivenessProperty) == ALL_PROPERTIES
     from checker.bugreport.rules import implicated_rules
     from checker.ci.locations import LIVENESS_FIELDS
 
-    for name in PROPERTIES:  # CI annotates the rules the bug report quotes (one table)
+    for name in ALL_PROPERTIES:  # CI annotates the rules the bug report quotes (one table)
         assert implicated_rules("liveness", name) == LIVENESS_FIELDS[name]
     entry = LivenessEntry()
     assert (entry.requests, entry.outputs, entry.tenants, entry.step_ms, entry.max_states, entry.timeout_s) == \
