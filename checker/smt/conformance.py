@@ -162,11 +162,11 @@ class Z3Step:
         self.slots = [{f: int_var(f"{f}_{i}") for f in fields} for i in range(num_slots)]
         self.next_seq = int_var("next_seq")
         self.step = int_var("step")
-        self.next_load = int_var("next_load")
+        self.next_load = int_var("next_load") if self.connector else 1  # no z3 term at all without a connector
         self.counters = [int_var(f"counter_{t}") for t in range(num_tenants)]
         self.now = int_var("now_us")
         self.cancels = [bool_var(f"cancel_{i}") for i in range(num_slots)]
-        state = _state(self.slots, self.next_seq, self.step, self.counters, self.next_load if self.connector else 1)
+        state = _state(self.slots, self.next_seq, self.step, self.counters, self.next_load)
         result = symbolic_step(Z3Ops, policy, self.params, state, self.now, self.cancels)
         flat = _flatten(result, Z3Ops, policy, self.params)
         self.names = list(flat)
