@@ -26,7 +26,7 @@ from checker.semantics.order import key_function
 from checker.semantics.state import NEVER, Request, SchedulerState, Status
 
 LOADING, WAITING, RUNNING = Status.LOADING, Status.WAITING, Status.RUNNING
-FCFS = QueueOrder.FCFS
+SCAN_ORDERED = frozenset({QueueOrder.FCFS, QueueOrder.TENANT_FAIR})  # holders kept in the order their loads started
 
 
 def uses_holders_queue(s: SchedulerState) -> bool:
@@ -102,9 +102,11 @@ def start_load(s: SchedulerState, r: Request, hit: list[int], ext: int, out: Dec
     r.transfer_step = NEVER if steps is None else s.step + steps - 1
     if uses_holders_queue(s):
         s.waiting.remove(r)
-        if s.policy.queue.order is FCFS:
-            s.holders.append(r)  # a deque in scan order (vLLM 0.33 kv_holding_waiting)
-        else:  # a priority heap there: the queue's key (a time-varying key as it is at time 0: no vLLM counterpart)
+        if s.policy.queue.order in SCAN_ORDERED:
+            # a deque in scan order (vLLM 0.33 kv_holding_waiting under fcfs); tenant_fair's key reads counters that
+            # change while requests wait, so a list kept by it would not stay sorted: scan order there too
+            s.holders.append(r)
+        else:  # a priority heap in vLLM: the queue's key (priority_aging's as it is at time 0: no vLLM counterpart)
             insort(s.holders, r, key=key_function(s, 0))
     r.status = LOADING
     s.loads_in_flight += 1
