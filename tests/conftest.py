@@ -1,0 +1,18 @@
+"""Every test leaves the invariant catalogue as it found it: a user invariant module (``--invariant-module``,
+``invariant_modules``) registers its invariants into the one catalogue of the process, and a test that loads one
+in-process would otherwise change what later tests see (the documented catalogue, check-log's covered specs)."""
+
+from __future__ import annotations
+
+import pytest
+
+from invariants.catalogue import CATALOGUE
+
+
+@pytest.fixture(autouse=True)
+def _catalogue_as_found():
+    before = dict(CATALOGUE)
+    yield
+    if CATALOGUE != before:
+        CATALOGUE.clear()
+        CATALOGUE.update(before)
