@@ -436,6 +436,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default 0.33; < 0.8 is the V0 scheduler)")
     p.add_argument("--usage-context", choices=("api-server", "llm-class"), help="vllm: whose defaults (default "
                    "api-server, i.e. vllm serve)")
+    p.add_argument("--rules", choices=("vllm", "sglang"), help="sglang: whose rules the policy follows: vllm "
+                   "(default: SGLang mapped onto the vLLM-shaped rule sections, approximating its admission estimate "
+                   "and retraction) or sglang (the engine's own SGLang rules, scheduler: sglang; needs "
+                   "--disable-radix-cache)")
     from checker.importers import GIB, KV_BYTES, OVERHEAD_GIB
 
     p.add_argument("--gpu-memory-gib", type=flag_type(GIB), metavar="GIB", help="machine: memory of one GPU")

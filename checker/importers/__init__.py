@@ -40,8 +40,11 @@ class ImportResult:
                 + [f"ignored: {a}" for a in self.ignored])
 
 
+RULES = ("vllm", "sglang")  # --rules: whose rules an SGLang import maps onto (the engine's scheduler field)
+
+
 def _draft(system: str, args: list[str], config: str | None, machine: Machine, vllm_version: str | None,
-           usage_context: str | None) -> Draft:
+           usage_context: str | None, rules: str | None = None) -> Draft:
     if system not in SYSTEMS:
         raise UsageError(f"unknown system {system!r} (expected one of: {', '.join(SYSTEMS)})")
     if config is not None and system not in USES_CONFIG:
@@ -54,6 +57,13 @@ def _draft(system: str, args: list[str], config: str | None, machine: Machine, v
     if (vllm_version is not None or usage_context is not None) and system != "vllm":
         flag = "--vllm-version" if vllm_version is not None else "--usage-context"
         raise UsageError(f"{flag} is read by the vllm importer only (system is {system})")
+    if rules is not None and system != "sglang":
+        raise UsageError(f"--rules is read by the sglang importer only (system is {system})")
+    if rules is not None and rules not in RULES:
+        from checker.errors import InputError, Problem
+
+        raise InputError(Problem("--rules", rules, "vllm (SGLang mapped onto the vLLM-shaped rules, the default) "
+                                 "or sglang (the engine's SGLang rules, scheduler: sglang)"))
     machine.check()
     if system == "vllm":
         from checker.importers.vllm import import_vllm
@@ -62,7 +72,7 @@ def _draft(system: str, args: list[str], config: str | None, machine: Machine, v
     if system == "sglang":
         from checker.importers.sglang import import_sglang
 
-        return import_sglang(args, machine)
+        return import_sglang(args, machine, rules or "vllm")
     if system == "tgi":
         from checker.importers.tgi import import_tgi
 
@@ -78,15 +88,17 @@ def _draft(system: str, args: list[str], config: str | None, machine: Machine, v
 
 def import_policy(system: str, args: list[str] | tuple[str, ...] = (), config: str | Path | None = None, *,
                   name: str | None = None, machine: Machine | None = None, vllm_version: str | None = None,
-                  usage_context: str | None = None) -> ImportResult:
-    """Import a server configuration; raise InputError/UsageError (exit 2) for what cannot be imported."""
+                  usage_context: str | None = None, rules: str | None = None) -> ImportResult:
+    """Import a server configuration; raise InputError/UsageError (exit 2) for what cannot be imported.
+    ``rules`` (sglang only): vllm (default) maps SGLang onto the vLLM-shaped rules, sglang onto the engine's
+    SGLang rules (``scheduler: sglang``)."""
     from checker.errors import InputError
     from checker.importers.output import render
     from checker.loading import validate
 
     args = [str(a) for a in args if a != "--"]
     config_text = None if config is None else str(config)
-    draft = _draft(system, args, config_text, machine or Machine(), vllm_version, usage_context)
+    draft = _draft(system, args, config_text, machine or Machine(), vllm_version, usage_context, rules)
     data = draft.data()
     if name is not None:
         data = {"name": name, **data}
@@ -108,7 +120,7 @@ OVERHEAD_GIB = NumberRange(float, 0, 1e6, unit="GiB")
 KV_BYTES = NumberRange(int, 1, 10**12, unit="bytes")
 OWN_OPTIONS: dict[str, tuple[str, type | NumberRange]] = {
     "--out": ("out", str), "--name": ("name", str), "--config": ("config", str),
-    "--vllm-version": ("vllm_version", str), "--usage-context": ("usage_context", str),
+    "--vllm-version": ("vllm_version", str), "--usage-context": ("usage_context", str), "--rules": ("rules", str),
     "--gpu-memory-gib": ("gpu_memory_gib", GIB), "--model-weights-gib": ("model_weights_gib", GIB),
     "--kv-bytes-per-token": ("kv_bytes_per_token", KV_BYTES), "--overhead-gib": ("overhead_gib", OVERHEAD_GIB),
     "--profile": ("profile", str),

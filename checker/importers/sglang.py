@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from checker.errors import UsageError
 from checker.importers.common import (
     Arg,
     Draft,
@@ -103,7 +104,15 @@ def _chunk_default(machine: Machine) -> tuple[int, str]:
     return 16384, f"SGLang's default on a {mem:g} GiB GPU (>= 160 GB)"
 
 
-def import_sglang(args: list[str], machine: Machine) -> Draft:
+RULES = ("vllm", "sglang")
+
+
+def import_sglang(args: list[str], machine: Machine, rules: str = "vllm") -> Draft:
+    """SGLang's server arguments as a policy. ``rules`` (batchcheck's ``--rules``): vllm maps them onto the
+    vLLM-shaped rule sections (approximating SGLang's estimate and retraction); sglang onto the engine's own SGLang
+    rules (``scheduler: sglang``, :func:`import_sglang_rules`)."""
+    if rules == "sglang":
+        return import_sglang_rules(args, machine)
     given = parse_cli(args, TABLE, env=ENV)
     draft = Draft(SYSTEM, "SGLang (prefill-first scheduler with retraction)")
     ignore_no_effect(given, TABLE, draft)
@@ -378,3 +387,263 @@ def _running(given: Given, draft: Draft, total: int, ctx: int) -> int:
     draft.assume("batch.max_num_seqs", value, "--max-running-requests not given: SGLang's default "
                  "min(clamp(max_total_tokens / context_length x 512, 2048, 4096), max_total_tokens // 2)")
     return value
+
+
+# ----------------------------------------------------------------------------------------- --rules sglang
+# SGLang's environment knobs of the new-token ratio and retraction -> (sglang.* field, default, the range the
+# policy accepts, as the refusal says it)
+RATIO_ENV = {
+    "SGLANG_INIT_NEW_TOKEN_RATIO": ("init_new_token_ratio", 0.7, lambda v: 0 < v <= 1, "a ratio in (0, 1]"),
+    "SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR": ("min_new_token_ratio_factor", 0.14, lambda v: 0 <= v <= 1,
+                                          "a factor in [0, 1]"),
+    "SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS": ("new_token_ratio_decay_steps", 600, lambda v: 0 < v <= 1_000_000,
+                                           "a number of steps > 0 and <= 1000000"),
+    "SGLANG_RETRACT_DECODE_STEPS": ("retract_decode_steps", 20, lambda v: 0 <= v <= 1_000_000,
+                                    "an integer >= 0 and <= 1000000"),
+    "SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION": ("clip_max_new_tokens", 4096, lambda v: 1 <= v <= 10_000_000,
+                                              "an integer >= 1 and <= 10000000"),
+}
+RADIX_REFUSAL = "the radix cache is not modelled yet by the sglang rules: pass --disable-radix-cache"
+CACHE_AWARE = ("lpm", "dfs-weight", "hrrn")
+
+
+def import_sglang_rules(args: list[str], machine: Machine) -> Draft:
+    """SGLang 0.5.23's server arguments onto the engine's SGLang rules (policy ``scheduler: sglang`` and the
+    ``sglang:`` section; checker/semantics/sglang.py). Each option known to the table is mapped, ignored with a
+    reason, or refused by name."""
+    given = parse_cli(args, TABLE, env=ENV)
+    draft = Draft(SYSTEM, "SGLang 0.5.23 under batchcheck's SGLang rules (--rules sglang: scheduler sglang)")
+    ignore_no_effect(given, TABLE, draft)
+    ctx = take_length_limit(given, draft, "context-length", "the model's context length: SGLang reads it from the "
+                            "model's config, which batchcheck does not have")
+    draft.set("scheduler", "sglang", "--rules sglang: SGLang's own loop, prefill adder, ratio and retraction")
+    _rules_refusals(given, draft)
+    _rules_radix(given, draft)
+
+    # --- the loop: the rules model event_loop_normal
+    overlap_off = given.take("disable-overlap-schedule")
+    if overlap_off is None or not overlap_off.value:
+        draft.approximate("scheduler", "sglang", "SGLang's default loop is the overlap scheduler "
+                          "(event_loop_overlap); the sglang rules model the normal loop (--disable-overlap-schedule), "
+                          "whose results (finishes, frees, output tokens) come one iteration earlier than the "
+                          "overlap loop's")
+
+    # --- KV pool, in pages of --page-size
+    page_arg = given.take("page-size")
+    page = 1 if page_arg is None else page_arg.value
+    if page_arg is None:
+        draft.assume("kv.block_size", 1, "--page-size not given: SGLang's default, one token per page")
+    else:
+        draft.set("kv.block_size", page, page_arg.shown)
+    tp_arg = given.take("tensor-parallel-size")
+    tp = 1 if tp_arg is None else tp_arg.value
+    dtype_arg = given.take("kv-cache-dtype")
+    if dtype_arg is not None and dtype_arg.value not in KV_DTYPES:
+        raise refuse(dtype_arg, "one of: " + ", ".join(KV_DTYPES))
+    dtype_bytes = None if dtype_arg is None else KV_DTYPES[dtype_arg.value]
+    total = _pool(given, draft, machine, tp, page, dtype_bytes)
+    if tp_arg is None and machine.given():
+        draft.assume_input("--tp-size", 1, "not given: one GPU, which holds all the weights and KV")
+    draft.set("kv.num_blocks", total // page, "the pool in whole pages (max_total_tokens // page size)")
+    if total < ctx:
+        draft.approximate("admission.reject_never_fits", False, f"SGLang rejects prompts longer than the pool "
+                          f"({total} tokens) at arrival; the policy model leaves them waiting at the head")
+
+    # --- the queue: --schedule-policy and priority scheduling
+    priority = _rules_queue(given, draft)
+
+    # --- budgets
+    chunk_arg = given.take("chunked-prefill-size")
+    if chunk_arg is None:
+        chunk, why = _chunk_default(machine)
+        draft.assume_input("--chunked-prefill-size", chunk, why)
+    else:
+        chunk = chunk_arg.value
+        if chunk == 0 or chunk < -1:
+            raise refuse(chunk_arg, "a chunk size >= 1, or -1 to disable chunked prefill")
+    chunking = chunk > 0
+    draft.set("chunking.enabled", chunking, chunk_arg.shown if chunk_arg is not None else "assumed (default)")
+    mpt_arg = given.take("max-prefill-tokens")
+    if mpt_arg is None:
+        mpt = 16384
+        draft.assume("sglang.max_prefill_tokens", mpt, "--max-prefill-tokens not given: SGLang's default")
+    else:
+        mpt = mpt_arg.value
+        draft.set("sglang.max_prefill_tokens", mpt, mpt_arg.shown)
+    running = _running(given, draft, total, ctx)
+    comment = "--max-running-requests" if "max-running-requests" in given else "assumed (default)"
+    if chunking and running > chunk:
+        draft.approximate("batch.max_num_seqs", chunk, f"{running} running requests capped at the chunk size "
+                          f"{chunk}: the policy requires batch.max_num_seqs <= batch.max_num_batched_tokens, which "
+                          "is SGLang's chunk budget here (its decode batches are not under it)")
+        running, comment = chunk, "capped at --chunked-prefill-size (approximated)"
+    draft.set("batch.max_num_seqs", running, comment)
+    if chunking:
+        draft.set("batch.max_num_batched_tokens", chunk, "--chunked-prefill-size: the chunk budget of a prefill "
+                  "batch")
+    else:
+        draft.set("batch.max_num_batched_tokens", ctx + mpt, "no chunking: the first request whole (up to the "
+                  "context length), the others up to --max-prefill-tokens")
+    draft.set("batch.phase_mode", "prefill_first", "a prefill batch runs whenever one forms; decodes wait")
+    mixed = given.take("enable-mixed-chunk")
+    if mixed is not None and mixed.value and not chunking:
+        draft.ignore(mixed, "no effect without chunked prefill: SGLang mixes decodes only into chunked prefill "
+                     "batches")
+        draft.set("sglang.mixed_chunk", False)
+    elif mixed is not None:
+        draft.set("sglang.mixed_chunk", bool(mixed.value), mixed.shown)
+    else:
+        draft.assume("sglang.mixed_chunk", False, "--enable-mixed-chunk not given: SGLang's default")
+
+    # --- the new-token ratio and retraction
+    cons = given.take("schedule-conservativeness")
+    if cons is None:
+        draft.assume("sglang.schedule_conservativeness", 1.0, "--schedule-conservativeness not given: SGLang's "
+                     "default")
+    else:
+        if not 0 < cons.value <= 100:
+            raise refuse(cons, "a number > 0 and <= 100")
+        draft.set("sglang.schedule_conservativeness", cons.value, cons.shown)
+    for env, (key, default, ok, expected) in RATIO_ENV.items():
+        arg = given.take(env)
+        if arg is None:
+            draft.assume(f"sglang.{key}", default, f"{env} not set: SGLang's default")
+            continue
+        value = arg.value
+        if key in ("retract_decode_steps", "clip_max_new_tokens") or (key == "new_token_ratio_decay_steps"
+                                                                       and float(value).is_integer()):
+            value = int(value)
+        if not ok(value):
+            raise refuse(arg, expected)
+        draft.set(f"sglang.{key}", value, arg.shown)
+
+    # --- preemption: retraction always, priority preemption under priority scheduling
+    threshold_arg = given.take("priority-scheduling-preemption-threshold")
+    no_preempt = given.take("disable-priority-preemption")
+    retraction = given.take("retraction-policy")
+    inversion = priority and not (no_preempt is not None and no_preempt.value)
+    if not priority:
+        for arg in (threshold_arg, no_preempt):
+            if arg is not None:
+                draft.ignore(arg, "read only with --enable-priority-scheduling")
+    triggers = ["kv_growth_fails"] + (["priority_inversion"] if inversion else [])
+    draft.set("preemption.triggers", triggers, "retraction; and priority preemption (PrefillAdder."
+              "preempt_to_schedule)" if inversion else "retraction when decode runs out of KV")
+    if retraction is not None and retraction.value == "priority" and not priority:
+        raise refuse(retraction, "length unless --enable-priority-scheduling is given")
+    if retraction is None:
+        draft.assume("preemption.victim", "fewest_generated", "--retraction-policy not given: SGLang's default "
+                     "length: retract the fewest output tokens first, the longest prompt among equals")
+    elif retraction.value == "priority":
+        draft.set("preemption.victim", "lowest_priority", retraction.shown)
+    else:
+        draft.set("preemption.victim", "fewest_generated", retraction.shown)
+    if inversion:
+        if threshold_arg is None:
+            draft.assume("preemption.priority_inversion_threshold", 10, "--priority-scheduling-preemption-threshold "
+                         "not given: SGLang's default")
+        else:
+            draft.set("preemption.priority_inversion_threshold", threshold_arg.value, threshold_arg.shown)
+    elif priority and threshold_arg is not None:
+        draft.ignore(threshold_arg, "--disable-priority-preemption is given")
+
+    # --- admission, timeouts
+    queued = given.take("max-queued-requests")
+    if queued is not None:
+        if priority:
+            raise refuse(queued, "no queue cap with --enable-priority-scheduling: SGLang then aborts the lowest-"
+                         "priority queued request for a higher-priority arrival, which the policy model cannot "
+                         "express")
+        draft.set("admission.max_queue_len", queued.value, queued.shown)
+    waiting = given.take("SGLANG_REQ_WAITING_TIMEOUT")
+    if waiting is not None and waiting.value > 0:
+        draft.set("timeouts.queue_timeout_ms", max(1, round(waiting.value * 1000)), waiting.shown)
+        draft.set("timeouts.action", "reject", "SGLang aborts the request (503)")
+    elif waiting is not None:
+        draft.ignore(waiting, "<= 0 disables the timeout")
+    given.check_all_taken()
+    return draft
+
+
+def _rules_refusals(given: Given, draft: Draft) -> None:
+    """What the sglang rules cannot express either: refused by name (exit 2)."""
+    for name in ("pipeline-parallel-size", "data-parallel-size"):
+        arg = given.take(name)
+        if arg is not None and arg.value > 1:
+            raise refuse(arg, "1: the policy model is one engine running one batch at a time")
+    for name, why in (("enable-dp-attention", "data-parallel attention batches per rank"),
+                      ("abort-on-priority-when-disabled", "batchcheck workloads give every request a priority, "
+                                                          "which this flag would abort")):
+        arg = given.take(name)
+        if arg is not None and arg.value:
+            raise refuse(arg, f"false: {why}")
+    arg = given.take("speculative-algorithm")
+    if arg is not None:
+        raise refuse(arg, "no speculative decoding: draft tokens per step are not modelled")
+    mode, backend = given.take("disaggregation-mode"), given.take("disaggregation-transfer-backend")
+    if mode is not None and mode.value != "null":
+        raise refuse(mode, "null: SGLang's disaggregation queues (the decode side's prealloc and transfer queues, "
+                     "which reserve KV before the transfer; the prefill side's bootstrap and inflight queues) are not "
+                     "modelled by the sglang rules")
+    if backend is not None:
+        draft.ignore(backend, "no effect without --disaggregation-mode prefill or decode")
+    arg = given.take("enable-hierarchical-cache")
+    if arg is not None and arg.value:
+        raise refuse(arg, "false: HiCache's host-memory KV tier (loads back into the device pool) is not modelled "
+                     "by the sglang rules")
+    arg = given.take("SGLANG_REQ_RUNNING_TIMEOUT")
+    if arg is not None and arg.value > 0:
+        raise refuse(arg, "0: a timeout on running requests is not modelled (only queue timeouts)")
+    if arg is not None:
+        draft.ignore(arg, "<= 0 disables the timeout")
+    arg = given.take("default-priority-value")
+    if arg is not None:
+        draft.ignore(arg, "batchcheck workloads give every request a priority")
+
+
+def _rules_radix(given: Given, draft: Draft) -> None:
+    radix_off = given.take("disable-radix-cache")
+    eviction = given.take("radix-eviction-policy")
+    if radix_off is None:
+        raise UsageError(f"--rules sglang: SGLang's radix cache is on by default, and {RADIX_REFUSAL}")
+    if not radix_off.value:
+        raise refuse(radix_off, f"true: {RADIX_REFUSAL}")
+    draft.set("sglang.radix_cache", False, radix_off.shown)
+    if eviction is not None:
+        draft.ignore(eviction, "no effect with --disable-radix-cache")
+
+
+def _rules_queue(given: Given, draft: Draft) -> bool:
+    """--schedule-policy -> sglang.schedule_policy; priority scheduling -> queue.order and its polarity."""
+    enable = given.take("enable-priority-scheduling")
+    priority = enable is not None and enable.value
+    low_first = given.take("schedule-low-priority-values-first")
+    policy = given.take("schedule-policy")
+    name = "fcfs" if policy is None else policy.value
+    if policy is None:
+        draft.assume("sglang.schedule_policy", "fcfs", "--schedule-policy not given: SGLang's default")
+    elif name in ("fcfs", "lof"):
+        draft.set("sglang.schedule_policy", name, policy.shown)
+    elif name in CACHE_AWARE:
+        draft.set("sglang.schedule_policy", "fcfs", f"{policy.note()}: fcfs without the radix cache")
+        draft.approximate("sglang.schedule_policy", "fcfs", f"--schedule-policy {name} is cache-aware: SGLang "
+                          "itself falls back to fcfs when the radix cache is disabled (SchedulePolicy's validation)")
+    elif name == "shortest-prefill-first":
+        raise refuse(policy, "fcfs or lof: SGLang refuses shortest-prefill-first with the radix cache disabled")
+    elif name == "priority":
+        raise refuse(policy, "fcfs with --enable-priority-scheduling (SGLang orders by priority through that flag)")
+    else:
+        why = {"random": "a random order (not reproducible)", "routing-key": "grouping by routing key"}[name]
+        raise refuse(policy, f"fcfs or lof (with or without --enable-priority-scheduling): {name} orders by {why}, "
+                     "which the sglang rules do not model")
+    if priority:
+        draft.set("queue.order", "priority", enable.shown)  # type: ignore[union-attr]
+        if low_first is not None and low_first.value:
+            draft.set("queue.priority_polarity", "lower_first", low_first.shown)
+        else:
+            draft.set("queue.priority_polarity", "higher_first", "SGLang: a higher priority value is served first")
+    else:
+        draft.set("queue.order", "fcfs", "the queue in entry order (sglang.schedule_policy sorts it)")
+        if low_first is not None:
+            draft.ignore(low_first, "read only with --enable-priority-scheduling")
+    return priority
