@@ -29,7 +29,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as a script
     sys.path.insert(0, str(ROOT))
 
-from checker.checklog import Conformance, conformance, load_arrivals, load_log  # noqa: E402
+from checker.checklog import (CheckLogResult, Conformance, conformance, load_arrivals, load_log,  # noqa: E402
+                              run_check_log)
 from checker.importers import import_policy  # noqa: E402
 from checker.policy import Policy  # noqa: E402
 
@@ -95,9 +96,18 @@ def policy_for(flags: list[str], name: str) -> Policy:
 
 
 def compare(trace: Path, log: Path, flags: list[str], name: str) -> Conformance:
-    """The engine under the imported policy against the log, on the trace's arrivals (check-log --conformance)."""
+    """The engine under the imported policy against the log, on the trace's arrivals: check-log's reference
+    comparison (every step's scheduled tokens, preemptions and finishes; the free blocks counted too). The log's
+    free tokens are read in pages of the policy's kv.block_size, as check-log does."""
+    policy = policy_for(flags, name)
     arrivals = load_arrivals(trace)
-    return conformance(policy_for(flags, name), arrivals, load_log(log, arrivals))
+    return conformance(policy, arrivals, load_log(log, arrivals, page=policy.kv.block_size))
+
+
+def check_log(trace: Path, log: Path, flags: list[str], name: str) -> CheckLogResult:
+    """`batchcheck check-log POLICY LOG --arrivals TRACE --conformance` under the imported policy: the log streamed,
+    its default invariants checked, the conformance on the streaming path (with fast-forward)."""
+    return run_check_log(policy_for(flags, name), log, trace, None, True)
 
 
 # ----------------------------------------------------------------------------------------- the kept logs
