@@ -633,9 +633,10 @@ def _rules_queue(given: Given, draft: Draft) -> bool:
     elif name == "priority":
         raise refuse(policy, "fcfs with --enable-priority-scheduling (SGLang orders by priority through that flag)")
     else:
-        why = {"random": "a random order (not reproducible)", "routing-key": "grouping by routing key"}[name]
-        raise refuse(policy, f"fcfs or lof (with or without --enable-priority-scheduling): {name} orders by {why}, "
-                     "which the sglang rules do not model")
+        why = {"random": "random shuffles the queue (not reproducible)",
+               "routing-key": "routing-key groups the queue by routing key"}[name]
+        raise refuse(policy, f"fcfs or lof (with or without --enable-priority-scheduling): {why}, which the sglang "
+                     "rules do not model")
     if priority:
         draft.set("queue.order", "priority", enable.shown)  # type: ignore[union-attr]
         if low_first is not None and low_first.value:
