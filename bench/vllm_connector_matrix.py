@@ -16,11 +16,11 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.conformance_table import AgreementTable, first, share  # noqa: E402
 from tests.connector_logs import compare  # noqa: E402
 from tests.vllm_connector_harness import (abort_during_load, flags, hung_load, loads_with_latencies,  # noqa: E402
                                           pressure_with_loads, producer_sends, run_jobs, venv_python)
@@ -53,25 +53,20 @@ def main(argv: list[str] | None = None) -> int:
     if venv_python() is None:
         print("the vLLM venv is absent (see shared/tools/vllm-scheduler/README.md): nothing to compare")
         return 0
-    started = time.perf_counter()
+    table = AgreementTable(["case", "steps", "preemptions", "loads", "steps agree", "share", "free blocks agree",
+                            "first divergence"])
     jobs = cases()
     folder = Path(args.keep) if args.keep else Path(tempfile.mkdtemp())
     logs = run_jobs(jobs, keep=folder)
-    print("| case | steps | preemptions | loads | steps agree | share | free blocks agree | first divergence |")
-    print("|---|---|---|---|---|---|---|---|")
-    worst = 1.0
+    table.header()
     for name, (rows, fl) in jobs.items():
         conf = compare(rows, fl, folder / f"{name}.log.jsonl", name, folder)
         log = logs[name]
         loads = len({r for line in log for r in line.get("loading", ())})
         preemptions = sum(len(line["preempted"]) for line in log)
-        worst = min(worst, conf.share)
-        first = "-" if conf.first_divergence is None else f"step {conf.first_divergence}"
-        print(f"| {name} | {conf.steps} | {preemptions} | {loads} | {conf.agreeing} | {100 * conf.share:.1f} % | "
-              f"{conf.free_blocks_agreeing} | {first} |", flush=True)
-        if conf.first_divergence is not None:
-            print(f"<!-- {name}: {conf.detail} -->", flush=True)
-    print(f"\nworst agreement: {100 * worst:.1f} % ({len(jobs)} logs, {time.perf_counter() - started:.0f} s)")
+        table.row(name, [name, conf.steps, preemptions, loads, conf.agreeing, share(conf), conf.free_blocks_agreeing,
+                         first(conf)], conf)
+    table.footer()
     return 0
 
 

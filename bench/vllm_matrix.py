@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.conformance_table import AgreementTable, first, share  # noqa: E402
 from tests.vllm_harness import CASES, harness_python, run_cases  # noqa: E402
 
 
@@ -31,21 +31,15 @@ def main(argv: list[str] | None = None) -> int:
     if harness_python() is None:
         print("the vLLM harness venv is absent (see shared/tools/vllm-scheduler/README.md): nothing to compare")
         return 0
-    print("| case | caching | policy | steps | preemptions | steps agree | share | free blocks agree | first divergence |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    worst = 1.0
-    started = time.perf_counter()
+    table = AgreementTable(["case", "caching", "policy", "steps", "preemptions", "steps agree", "share",
+                            "free blocks agree", "first divergence"])
+    table.header()
     cases = [c for c in CASES if not args.only or c.name in args.only]
     for result in run_cases(cases, Path(args.keep) if args.keep else None):
         case, conf = result.case, result.conformance
-        worst = min(worst, conf.share)
-        first = "-" if conf.first_divergence is None else f"step {conf.first_divergence}"
-        print(f"| {case.name} | {'on' if case.caching else 'off'} | {case.policy} | {conf.steps} | "
-              f"{result.preemptions} | {conf.agreeing} | {100 * conf.share:.1f} % | {result.free_blocks_agree} | {first} |",
-              flush=True)
-        if conf.first_divergence is not None:
-            print(f"<!-- {case.name}: {conf.detail} -->", flush=True)
-    print(f"\nworst agreement: {100 * worst:.1f} % ({len(cases)} logs, {time.perf_counter() - started:.0f} s)")
+        table.row(case.name, [case.name, "on" if case.caching else "off", case.policy, conf.steps, result.preemptions,
+                              conf.agreeing, share(conf), result.free_blocks_agree, first(conf)], conf)
+    table.footer()
     return 0
 
 
