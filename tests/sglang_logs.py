@@ -57,8 +57,9 @@ DRIVER_CONTEXT_LEN = 65536  # the driver's --max-context-len default
 def import_args(flags: list[str]) -> list[str]:
     """The driver's flags as `batchcheck import sglang --rules sglang` arguments (the same configuration): server
     flag names, the pool as --max-total-tokens, the normal loop as --disable-overlap-schedule (the driver runs
-    event_loop_normal unless --overlap). --ignore-eos, --overlap and --req-pool-size have no such counterpart
-    (ValueError)."""
+    event_loop_normal unless --overlap). --arrival-checks (handle_generate_request's max_new_tokens cap, which a
+    server always applies) needs no argument. --ignore-eos (a request's sampling parameter, not a server flag),
+    --overlap (the rules model the normal loop) and --req-pool-size have no such counterpart (ValueError)."""
     out: list[str] = []
     context = DRIVER_CONTEXT_LEN
     i = 0
@@ -69,9 +70,12 @@ def import_args(flags: list[str]) -> list[str]:
             out.append(flag)
             i += 1
             continue
-        if flag == "--quiet":
+        if flag in ("--quiet", "--arrival-checks"):  # the log's form; a check the server always runs at arrival
             i += 1
             continue
+        if flag in ("--overlap", "--ignore-eos"):
+            raise ValueError(f"no import argument for the driver flag {flag}: the sglang rules model the normal loop "
+                             "and requests without ignore_eos")
         if value is None:
             raise ValueError(f"the driver flag {flag} needs a value")
         if flag in SAME:

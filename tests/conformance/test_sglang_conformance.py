@@ -111,3 +111,15 @@ def test_the_real_scheduler_still_writes_the_kept_logs(tmp_path):
         trace, log = paths[case.name]
         assert json.loads(trace.read_text()) == json.loads((L.DATA / f"{case.name}.trace.json").read_text())
         assert log.read_bytes() == gzip.decompress((L.DATA / f"{case.name}.log.jsonl.gz").read_bytes()), case.name
+
+
+def test_the_driver_flags_become_the_import_arguments():
+    assert L.import_args(["--page-size", "4", "--pool-tokens", "1600", "--max-running-requests", "6",
+                          "--chunked-prefill-size", "-1", "--enable-priority-scheduling", "--retract-decode-steps", "10",
+                          "--max-context-len", "4096", "--max-steps", "900", "--disable-radix-cache", "--quiet"]) == [
+        "--context-length", "4096", "--page-size", "4", "--max-total-tokens", "1600", "--max-running-requests", "6",
+        "--chunked-prefill-size", "-1", "--enable-priority-scheduling", "SGLANG_RETRACT_DECODE_STEPS=10",
+        "--disable-radix-cache", "--disable-overlap-schedule"]
+    for flags in (["--overlap"], ["--ignore-eos"], ["--req-pool-size", "8"]):
+        with pytest.raises(ValueError, match="no import argument for the driver flag"):
+            L.import_args(flags)
