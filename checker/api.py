@@ -223,8 +223,9 @@ def run_import(system: str, args: list[str] | tuple[str, ...] = (), config: str 
     of vllm, sglang, tgi, trtllm, triton; ``args`` are that server's own arguments; ``config`` its config
     file (vLLM YAML, TensorRT-LLM LLM-API YAML, Triton config.pbtxt). The machine options size a KV pool
     that the server would compute at start-up. ``rules`` (sglang only): vllm (the default) maps SGLang
-    onto the vLLM-shaped rules, sglang onto the engine's SGLang rules (``scheduler: sglang``). Returns an ImportResult (validated policy, YAML text, the
-    assumed / approximated / ignored notes); with ``out``, also writes the YAML there atomically. Raises
+    onto the vLLM-shaped rules, sglang onto the engine's SGLang rules (``scheduler: sglang``). Returns an
+    ImportResult (validated policy, YAML text, the assumed / approximated / ignored notes); with ``out``, also
+    writes the YAML there atomically. Raises
     InputError/UsageError (exit 2) for an option the policy model cannot express or does not know."""
     from checker.importers import import_policy
     from checker.importers.common import Machine

@@ -115,7 +115,8 @@ def test_the_real_scheduler_still_writes_the_kept_logs(tmp_path):
 
 def test_the_driver_flags_become_the_import_arguments():
     assert L.import_args(["--page-size", "4", "--pool-tokens", "1600", "--max-running-requests", "6",
-                          "--chunked-prefill-size", "-1", "--enable-priority-scheduling", "--retract-decode-steps", "10",
+                          "--chunked-prefill-size", "-1", "--enable-priority-scheduling",
+                          "--retract-decode-steps", "10",
                           "--max-context-len", "4096", "--max-steps", "900", "--disable-radix-cache", "--quiet"]) == [
         "--context-length", "4096", "--page-size", "4", "--max-total-tokens", "1600", "--max-running-requests", "6",
         "--chunked-prefill-size", "-1", "--enable-priority-scheduling", "SGLANG_RETRACT_DECODE_STEPS=10",
