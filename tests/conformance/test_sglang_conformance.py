@@ -124,3 +124,24 @@ def test_the_driver_flags_become_the_import_arguments():
     for flags in (["--overlap"], ["--ignore-eos"], ["--req-pool-size", "8"]):
         with pytest.raises(ValueError, match="no import argument for the driver flag"):
             L.import_args(flags)
+
+
+def test_the_command_line_imports_and_checks_a_kept_log(tmp_path, capsys):
+    """The user's path: `batchcheck import sglang --rules sglang ... --out P`, then `batchcheck check-log P LOG
+    --arrivals TRACE --conformance` (a page-4 log with priority preemptions and aborts)."""
+    from checker.cli import main
+
+    name = "priority_low_first_p4"
+    trace, log = L.kept(name, tmp_path)
+    policy = tmp_path / f"{name}.yaml"
+    assert main(["import", "sglang", "--rules", "sglang", "--out", str(policy),
+                 *L.import_args(L.CASE[name].driver_flags())]) == 0
+    capsys.readouterr()
+    code = main(["check-log", str(policy), str(log), "--arrivals", str(trace), "--conformance"])
+    out = capsys.readouterr().out
+    lines = [line for line in out.splitlines() if line.startswith("conformance with the engine under ")]
+    assert len(lines) == 1, out
+    agreeing, steps = map(int, lines[0].split(": ")[1].split(" steps agree")[0].split("/"))
+    assert steps >= 500 and agreeing / steps >= MIN_SHARE, out
+    assert "VIOLATED" not in out, out
+    assert code in (0, 1) and (code == 0) == (agreeing == steps), out
