@@ -444,6 +444,11 @@ def import_sglang_rules(args: list[str], machine: Machine) -> Draft:
     total = _pool(given, draft, machine, tp, page, dtype_bytes)
     if tp_arg is None and machine.given():
         draft.assume_input("--tp-size", 1, "not given: one GPU, which holds all the weights and KV")
+    if not machine.given():
+        for arg in (tp_arg, dtype_arg):
+            if arg is not None:
+                draft.ignore(arg, "sizes the KV pool only from a declared machine (--gpu-memory-gib ...); "
+                             "--max-total-tokens gives the pool here")
     draft.set("kv.num_blocks", total // page, "the pool in whole pages (max_total_tokens // page size)")
     if total < ctx:
         draft.approximate("admission.reject_never_fits", False, f"SGLang rejects prompts longer than the pool "

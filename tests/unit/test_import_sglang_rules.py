@@ -185,7 +185,9 @@ def test_no_effect_flags_are_ignored_with_the_reason():
         "--radix-eviction-policy=lru (no effect with --disable-radix-cache)",
         "--disaggregation-transfer-backend=mooncake (no effect without --disaggregation-mode prefill or decode)",
         "SGLANG_REQ_RUNNING_TIMEOUT=0.0 (<= 0 disables the timeout)",
-        "--default-priority-value=5 (batchcheck workloads give every request a priority)"])
+        "--default-priority-value=5 (batchcheck workloads give every request a priority)",
+        "--tp-size=2 (sizes the KV pool only from a declared machine (--gpu-memory-gib ...); --max-total-tokens gives "
+        "the pool here)"])
 
 
 def test_the_pool_from_a_machine_under_the_sglang_rules():
