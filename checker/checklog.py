@@ -258,14 +258,17 @@ def load_arrivals(path: str | Path) -> Arrivals:
 _new_tuple = tuple.__new__  # LogStep(...) without NamedTuple's Python-level __new__
 
 
-def parse_step(rec: Any, line_no: int, arrivals: Arrivals, source: str) -> LogStep:
-    """One log line, checked, with request ids turned into request numbers."""
+def parse_step(rec: Any, line_no: int, arrivals: Arrivals, source: str, page: int = 1) -> LogStep:
+    """One log line, checked, with request ids turned into request numbers. ``page``: the policy's block size, to
+    read SGLang's step records (sglang_record)."""
     try:
         k, raw, pre, fin, ab = rec["step"], rec["scheduled"], rec["preempted"], rec["finished"], rec["aborted"]
         running, waiting, free = rec["running"], rec["waiting"], rec["free_blocks"]
         if rec.__class__ is not dict:
             raise TypeError
     except (KeyError, TypeError, IndexError):
+        if isinstance(rec, dict) and "free_blocks" not in rec and "available_tokens" in rec:
+            return parse_step(sglang_record(rec, line_no, source, page), line_no, arrivals, source)
         missing = [k for k in LOG_KEYS if not isinstance(rec, dict) or k not in rec]
         raise InputError(Problem(missing[0], "<missing>", "the keys " + ", ".join(LOG_KEYS), line_no), source) from None
     index = arrivals.index
@@ -304,6 +307,31 @@ def parse_step(rec: Any, line_no: int, arrivals: Arrivals, source: str) -> LogSt
     held, loading = _connector_fields(raw_held, rec.get("loading"), line_no, arrivals, source)
     return _new_tuple(LogStep, (k, scheduled, lists[0], lists[1], lists[2], running, waiting, free, line_no, held,
                                 loading))
+
+
+SGLANG_KEYS = ("retracted", "available_tokens", "evictable_tokens")
+
+
+def sglang_record(rec: dict, line_no: int, source: str, page: int) -> dict:
+    """An SGLang step record (tests/sglang_driver.py; docs/check-log.md, "SGLang's step records") as a log line:
+    its retractions and priority preemptions are the preemptions, its free blocks the available and evictable
+    tokens in whole pages."""
+    for key in SGLANG_KEYS:
+        if key not in rec:
+            raise InputError(Problem(key, "<missing>", "the keys of an SGLang step record: " + ", ".join(
+                ("step", "scheduled", "retracted", "preempted", "finished", "aborted", "running", "waiting",
+                 "available_tokens", "evictable_tokens")), line_no), source)
+    retracted, tokens = rec["retracted"], [rec["available_tokens"], rec["evictable_tokens"]]
+    if retracted.__class__ is not list:
+        raise InputError(Problem("retracted", retracted, "a list of request ids", line_no), source)
+    for name, value in zip(SGLANG_KEYS[1:], tokens):
+        if value.__class__ is not int or value < 0:
+            raise InputError(Problem(name, value, "a whole number of tokens >= 0", line_no), source)
+    pre = rec.get("preempted")
+    out = dict(rec)
+    out["preempted"] = retracted + pre if pre.__class__ is list else pre  # parse_step says what is wrong with it
+    out["free_blocks"] = sum(tokens) // page
+    return out
 
 
 def _connector_fields(raw_held: Any, raw_loading: Any, line_no: int, arrivals: Arrivals, source: str
@@ -429,7 +457,7 @@ def parse_line(raw: bytes, line_no: int, source: str) -> Any:
                          source) from None
 
 
-def stream_log(path: str | Path, arrivals: Arrivals, follow: Follow | None = None) -> Iterator[LogStep]:
+def stream_log(path: str | Path, arrivals: Arrivals, follow: Follow | None = None, page: int = 1) -> Iterator[LogStep]:
     """The log's steps, parsed and checked one line at a time (steps must be consecutive: the first gap is
     an input error, raised at the end of the file, after every line has been checked, as load_log does;
     at once when following)."""
@@ -438,7 +466,7 @@ def stream_log(path: str | Path, arrivals: Arrivals, follow: Follow | None = Non
     gap: Problem | None = None
     count = 0
     for line_no, raw in log_lines(path, follow):
-        entry = parse_step(parse_line(raw, line_no, source), line_no, arrivals, source)
+        entry = parse_step(parse_line(raw, line_no, source), line_no, arrivals, source, page)
         count += 1
         if prev is not None and entry.step != prev.step + 1 and gap is None:
             gap = Problem("step", entry.step, f"consecutive steps ({prev.step + 1} after {prev.step})", entry.line)
@@ -591,9 +619,12 @@ class Observed:
             touched.add(r)  # touched at its arrival step even when the log named it earlier
             if self.slots[r]["status"] == PENDING:
                 status(r, w(r), WAITING)
-        if entry.aborted:
-            self._end(entry.aborted, CANCELLED, ABORTED, touched, keep=self.keeps_aborted)
         sched = entry.scheduled
+        # SGLang ends an aborted running request after its next row (the row is in the step): it ends after it
+        after = [r for r in entry.aborted if r in sched] if entry.aborted and sched else ()
+        if entry.aborted:
+            self._end([r for r in entry.aborted if r not in after] if after else entry.aborted, CANCELLED, ABORTED,
+                      touched, keep=self.keeps_aborted)
         late = [r for r in entry.preempted if r in sched] if entry.preempted and sched else ()
         if entry.preempted:
             for r in entry.preempted:
@@ -619,6 +650,8 @@ class Observed:
                 produce(r)
         for r in late:
             self._preempt(r, w(r), touched)
+        if after:
+            self._end(after, CANCELLED, ABORTED, touched, keep=self.keeps_aborted)
         if entry.finished:
             self._end(entry.finished, FINISHED, STOPPED, touched)
         self.kv_used = self.pool - entry.free_blocks
@@ -1369,7 +1402,7 @@ def run_check_log(policy: PolicyInput, log: str | Path, arrivals: str | Path, in
             cache_note = f"not checked under {under}: {', '.join(t.split(':', 1)[0] for t in blind)} ({because})"
     chosen = [parse_invariant(text) for text in names]
     waiter = Follow(idle_s=follow_idle_s) if follow else None
-    result = check_stream(pol, arr, stream_log(log, arr, waiter), chosen, with_conformance, fast_forward,
+    result = check_stream(pol, arr, stream_log(log, arr, waiter, pol.kv.block_size), chosen, with_conformance, fast_forward,
                           stop_early=follow, progress=progress)
     if waiter is not None and result.stopped is None:
         result.stopped = waiter.stopped or "idle"
@@ -1380,10 +1413,10 @@ def run_check_log(policy: PolicyInput, log: str | Path, arrivals: str | Path, in
 
 
 # ----------------------------------------------------------------------------------------- the reference path
-def load_log(path: str | Path, arrivals: Arrivals) -> list[LogStep]:
+def load_log(path: str | Path, arrivals: Arrivals, page: int = 1) -> list[LogStep]:
     """The whole log in memory (the reference path; the CLI streams it with stream_log)."""
     source = str(path)
-    steps = [parse_step(rec, line_no, arrivals, source) for line_no, _, rec in json_lines(path)]
+    steps = [parse_step(rec, line_no, arrivals, source, page) for line_no, _, rec in json_lines(path)]
     if not steps:
         raise InputError(Problem("lines", 0, "at least one step"), source)
     for prev, cur in zip(steps, steps[1:]):
@@ -1417,7 +1450,7 @@ def observed_frames(policy: Policy, arrivals: Arrivals, log: list[LogStep]) -> t
         for s, slot in zip(specs, slots):
             if slot["status"] == int(Status.PENDING) and s.arrival_us <= k * STEP_US:
                 slot["status"] = int(Status.WAITING)
-        for r in entry.aborted:
+        def abort(r: int) -> None:
             slots[r].update(status=int(Status.CANCELLED), reason=int(Reason.ABORTED))
             if keep_aborted and slots[r]["blocks"]:  # until the log's free blocks show them freed (below)
                 slots[r]["release_step"] = k  # the abort's log step (request_conservation: it may hold KV)
@@ -1425,6 +1458,10 @@ def observed_frames(policy: Policy, arrivals: Arrivals, log: list[LogStep]) -> t
                     aborted_holding.append(r)
             else:
                 slots[r]["blocks"] = 0
+
+        for r in entry.aborted:
+            if r not in entry.scheduled:  # scheduled too (SGLang): aborted after its row (below)
+                abort(r)
         for r in entry.preempted:
             if r not in entry.scheduled:  # scheduled too: preempted after its tokens (below)
                 preempt(r)
@@ -1443,6 +1480,9 @@ def observed_frames(policy: Policy, arrivals: Arrivals, log: list[LogStep]) -> t
         for r in entry.preempted:
             if r in entry.scheduled:
                 preempt(r)
+        for r in entry.aborted:
+            if r in entry.scheduled:
+                abort(r)
         for r in entry.finished:
             slots[r].update(status=int(Status.FINISHED), reason=int(Reason.STOPPED), blocks=0)
         kv_used = policy.kv.num_blocks - entry.free_blocks

@@ -63,6 +63,8 @@ def next_steps_are_quiet_decodes(s: SchedulerState, d: StepDecision) -> bool:
     """
     if not s.running or s.holding or s.holders or s.loads_in_flight:
         return False  # a release, or a transfer report, may come in the middle of a stretch
+    if s.sglang is not None:
+        return False  # SGLang's decode steps decay the new-token ratio and may retract: stepped one by one
     if s.pool is not None and s.policy.batch.phase_mode is PhaseMode.MIXED and time_varying(s):
         return False  # the mixed pass serves the batch in queue order, which such orders change: so does the pool's
     if not s.waiting:

@@ -386,6 +386,100 @@ class Connector(_Strict):
         return self
 
 
+# ----------------------------------------------------------------------------------------- scheduler family
+class Scheduler(StrEnum):
+    """Whose scheduling rules the step follows. vllm: the rule sections above (vLLM, and the servers mapped onto
+    its vocabulary). sglang: SGLang 0.5's own loop, prefill adder, new-token ratio and retraction
+    (checker/semantics/sglang.py; docs/semantics.md, "SGLang's rules")."""
+
+    VLLM = "vllm"
+    SGLANG = "sglang"
+
+
+class SGLangQueue(StrEnum):
+    """SGLang's --schedule-policy values the rules model: fcfs (the queue in entry order; by priority, then entry,
+    with priority scheduling) and lof (longest output first: by max_new_tokens, descending). The cache-aware ones
+    (lpm, dfs-weight) need the radix cache, which is not modelled yet; SGLang itself runs fcfs for them when the
+    cache is disabled."""
+
+    FCFS = "fcfs"
+    LOF = "lof"
+
+
+class SGLang(_Strict):
+    """SGLang 0.5.23's scheduling knobs (server arguments and SGLANG_* environment variables), read when
+    ``scheduler`` is sglang. The other sections give what SGLang shares with the vocabulary: kv.block_size is
+    --page-size, kv.num_blocks the pool in pages, batch.max_num_seqs --max-running-requests,
+    batch.max_num_batched_tokens --chunked-prefill-size (with chunking.enabled), queue.order fcfs or priority
+    (--enable-priority-scheduling; queue.priority_polarity lower_first is --schedule-low-priority-values-first),
+    preemption.triggers priority_inversion with its threshold (priority preemption), preemption.victim
+    fewest_generated (--retraction-policy length) or lowest_priority (priority)."""
+
+    schedule_policy: SGLangQueue = SGLangQueue.FCFS
+    """--schedule-policy."""
+    max_prefill_tokens: Annotated[int, Field(ge=1, le=MAX_TOKENS)] = 16384
+    """--max-prefill-tokens: the prefill tokens of one batch (the first request of a batch may exceed it when
+    chunking is off)."""
+    mixed_chunk: bool = False
+    """--enable-mixed-chunk: the running requests decode inside a prefill batch when their next pages fit."""
+    radix_cache: bool = False
+    """The radix (prefix) cache. Only false is modelled yet (--disable-radix-cache)."""
+    init_new_token_ratio: Annotated[float, Field(gt=0.0, le=1.0)] = 0.7
+    """SGLANG_INIT_NEW_TOKEN_RATIO."""
+    min_new_token_ratio_factor: Annotated[float, Field(ge=0.0, le=1.0)] = 0.14
+    """SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR."""
+    new_token_ratio_decay_steps: Annotated[float, Field(gt=0.0, le=MAX_STEPS)] = 600
+    """SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS."""
+    schedule_conservativeness: Annotated[float, Field(gt=0.0, le=100.0)] = 1.0
+    """--schedule-conservativeness (scales the initial ratio, capped at 1)."""
+    retract_decode_steps: Annotated[int, Field(ge=0, le=MAX_STEPS)] = 20
+    """SGLANG_RETRACT_DECODE_STEPS: decode steps the requests left after a retraction are estimated to need."""
+    clip_max_new_tokens: Annotated[int, Field(ge=1, le=MAX_TOKENS)] = 4096
+    """SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION: the clip on a request's max_new_tokens in the admission estimate."""
+
+    @model_validator(mode="after")
+    def _modelled(self) -> SGLang:
+        if self.radix_cache:
+            raise _fail("radix_cache", "true", "false: the SGLang rules model the disabled radix cache only "
+                        "(--disable-radix-cache); the cache's eviction and prefix matches are not modelled yet")
+        return self
+
+    @property
+    def init_ratio(self) -> float:
+        """The ratio's initial value (NewTokenRatioTracker.from_config)."""
+        return min(self.init_new_token_ratio * self.schedule_conservativeness, 1.0)
+
+    @property
+    def min_ratio(self) -> float:
+        return min(self.init_ratio * self.min_new_token_ratio_factor, 1.0)
+
+    @property
+    def ratio_decay(self) -> float:
+        return (self.init_ratio - self.min_ratio) / self.new_token_ratio_decay_steps
+
+
+# Fields the SGLang rules do not read: under scheduler sglang each must have this value (any other would be
+# ignored, and a policy that says what its scheduler does not do misleads).
+SGLANG_UNREAD = (
+    ("batch.phase_mode", "prefill_first"),
+    ("batch.prefill_share", None),
+    ("chunking.long_prefill_token_threshold", 0),
+    ("chunking.threshold_when_alone", True),
+    ("chunking.threshold_adaptive", False),
+    ("queue.head_of_line", "strict"),
+    ("queue.preempted_requeue", "front"),
+    ("kv.allocation", "on_demand"),
+    ("kv.watermark", 0.0),
+    ("kv.check_allocation", True),
+    ("kv.prefix_caching.enabled", False),
+    ("preemption.mode", "recompute"),
+    ("preemption.block_admission_after_preempt", True),
+    ("admission.reserve_full_prompt", True),
+    ("cancellation.release_lag_steps", 0),
+    ("connector.kind", "none"),
+)
+
+
 # ----------------------------------------------------------------------------------------- policy
 class Policy(_Strict):
     """A scheduler policy: one section per rule kind of the unified vocabulary."""
@@ -413,6 +507,10 @@ class Policy(_Strict):
     """Queue timeouts."""
     connector: Connector = Field(default_factory=Connector)
     """A KV connector (offload tier, disaggregated prefill/decode): KV held by requests that are not running."""
+    scheduler: Scheduler = Scheduler.VLLM
+    """Whose scheduling rules the step follows: vllm (the sections above) or sglang (SGLang's own rules)."""
+    sglang: SGLang = Field(default_factory=SGLang)
+    """SGLang's knobs, read when scheduler is sglang."""
 
     @model_validator(mode="after")
     def _consistent(self) -> Policy:
@@ -454,12 +552,45 @@ class Policy(_Strict):
                 if str(value).lower() != allowed:
                     raise _fail(name, value, f"{allowed} when kv.prefix_caching.enabled is true (the block pool "
                                 "with block identity models vLLM's on-demand, checked, recompute-only pool)")
+        if self.scheduler is Scheduler.SGLANG:
+            self._sglang_consistent()
+        elif self.sglang != SGLang():
+            changed = next(k for k, v in self.sglang.model_dump().items() if v != SGLang.model_fields[k].default)
+            raise _fail(f"sglang.{changed}", _shown(getattr(self.sglang, changed)),
+                        "its default unless scheduler is sglang (the vllm rules do not read the sglang section)")
         con = self.connector
         if con.loads and b.phase_mode is PhaseMode.MIXED:
             raise _fail("connector.kind", con.kind.value, "none or prefill_node when batch.phase_mode is mixed (the "
                         "mixed pass has no holders' scan; loads are modelled for the decode_first, prefill_first "
                         "and static passes)")
         return self
+
+    def _sglang_consistent(self) -> None:
+        for path, default in SGLANG_UNREAD:
+            value: object = self
+            for part in path.split("."):
+                value = getattr(value, part)
+            if (value.value if isinstance(value, StrEnum) else value) != default:
+                raise _fail(path, _shown(value), f"{_shown(default)} when scheduler is sglang (SGLang's rules do not "
+                            "have this knob; see docs/semantics.md, \"SGLang's rules\")")
+        p, q = self.preemption, self.queue
+        if Trigger.KV_GROWTH_FAILS not in p.triggers:
+            raise _fail("preemption.triggers", [t.value for t in p.triggers],
+                        "a list with kv_growth_fails when scheduler is sglang (SGLang always retracts when decode "
+                        "runs out of KV)")
+        if q.order not in (QueueOrder.FCFS, QueueOrder.PRIORITY):
+            raise _fail("queue.order", q.order.value, "fcfs or priority when scheduler is sglang "
+                        "(priority: --enable-priority-scheduling; the order within is sglang.schedule_policy)")
+        allowed = (Victim.FEWEST_GENERATED, Victim.LOWEST_PRIORITY) if q.uses_priority else (Victim.FEWEST_GENERATED,)
+        if p.victim not in allowed:
+            raise _fail("preemption.victim", p.victim.value, " or ".join(v.value for v in allowed)
+                        + " when scheduler is sglang (--retraction-policy length or priority)")
+        if not self.chunking.enabled and self.batch.max_num_batched_tokens < self.max_model_len + self.sglang.max_prefill_tokens:
+            raise _fail("batch.max_num_batched_tokens", self.batch.max_num_batched_tokens,
+                        f">= max_model_len + sglang.max_prefill_tokens = "
+                        f"{self.max_model_len + self.sglang.max_prefill_tokens} when scheduler is sglang and "
+                        "chunking.enabled is false: without chunking a prefill batch takes its first request whole "
+                        "and others up to max_prefill_tokens")
 
     # Derived facts, computed from the fields above (never stored twice).
     @property
@@ -469,6 +600,14 @@ class Policy(_Strict):
     @property
     def preempts_on_inversion(self) -> bool:
         return Trigger.PRIORITY_INVERSION in self.preemption.triggers
+
+
+def _shown(value: object) -> object:
+    if isinstance(value, StrEnum):
+        return value.value
+    if isinstance(value, bool):
+        return str(value).lower()
+    return "null" if value is None else value
 
 
 def policy_json_schema() -> dict:

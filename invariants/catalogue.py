@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from checker.frames import TraceContext
-from checker.policy import Allocation
+from checker.policy import Allocation, Scheduler
 from checker.semantics.state import Status
 from checker.smt.encode import max_context
 from checker.smt.ops import Term, sum_terms
@@ -79,10 +79,12 @@ def _tokens_scheduled(o: Any, ctx: TraceContext, t: int) -> Term:
 
 def scheduled_requests_run(o: Any, ctx: TraceContext, t: int) -> Term:
     """A request given tokens in a step is running after it, or finished in it: a step never serves a request
-    that it also preempts or leaves waiting."""
+    that it also preempts or leaves waiting. (Under SGLang's rules an aborted running request runs one more row and
+    ends cancelled in that step.)"""
     frame = ctx.frames[t]
-    return _all_slots(o, ctx, lambda i: o.or_(frame.scheduled[i] == 0,
-                                              _status_in(o, frame.slots[i], Status.RUNNING, Status.FINISHED)))
+    ends = (Status.RUNNING, Status.FINISHED, Status.CANCELLED) if ctx.policy.scheduler is Scheduler.SGLANG else \
+        (Status.RUNNING, Status.FINISHED)
+    return _all_slots(o, ctx, lambda i: o.or_(frame.scheduled[i] == 0, _status_in(o, frame.slots[i], *ends)))
 
 
 def seq_cap(o: Any, ctx: TraceContext, t: int) -> Term:

@@ -208,6 +208,10 @@ def parse_args(argv=None):
                     help="event_loop_overlap's order (SGLang's GPU default): a batch's result is processed one "
                          "iteration after it is scheduled")
     ap.add_argument("--max-context-len", type=int, default=65536)
+    ap.add_argument("--arrival-checks", action="store_true",
+                    help="run the real Scheduler.init_req_max_new_tokens on each request before it is queued "
+                         "(handle_generate_request does: max_new_tokens capped at max_req_len - prompt - 1, "
+                         "max_req_len = min(context length, pool) - 1)")
     ap.add_argument("--max-steps", type=int, default=100000)
     ap.add_argument("--max-stalled-steps", type=int, default=1000,
                     help="stop after this many steps in a row that schedule nothing once every request arrived "
@@ -347,6 +351,13 @@ def make_scheduler(sg, args, sa):
             self.tree_cache = tree_cache
             self.max_running_requests = args.max_running_requests
             self.max_prefill_tokens = args.max_prefill_tokens
+            # tp_worker.get_worker_info: max_req_len = min(context_len - 1, kv capacity - 1)
+            self.max_req_len = min(args.max_context_len - 1, allocator.size - 1)
+            self.max_req_input_len = self.max_req_len - 5
+            self.max_new_tokens_limit = None
+            self.max_total_num_tokens = allocator.size
+            self.kv_shard_widening = 1
+            self.sliding_window_size = None
             self.chunked_prefill_size = chunked
             self.is_mixed_chunk = chunked is not None and args.enable_mixed_chunk
             self.enable_priority_scheduling = args.enable_priority_scheduling
@@ -623,6 +634,8 @@ def run(args, out, sg=None):
         sched.aborted_now = []
         for rid, prompt, n_out, prio in by_arrival.get(step, []):
             req = new_req(sg, rid, prompt, n_out, prio, args.ignore_eos)
+            if args.arrival_checks:
+                sched.init_req_max_new_tokens(req)
             live[rid] = open_reqs[rid] = req
             sched._add_request_to_queue(req)
         for rid in aborts.get(step, []):

@@ -504,6 +504,7 @@ class Canon:
         s = SchedulerState.__new__(SchedulerState)
         s.policy = self.policy
         s.step = 0
+        s.sglang = None  # the explorer runs the vLLM rules (check_liveness refuses scheduler sglang)
         s.pool = None  # with the cache: below
         requests: list[Request] = []
         running: list[tuple[int, Request]] = []

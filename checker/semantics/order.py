@@ -9,6 +9,7 @@ from bisect import insort
 from collections.abc import Callable
 
 from checker.policy import Polarity, QueueOrder, Requeue, Victim
+from checker.semantics.sglang import enter_queue
 from checker.semantics.state import Request, SchedulerState
 
 Key = tuple[int, ...]
@@ -88,8 +89,11 @@ def _static_key(s: SchedulerState) -> Callable[[Request], Key]:
 
 def enqueue(s: SchedulerState, r: Request) -> None:
     """Put a request into the waiting queue at its place in queue order. Keys that vary with time
-    are sorted at the start of each step instead (sort_waiting); the others do not read the clock."""
-    if s.policy.queue.order in _STATIC_ORDERS:
+    are sorted at the start of each step instead (sort_waiting); the others do not read the clock. Under SGLang's
+    rules the queue is a list in entry order, sorted when a prefill batch is formed (checker.semantics.sglang)."""
+    if s.sglang is not None:
+        enter_queue(s, r)
+    elif s.policy.queue.order in _STATIC_ORDERS:
         insort(s.waiting, r, key=_static_key(s))
     else:
         s.waiting.append(r)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from enum import IntEnum
 
-from checker.policy import Policy
+from checker.policy import Policy, Scheduler
 from checker.requests import RequestSpec
 from checker.semantics.blockpool import BlockPool
 
@@ -33,6 +33,7 @@ class Reason(IntEnum):
     QUEUE_FULL = 6  # admission.max_queue_len / max_queued_tokens reached
     TIMEOUT = 7  # timeouts.queue_timeout_ms passed before first admission
     ABORTED = 8  # cancelled by the client
+    OUT_OF_MEMORY = 9  # aborted by the scheduler: even alone its next decode does not fit (SGLang's retract_decode)
 
 
 NEVER = 1 << 62  # a step that never comes: a transfer that is never reported done, a release that never happens
@@ -117,6 +118,39 @@ FIELDS = ("status", "reason", "num_computed", "num_generated", "blocks", "swappe
           "admitted_seq", "requeue_seq", "num_preemptions", "release_step")
 
 
+class SGLangState:
+    """What SGLang's scheduler keeps between iterations beyond the requests and the pool."""
+
+    __slots__ = ("chunked", "batch_is_full", "ratio", "entry", "shrunk", "ran_batch", "aborting", "next_entry",
+                 "fill", "remade")
+
+    def __init__(self, init_ratio: float):
+        self.chunked: int | None = None  # rid of Scheduler.chunked_req (running, its prompt not yet complete)
+        self.batch_is_full = False  # running_batch.batch_is_full
+        self.ratio = init_ratio  # new_token_ratio_tracker.current
+        self.entry: dict[int, int] = {}  # rid -> when it last entered the waiting queue (wait_queue_entry_time)
+        self.next_entry = 0
+        self.shrunk = False  # a request of the last batch ended or stayed chunked: its filter clears batch_is_full
+        # this step's prefill batch becomes the running batch object (batch_is_full false): mixed, or none was running
+        self.remade = False
+        self.ran_batch = False  # the last step ran a batch (last_batch is not None, for the idle ratio reset)
+        self.aborting: set[int] = set()  # running requests aborted: they end when their next row is computed
+        # rid -> len(full_untruncated_fill_ids): prompt + output as of the request's last init_next_round_input (what
+        # priority preemption reads for a waiting request; 0 before its first)
+        self.fill: dict[int, int] = {}
+
+    def copy(self) -> SGLangState:
+        c = SGLangState.__new__(SGLangState)
+        c.chunked, c.batch_is_full, c.ratio = self.chunked, self.batch_is_full, self.ratio
+        c.entry, c.next_entry, c.shrunk = dict(self.entry), self.next_entry, self.shrunk
+        c.ran_batch, c.aborting, c.fill, c.remade = self.ran_batch, set(self.aborting), dict(self.fill), self.remade
+        return c
+
+    def snapshot(self) -> tuple:
+        return (self.chunked, self.batch_is_full, self.ratio, tuple(sorted(self.entry.items())), self.next_entry,
+                self.shrunk, self.ran_batch, tuple(sorted(self.aborting)), tuple(sorted(self.fill.items())), self.remade)
+
+
 class SchedulerState:
     """Everything the step reads and writes. ``running`` is in admission order; ``waiting`` is kept
     in queue order by checker.semantics.order; the KV counters are sums over the requests."""
@@ -139,6 +173,8 @@ class SchedulerState:
         kv = policy.kv
         cache = kv.prefix_caching
         self.pool = BlockPool(kv.num_blocks, kv.block_size, cache.chained_hashes) if cache.enabled else None
+        # SGLang's scheduler state (policy.scheduler sglang; checker.semantics.sglang), None under the vLLM rules
+        self.sglang = SGLangState(policy.sglang.init_ratio) if policy.scheduler is Scheduler.SGLANG else None
 
     def copy(self) -> SchedulerState:
         """An independent state (requests copied; the policy shared), for stepping one state several ways."""
@@ -153,6 +189,7 @@ class SchedulerState:
         c.kv_used, c.swap_used, c.next_seq, c.step = self.kv_used, self.swap_used, self.next_seq, self.step
         c.tenant_counters = list(self.tenant_counters)
         c.pool = None if self.pool is None else self.pool.copy()
+        c.sglang = None if self.sglang is None else self.sglang.copy()
         return c
 
     def take_seq(self) -> int:
@@ -162,5 +199,6 @@ class SchedulerState:
 
     def snapshot(self) -> tuple:
         """Per-request fields plus the globals (conformance and determinism tests compare these)."""
-        return (tuple(r.snapshot() for r in self.requests), self.kv_used, self.swap_used,
+        snap = (tuple(r.snapshot() for r in self.requests), self.kv_used, self.swap_used,
                 self.next_seq, self.step, tuple(self.tenant_counters))
+        return snap if self.sglang is None else snap + (self.sglang.snapshot(),)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from checker.errors import InternalError
 from checker.policy import HeadOfLine, PhaseMode, PreemptMode, QueueOrder
-from checker.semantics import kv, transfer
+from checker.semantics import kv, sglang, transfer
 from checker.semantics.decision import DecisionBuilder, StepDecision
 from checker.semantics.order import enqueue, key_function, norm_priority, pick_victim, sort_waiting, victim_key
 from checker.semantics.state import PAST_TRANSFER, Reason, Request, SchedulerState, Status
@@ -76,11 +76,18 @@ def step_schedule(s: SchedulerState, now_us: int, out: DecisionBuilder) -> StepD
     """Phases 5-6 of a step (schedule, complete), after step_events filled ``out``. They read the state and
     what they write into ``out`` themselves, nothing that phases 1-4 wrote there: the same state after
     phases 1-4 is scheduled the same way whatever events led to it (the liveness explorer relies on it)."""
-    sort_waiting(s, now_us)
-    batch = s.policy.batch
-    budget = Budget(batch.max_num_batched_tokens, batch.prefill_token_cap, step_threshold(s))
-    _schedule(s, budget, now_us, out)
-    decision = _complete(s, now_us, out)
+    if s.sglang is not None:  # SGLang's rules (checker.semantics.sglang)
+        sglang.schedule(s, out)
+        counts = _compute(s, out)
+        sglang.end_aborted(s, out)
+        sglang.after_step(s, out)
+        decision = _decide(s, now_us, out, counts, check_kv=False)  # an over-commit is SGLang's own, not ours
+    else:
+        sort_waiting(s, now_us)
+        batch = s.policy.batch
+        budget = Budget(batch.max_num_batched_tokens, batch.prefill_token_cap, step_threshold(s))
+        _schedule(s, budget, now_us, out)
+        decision = _decide(s, now_us, out, _compute(s, out))
     s.step += 1
     return decision
 
@@ -103,6 +110,8 @@ def arrive_phase(s: SchedulerState, arrivals: list[Request], out: DecisionBuilde
     for r in arrivals:
         reason = NO_REASON
         if r.prompt_len >= max_len:
+            reason = Reason.PROMPT_TOO_LONG
+        elif s.sglang is not None and sglang.arrival(s, r) is not NO_REASON:
             reason = Reason.PROMPT_TOO_LONG
         elif never_fits and kv.blocks_for(kv.max_context(s, r), p.kv.block_size) > p.kv.num_blocks:
             reason = Reason.NEVER_FITS
@@ -148,6 +157,8 @@ def _cancel(s: SchedulerState, cancels: list[Request], out: DecisionBuilder) -> 
             transfer.queue_of(s, r).remove(r)
             kv.swap_in_release(s, r)
         elif r.status is RUNNING:
+            if s.sglang is not None and not sglang.abort_running(s, r, out):
+                continue  # marked: it leaves when its next row is computed
             s.running.remove(r)
         else:
             continue  # not arrived, or already finished / rejected / cancelled
@@ -462,7 +473,9 @@ def _mixed_pass(s: SchedulerState, budget: Budget, now_us: int, out: DecisionBui
 
 
 # ----------------------------------------------------------------------------------------- 6: complete
-def _complete(s: SchedulerState, now_us: int, out: DecisionBuilder) -> StepDecision:
+def _compute(s: SchedulerState, out: DecisionBuilder) -> tuple[int, int, int, int]:
+    """Compute the scheduled rows: tokens, output tokens, finishes (KV freed, or pinned on a prefill node), then the
+    connector's reports. Returns (prefill tokens, decode rows, prefill attention, decode KV tokens)."""
     p = s.policy
     max_len = p.max_model_len
     fair = p.queue.order is TENANT_FAIR
@@ -501,8 +514,15 @@ def _complete(s: SchedulerState, now_us: int, out: DecisionBuilder) -> StepDecis
         s.running = [r for r in s.running if r.status is RUNNING]
     if s.holding and p.connector.enabled:
         transfer.report_phase(s, out)
-    total = prefill_tokens + decode_seqs
-    _assert_budgets(s, out, total)
+    return prefill_tokens, decode_seqs, prefill_attention, decode_kv
+
+
+def _decide(s: SchedulerState, now_us: int, out: DecisionBuilder, counts: tuple[int, int, int, int],
+            check_kv: bool = True) -> StepDecision:
+    """The budgets asserted, and the step's frozen record."""
+    p = s.policy
+    prefill_tokens, decode_seqs, prefill_attention, decode_kv = counts
+    _assert_budgets(s, out, prefill_tokens + decode_seqs, check_kv)
     return StepDecision(  # positional, in field order (the hot path of explorers and fuzzing)
         s.step, now_us, tuple(out.scheduled.items()), tuple(out.produced), tuple(out.arrived), tuple(out.admitted),
         tuple(out.preempted), tuple(out.finished), tuple(out.rejected), tuple(out.cancelled), tuple(out.released),
@@ -520,7 +540,7 @@ def _finish(s: SchedulerState, r: Request, out: DecisionBuilder) -> None:
     out.finished.append(r.rid)
 
 
-def _assert_budgets(s: SchedulerState, out: DecisionBuilder, total: int) -> None:
+def _assert_budgets(s: SchedulerState, out: DecisionBuilder, total: int, check_kv: bool) -> None:
     """The end-of-step asserts of vLLM's scheduler; a failure is a bug in batchcheck."""
     p = s.policy
     problems = []
@@ -528,7 +548,7 @@ def _assert_budgets(s: SchedulerState, out: DecisionBuilder, total: int) -> None
         problems.append(f"scheduled {total} tokens > max_num_batched_tokens={p.batch.max_num_batched_tokens}")
     if len(s.running) > p.batch.max_num_seqs:
         problems.append(f"{len(s.running)} running > max_num_seqs={p.batch.max_num_seqs}")
-    if p.kv.check_allocation and p.kv.prefix_caching.count_evictable_hits and s.kv_used > p.kv.num_blocks:
+    if check_kv and p.kv.check_allocation and p.kv.prefix_caching.count_evictable_hits and s.kv_used > p.kv.num_blocks:
         problems.append(f"{s.kv_used} blocks used > num_blocks={p.kv.num_blocks}")
     if s.swap_used > p.kv.swap_blocks:
         problems.append(f"{s.swap_used} swap blocks used > swap_blocks={p.kv.swap_blocks}")

@@ -25,6 +25,7 @@ from checker.policy import (
     PreemptMode,
     QueueOrder,
     Requeue,
+    Scheduler,
     Victim,
 )
 from checker.errors import InputError, Problem
@@ -127,6 +128,15 @@ def require_encodable(policy: Policy) -> None:
                                  "the engine with the cache"))
 
 
+def require_vllm_rules(policy: Policy) -> None:
+    """The encoding is of the vLLM rules: refuse (exit 2) a policy under SGLang's (checker/semantics/sglang.py),
+    which no z3 term encodes yet, rather than check a different scheduler."""
+    if policy.scheduler is Scheduler.SGLANG:
+        raise InputError(Problem("scheduler", "sglang", "vllm for the z3 encoding: SGLang's rules are not encoded in "
+                                 "z3 yet; `verify` checks an sglang policy by explicit-state search on the engine, and "
+                                 "simulate, fuzz and check-log run the engine"))
+
+
 def require_connector_state(policy: Policy, state: SlotState) -> None:
     """A KV connector needs its slot fields in the state (the bounded unrolling has them); a proof's symbolic
     state (induction) does not: refuse (exit 2) rather than prove a different system."""
@@ -152,6 +162,7 @@ def refuse_proof_with_connector(policy: Policy) -> None:
 class SymbolicStep:
     def __init__(self, ops, policy: Policy, params: list[SlotParams], state: SlotState, now_us: Term,
                  cancels: list[Term]):
+        require_vllm_rules(policy)
         if state.pool is None:
             require_encodable(policy)  # a caching policy needs the pool in the state
         require_connector_state(policy, state)

@@ -58,6 +58,8 @@ from checker.verify.run import Checked, Verdict, save_counterexample
 from invariants.catalogue import CATALOGUE, Invariant
 
 METHOD = "explicit-state search on the engine"
+NO_PROOF_SGLANG = ("--unbounded: no proof method covers SGLang's rules yet (the z3 encoding and the induction are "
+                   "of the vLLM rules), so this stays a bounded check")
 NO_PROOF = ("--unbounded: no proof method covers the prefix cache yet (the z3 encoding and the induction do "
             "not model block identity), so this stays a bounded check")
 
@@ -169,9 +171,11 @@ def explicit_environment(policy: Policy, env: Environment, invariants: list[Inva
     tenants = env.tenants if policy.queue.order is QueueOrder.TENANT_FAIR or user or known & _READ_TENANT else 1
     ordered = sorted(prompts)
     base = {f.name: getattr(env, f.name) for f in dataclasses.fields(Environment)}
+    # without a prefix cache (SGLang's rules with the radix cache disabled) no rule reads a prompt's tokens
+    identities = IDENTITIES if kv.prefix_caching.enabled else IDENTITIES[:1]
     return ExplicitEnvironment(**base, prompts=tuple(ordered), prompt_why=tuple(prompts[p] for p in ordered),
-                               outputs=tuple(outputs), max_outputs=caps, search_priorities=tuple(priorities),
-                               search_tenants=tenants)
+                               outputs=tuple(outputs), max_outputs=caps, identities=identities,
+                               search_priorities=tuple(priorities), search_tenants=tenants)
 
 
 # ----------------------------------------------------------------------------------------- look-back
@@ -216,7 +220,7 @@ _FAST_REQ = ("status", "reason", "num_computed", "num_generated", "blocks", "swa
              "requeue_seq", "num_preemptions", "release_step", "block_ids", "num_cached_blocks", "transfer_step")
 _FAST_POOL = ("uncached_free", "lru", "refs", "hash_of", "cached", "next_id", "evictions", "truth")
 _FAST_STATE = ("running", "waiting", "holding", "holders", "loads_in_flight", "kv_used", "swap_used", "next_seq",
-               "step", "tenant_counters")
+               "step", "tenant_counters", "sglang")
 _FAST = set(_REQ_FIELDS) == set(_FAST_REQ) and set(_POOL_FIELDS) == set(_FAST_POOL)
 _TERMINAL = (Status.FINISHED, Status.REJECTED, Status.CANCELLED)
 
@@ -270,7 +274,8 @@ def fast_fingerprint(s: SchedulerState, forget: frozenset[int] = frozenset()) ->
                   r.release_step, tuple(r.block_ids), r.num_cached_blocks, r.transfer_step) for r in s.requests)
     rest = (tuple([r.rid for r in s.running]), tuple([r.rid for r in s.waiting]),
             tuple([r.rid for r in s.holding]), tuple([r.rid for r in s.holders]), s.loads_in_flight, s.kv_used,
-            s.swap_used, s.next_seq, s.step, tuple(s.tenant_counters))
+            s.swap_used, s.next_seq, s.step, tuple(s.tenant_counters),
+            None if s.sglang is None else s.sglang.snapshot())
     p = s.pool
     if p is None:
         return reqs, rest, None
@@ -595,6 +600,7 @@ class ExplicitChecked(Checked):
     states: int = 0
     transitions: int = 0
     unbounded: bool = False
+    no_proof: str = NO_PROOF  # why --unbounded stays a bounded check here
     requests_done: int = 0  # UNKNOWN: request counts searched to the full depth
     cut: str = "timeout"  # UNKNOWN: why the search stopped
 
@@ -618,12 +624,12 @@ class ExplicitChecked(Checked):
                 searched.append(f"with {done + 1} request(s) to depth {self.depth}")
             detail = f"{self.cut}; no violation {' and '.join(searched)} ({METHOD}: {self.domains}; {size})"
         if self.unbounded and self.verdict is not Verdict.VIOLATED:
-            detail += f"; {NO_PROOF}"
+            detail += f"; {self.no_proof}"
         return f"{self.verdict.value:<12} {self.label:<40} {detail}  [{self.seconds:.2f} s]"
 
     def as_dict(self) -> dict:
         return {**super().as_dict(), "method": METHOD, "domains": self.domains, "states": self.states,
-                "steps": self.transitions, **({"unbounded": NO_PROOF} if self.unbounded else {})}
+                "steps": self.transitions, **({"unbounded": self.no_proof} if self.unbounded else {})}
 
 
 def check_many(policy: Policy, policy_file: str | None, invariants: list[tuple[Invariant, dict[str, int]]],
@@ -637,7 +643,8 @@ def check_many(policy: Policy, policy_file: str | None, invariants: list[tuple[I
     domains = xenv.domains() + (f"; {result.lazy}" if result.lazy else "")
     out: list[Checked] = []
     for target in result.targets:
-        common = dict(domains=domains, states=result.states, transitions=result.transitions, unbounded=unbounded)
+        common = dict(domains=domains, states=result.states, transitions=result.transitions, unbounded=unbounded,
+                      no_proof=NO_PROOF if policy.kv.prefix_caching.enabled else NO_PROOF_SGLANG)
         inv, params = target.inv, target.params
         if target.found is not None:
             started = time.monotonic()

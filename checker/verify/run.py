@@ -14,7 +14,7 @@ from checker.exitcodes import ExitCode
 from checker.fileio import safe_name
 from checker.inputfiles import load_policy
 from checker.loading import load_model
-from checker.policy import Policy
+from checker.policy import Policy, Scheduler
 from checker.requests import RequestSpec
 from checker.verify import counterexample as cex
 from checker.verify.bmc import Found, search
@@ -129,10 +129,16 @@ def parse_invariant(text: str) -> tuple[Invariant, dict[str, int]]:
     return inv, params
 
 
+def engine_only(policy: Policy) -> bool:
+    """Rules the z3 encoding does not have (block identity, SGLang's rules): checked by explicit-state search on
+    the engine (checker/verify/explicit.py)."""
+    return policy.kv.prefix_caching.enabled or policy.scheduler is Scheduler.SGLANG
+
+
 def check_one(policy: Policy, policy_file: str | None, inv: Invariant, params: dict[str, int], env: Environment,
               timeout_s: float, out_dir: Path | None, unbounded: bool = False,
               proof_dir: Path | None = None, progress: Callable[[str], None] | None = None) -> Checked:
-    if policy.kv.prefix_caching.enabled:  # no block identity in the z3 encoding: explicit-state search instead
+    if engine_only(policy):  # not in the z3 encoding: explicit-state search on the engine instead
         from checker.verify.explicit import check_many
         return check_many(policy, policy_file, [(inv, params)], env, timeout_s, out_dir, unbounded, progress)[0]
     started = time.monotonic()
@@ -312,9 +318,12 @@ def run_verify(policy: str | Path, invariants: list[str] | None = None, requests
     proofs = Path(proof_dir) if proof_dir is not None else None
     if cache_method not in CACHE_METHODS:
         raise InputError(Problem("--cache-method", cache_method, " or ".join(CACHE_METHODS)))
-    if pol.kv.prefix_caching.enabled:
+    if engine_only(pol):
         from checker.verify import explicit
         env = explicit.explicit_environment(pol, env, [inv for inv, _ in chosen])
+        if cache_method == "z3" and pol.scheduler is Scheduler.SGLANG:
+            raise InputError(Problem("--cache-method", "z3", "explicit under scheduler sglang: SGLang's rules are not "
+                                     "encoded in z3 yet"))
         if cache_method == "z3":  # z3 BMC over the pool encoding, one invariant at a time (cache_bmc.py)
             from checker.verify import cache_bmc
             if unbounded:

@@ -1,0 +1,400 @@
+"""SGLang's scheduling rules (policy ``scheduler: sglang``): phase 5 of the step as SGLang 0.5.23's scheduler
+does it, over the same requests, KV pool and lifecycle as the vLLM rules (docs/sglang-harness.md, section 3,
+derives each rule from SGLang's code; docs/semantics.md, "SGLang's rules", says it in prose).
+
+One step is one iteration of SGLang's normal event loop (``get_next_batch_to_run``, then the batch's result):
+
+1. the running batch: every running request but the chunked one, in SGLang's batch order; the flag
+   ``batch_is_full`` is cleared when a request of the last batch ended, or left it as the chunked request;
+2. a prefill batch is formed whenever one can be (the prefill adder below), and runs instead of decode; with
+   mixed chunk the running requests decode inside it when their next pages fit;
+3. otherwise the running batch decodes: if its next pages do not fit, ``retract_decode`` frees requests (fewest
+   output tokens first, longest prompt among equals) until they do, aborting the last one if even it does not
+   fit, and the new-token ratio is re-estimated; else the ratio decays by one step.
+
+The prefill adder admits against a float budget: free tokens minus, for each running request, its clipped
+remaining output times the new-token ratio, minus for each admitted request its page-ceiled extend, one page and
+its clipped max_new_tokens. Allocation is page-granular (kv.block_size is the page): a request holds
+ceil(tokens / page) pages. The radix cache is not modelled (policy.sglang.radix_cache is false).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from enum import IntEnum
+
+from checker.policy import Polarity, QueueOrder, SGLangQueue, Victim
+from checker.semantics import kv
+from checker.semantics.decision import DecisionBuilder
+from checker.semantics.state import Reason, Request, SchedulerState, SGLangState, Status
+
+WAITING, RUNNING, CANCELLED = Status.WAITING, Status.RUNNING, Status.CANCELLED
+
+
+def enter_queue(s: SchedulerState, r: Request) -> None:
+    """_add_request_to_queue: appended to the waiting queue, its entry time stamped."""
+    g = s.sglang
+    g.next_entry += 1
+    g.entry[r.rid] = g.next_entry
+    s.waiting.append(r)
+
+
+class Verdict(IntEnum):  # AddReqResult
+    CONTINUE = 0
+    NO_TOKEN = 1
+    OTHER = 2
+
+
+class Adder:
+    """One prefill pass's budgets (PrefillAdder and PrefillBudget): tokens are floats where SGLang's are."""
+
+    __slots__ = ("s", "page", "clip", "ratio", "rem_input", "rem_chunk", "total_offset", "current_offset",
+                 "can_run", "new_chunked", "preempted")
+
+    def __init__(self, s: SchedulerState, batch: list[Request], mixed_rows: int):
+        p = s.policy
+        rules = p.sglang
+        self.s = s
+        self.page = p.kv.block_size
+        self.clip = rules.clip_max_new_tokens
+        self.ratio = s.sglang.ratio
+        self.rem_input = rules.max_prefill_tokens - mixed_rows
+        self.rem_chunk = p.batch.max_num_batched_tokens - mixed_rows if p.chunking.enabled else None
+        self.current_offset = mixed_rows
+        self.total_offset = mixed_rows + sum([self.reservation(r) for r in batch])
+        self.can_run: list[tuple[Request, int]] = []  # (request, extend tokens) in admission order
+        self.new_chunked: Request | None = None
+        self.preempted: list[Request] = []
+
+    def reservation(self, r: Request) -> float:
+        """A running request's estimated future tokens (_get_running_request_total_token_offset)."""
+        return min(r.max_output - r.num_generated, self.clip) * self.ratio
+
+    def available(self) -> int:
+        """Free tokens: free pages times the page (the allocator's available_size; no tree, nothing evictable)."""
+        return kv.free_blocks(self.s) * self.page
+
+    def remaining_total(self) -> float:
+        return self.available() - self.total_offset
+
+    def ceil_page(self, tokens: int) -> int:
+        return -(-tokens // self.page) * self.page
+
+    def reserve(self, extend: int, max_new: int) -> None:
+        """_update_prefill_budget: the page-ceiled extend and one page now, max_new later."""
+        e = self.ceil_page(extend)
+        self.total_offset += e + self.page + max_new
+        self.current_offset += e + self.page
+        self.rem_input -= e
+        if self.rem_chunk is not None:
+            self.rem_chunk -= e
+
+    def state(self) -> Verdict:
+        """budget_state()."""
+        available = self.available()
+        if not (available - self.total_offset > 0 and available - self.current_offset > 0):
+            return Verdict.NO_TOKEN
+        if self.rem_input <= 0 or (self.rem_chunk is not None and self.rem_chunk <= 0):
+            return Verdict.OTHER
+        return Verdict.CONTINUE
+
+    def add_chunked(self, r: Request) -> bool:
+        """add_chunked_req: the next chunk of the chunked request (a continuation always makes progress); whether it
+        is still chunked after it."""
+        limit = min(self.rem_chunk, int(self.remaining_total()))
+        if limit <= 0:
+            limit = self.rem_chunk
+        self.s.sglang.fill[r.rid] = r.prompt_len + r.num_generated
+        extend = r.gap
+        truncated = extend > limit
+        n = min(extend, limit)
+        self.can_run.append((r, n))
+        self.reserve(n, 0 if truncated else min(r.max_output, self.clip))
+        return truncated
+
+    def add_one(self, r: Request) -> Verdict:
+        """add_one_req for a request without ignore_eos, the radix cache disabled (no prefix)."""
+        max_new = min(max(r.max_output - r.num_generated, 0), self.clip)
+        extend = r.prompt_len + r.num_generated
+        self.s.sglang.fill[r.rid] = extend  # init_next_round_input
+        if not extend + max_new + self.page < self.remaining_total():  # PrefillBudget.check_prefill
+            return Verdict.NO_TOKEN
+        whole = self.ceil_page(extend)
+        if self.rem_chunk is None and self.can_run and whole >= self.rem_input:
+            return Verdict.OTHER  # without chunking only the first request may exceed the input cap
+        max_new = min(r.max_output, self.clip)  # admitted whole: the full clipped budget, not the remaining one
+        if self.rem_chunk is not None and whole > self.rem_chunk:
+            extend = self.rem_chunk // self.page * self.page
+            if extend <= 0:
+                return Verdict.OTHER
+            self.new_chunked = r
+            max_new = 0
+        self.can_run.append((r, extend))
+        self.reserve(extend, max_new)
+        return self.state()
+
+
+# ----------------------------------------------------------------------------------------- the step's phase 5
+def schedule(s: SchedulerState, out: DecisionBuilder) -> None:
+    """get_next_batch_to_run and the batch's allocation; the shared phase 6 computes the rows."""
+    g = s.sglang
+    if g.shrunk:
+        g.batch_is_full = False
+    formed = _prefill(s, g, out)
+    if not formed:
+        batch = running_batch(s)
+        if batch:
+            _decode(s, g, batch, out)
+    ran = bool(out.scheduled)
+    if not ran and not s.running and not s.waiting and not g.ran_batch:
+        g.ratio = s.policy.sglang.init_ratio  # on_idle: is_fully_idle() resets the ratio
+    g.ran_batch = ran
+
+
+def running_batch(s: SchedulerState) -> list[Request]:
+    chunked = s.sglang.chunked
+    return [r for r in s.running if r.rid != chunked]
+
+
+def _prefill(s: SchedulerState, g: SGLangState, out: DecisionBuilder) -> bool:
+    """_get_new_batch_prefill_raw: whether a prefill batch formed (its rows are scheduled)."""
+    p = s.policy
+    preempting = p.preempts_on_inversion  # priority preemption
+    batch = running_batch(s)
+    if preempting or not batch:
+        g.batch_is_full = False
+    chunked = None if g.chunked is None else s.requests[g.chunked]
+    if (g.batch_is_full or not s.waiting) and chunked is None:
+        return False
+    max_running = p.batch.max_num_seqs
+    if max_running - len(batch) <= 0 and chunked is None and not preempting:
+        g.batch_is_full = True
+        return False
+    _sort_queue(s, g)
+    mixed = p.sglang.mixed_chunk and p.chunking.enabled
+    adder = Adder(s, batch, len(batch) if mixed else 0)
+    if chunked is not None and not adder.add_chunked(chunked):
+        g.chunked = None
+    for r in list(s.waiting):
+        if adder.state() is Verdict.OTHER:
+            break
+        if len(adder.can_run) >= max_running - len(batch):
+            g.batch_is_full = True
+        if g.batch_is_full and not (preempting and _preempt_to_schedule(s, g, adder, batch, r, out)):
+            break
+        verdict = adder.add_one(r)
+        if verdict is not Verdict.CONTINUE:
+            if verdict is Verdict.NO_TOKEN:
+                g.batch_is_full = bool(adder.can_run) or bool(batch)
+            break
+    if not adder.can_run:
+        for v in adder.preempted:
+            enter_queue(s, v)
+        return False
+    admitted = {r.rid for r, _ in adder.can_run}
+    s.waiting = [r for r in s.waiting if r.rid not in admitted]
+    for v in adder.preempted:
+        enter_queue(s, v)
+    if adder.new_chunked is not None:
+        g.chunked = adder.new_chunked.rid
+    rows = []
+    for r, n in adder.can_run:
+        if r.status is not RUNNING:
+            r.status = RUNNING
+            r.admitted_seq = s.take_seq()
+            out.admitted.append(r.rid)
+        out.schedule(r, n, kv.allocate(s, r, n))
+        if r.rid != g.chunked:
+            rows.append(r)
+    decoding = mixed and bool(batch) and decode_fits(s, batch)
+    if decoding:
+        for r in batch:
+            out.schedule(r, 1, kv.allocate(s, r, 1))
+            g.fill[r.rid] = r.prompt_len + r.num_generated  # refresh_fill_ids
+        order = rows + batch  # mix_with_running: the mixed batch is the next running batch
+    else:
+        order = batch + rows  # merge_batch at the next get_next_batch_to_run
+    # The next running batch is this batch's object (its batch_is_full false) when it is mixed, or when the running
+    # batch is empty (the flag set above on the empty one is dropped with it).
+    g.remade = decoding or not batch
+    s.running = order + ([s.requests[g.chunked]] if g.chunked is not None else [])
+    return True
+
+
+def _sort_queue(s: SchedulerState, g: SGLangState) -> None:
+    """SchedulePolicy.calc_priority for fcfs and lof (stable sorts of the queue in place)."""
+    p = s.policy
+    priority = p.queue.order is QueueOrder.PRIORITY
+    sign = 1 if p.queue.priority_polarity is Polarity.LOWER_FIRST else -1
+    entry = g.entry
+    if p.sglang.schedule_policy is SGLangQueue.LOF:
+        if priority:
+            s.waiting.sort(key=lambda r: (r.priority * sign, -r.max_output))
+        else:
+            s.waiting.sort(key=lambda r: -r.max_output)
+    elif priority:
+        s.waiting.sort(key=lambda r: (r.priority * sign, entry[r.rid]))
+
+
+def _preempt_to_schedule(s: SchedulerState, g: SGLangState, adder: Adder, batch: list[Request], r: Request,
+                         out: DecisionBuilder) -> bool:
+    """PrefillAdder.preempt_to_schedule: free lower-priority running requests (lowest priority, then the latest
+    entry, first) whose reservations cover r, if each is outranked by more than the threshold."""
+    p = s.policy
+    sign = 1 if p.queue.priority_polarity is Polarity.LOWER_FIRST else -1
+    entry = g.entry
+    candidates = sorted((x for x in batch if x not in adder.preempted),
+                        key=lambda x: (x.priority * -sign, -entry[x.rid]))
+    needed = g.fill.get(r.rid, 0) + min(r.max_output, adder.clip) - adder.remaining_total()
+    chosen = []
+    for x in candidates:
+        if (r.priority - x.priority) * -sign > p.preemption.priority_inversion_threshold:
+            chosen.append(x)
+            needed -= adder.reservation(x)
+            if needed <= 0:
+                break
+        else:
+            break
+    if not chosen or needed > 0:
+        return False
+    victims = [x for x in batch if x in chosen]
+    for x in victims:
+        adder.total_offset -= adder.reservation(x)
+        _release(s, x, out)
+    batch[:] = [x for x in batch if x not in chosen]
+    adder.preempted.extend(victims)
+    return True
+
+
+def _release(s: SchedulerState, r: Request, out: DecisionBuilder) -> None:
+    """release_req: the KV goes back (not cached), the request keeps its output and recomputes it later."""
+    s.running.remove(r)
+    kv.free(s, r)
+    r.num_computed = 0
+    r.status = WAITING
+    r.num_preemptions += 1
+    out.preempted.append(r.rid)
+
+
+# ----------------------------------------------------------------------------------------- decode
+def decode_fits(s: SchedulerState, batch: list[Request]) -> bool:
+    """check_decode_mem: a page for each request whose KV ends on a page boundary."""
+    page = s.policy.kv.block_size
+    crossing = sum(1 for r in batch if r.num_computed % page == 0)
+    return kv.free_blocks(s) >= crossing
+
+
+def _decode(s: SchedulerState, g: SGLangState, batch: list[Request], out: DecisionBuilder) -> None:
+    """update_running_batch."""
+    rules = s.policy.sglang
+    initial = len(batch)
+    if not decode_fits(s, batch):
+        batch = _retract(s, g, batch, out)
+        g.ratio = min(1.0, (sum(r.num_generated for r in batch) + rules.retract_decode_steps * len(batch))
+                      / (sum(r.max_output for r in batch) + 1))
+    else:
+        g.ratio = max(g.ratio - rules.ratio_decay, rules.min_ratio)
+    if len(batch) < initial:
+        g.batch_is_full = False
+    for r in batch:
+        out.schedule(r, 1, kv.allocate(s, r, 1))
+
+
+def _retract(s: SchedulerState, g: SGLangState, batch: list[Request], out: DecisionBuilder) -> list[Request]:
+    """retract_decode: victims popped from the end of the keep order until the rest fits; at least one, never the
+    last (which is aborted if even it alone does not fit). Returns the batch left, in the keep order."""
+    order = sorted(batch, key=retraction_key(s), reverse=True)
+    retracted = []
+    first = True
+    while first or not decode_fits(s, order):
+        if len(order) == 1:
+            break
+        first = False
+        victim = order.pop()
+        _release(s, victim, out)
+        retracted.append(victim)
+    if len(order) <= 1 and not decode_fits(s, order):
+        last = order.pop()
+        s.running.remove(last)
+        kv.free(s, last)
+        last.status, last.reason = CANCELLED, Reason.OUT_OF_MEMORY
+        out.cancelled.append(last.rid)
+        out.released.append(last.rid)
+    kept = {r.rid for r in order}
+    s.running = order + [r for r in s.running if r.rid not in kept]  # filter_batch(keep_indices): keep order
+    for r in retracted:
+        enter_queue(s, r)
+    return order
+
+
+def retraction_key(s: SchedulerState) -> Callable[[Request], tuple]:
+    """_get_decode_retraction_order's key (the largest is kept longest)."""
+    p = s.policy
+    if p.preemption.victim is Victim.LOWEST_PRIORITY:
+        sign = 1 if p.queue.priority_polarity is Polarity.LOWER_FIRST else -1
+        return lambda r: (r.priority * -sign, r.num_generated, -r.prompt_len)
+    return lambda r: (r.num_generated, -r.prompt_len)
+
+
+# ----------------------------------------------------------------------------------------- events and results
+# SGLang's max_req_input_len is max_req_len less this margin (tp_worker.py).
+INPUT_MARGIN = 5
+
+
+def arrival(s: SchedulerState, r: Request) -> Reason:
+    """handle_generate_request's checks: a prompt of max_req_input_len tokens or more is aborted (max_req_len is the
+    context or the pool, less one); max_new_tokens is capped at what is left of max_req_len, and at what an empty
+    pool holds beside the page-ceiled prompt and one page (init_req_max_new_tokens, max_new_tokens_for_memory: the
+    request then stops there, and always fits an empty pool)."""
+    p = s.policy
+    page = p.kv.block_size
+    capacity = p.kv.num_blocks * page
+    max_req_len = min(p.max_model_len - 1, capacity - 1)
+    if r.prompt_len >= max_req_len - INPUT_MARGIN:
+        return Reason.PROMPT_TOO_LONG
+    cap = max(0, min(max_req_len - r.prompt_len - 1, capacity - -(-r.prompt_len // page) * page - page - 1))
+    if r.max_output > cap:
+        r.max_output = cap
+        r.output_len = min(r.output_len, cap)
+    return Reason.NONE
+
+
+def abort_running(s: SchedulerState, r: Request, out: DecisionBuilder) -> bool:
+    """abort_request on a running request: the chunked one is torn down now (process_pending_chunked_abort, True:
+    it leaves as any cancelled request); any other is marked and ends when its next row is computed (False)."""
+    g = s.sglang
+    if r.rid == g.chunked:
+        g.chunked = None
+        return True
+    g.aborting.add(r.rid)
+    out.cancelled.append(r.rid)
+    return False
+
+
+def end_aborted(s: SchedulerState, out: DecisionBuilder) -> None:
+    """After the rows are computed: a marked request that produced a token ends aborted (update_finish_state reads
+    to_finish first), its KV freed."""
+    g = s.sglang
+    if not g.aborting:
+        return
+    for rid in out.produced:
+        if rid not in g.aborting:
+            continue
+        g.aborting.discard(rid)
+        r = s.requests[rid]
+        if r.status is Status.FINISHED:
+            out.finished.remove(rid)
+        else:
+            kv.free(s, r)
+        r.status, r.reason = CANCELLED, Reason.ABORTED
+        out.released.append(rid)
+    s.running = [r for r in s.running if r.status is RUNNING]
+
+
+def after_step(s: SchedulerState, out: DecisionBuilder) -> None:
+    """What the next iteration's filters see: a request of this batch that ended, or the chunked request in it; or a
+    mixed batch that becomes the running batch (a new batch object, its batch_is_full false)."""
+    g = s.sglang
+    g.shrunk = g.remade or bool(out.finished) or any(rid in out.scheduled for rid in out.released) or (
+        g.chunked is not None and g.chunked in out.scheduled)
+    g.remade = False

@@ -1,0 +1,177 @@
+"""SGLang's rules (checker/semantics/sglang.py), scenario by scenario, each traced by hand from SGLang 0.5.23's code
+(docs/sglang-harness.md section 3 names the functions). The kept real-scheduler logs pin the same rules end to end
+(tests/conformance/test_sglang_conformance.py); these run without the SGLang venv."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from checker.policy import Policy
+from checker.requests import RequestSpec
+from checker.semantics.sglang import Adder
+from checker.semantics.state import Reason, SchedulerState, Status
+from checker.semantics.step import step
+
+STEP = 1000
+
+
+def policy(**over) -> Policy:
+    data = {"scheduler": "sglang", "max_model_len": 4096, "kv": {"block_size": 4, "num_blocks": 100},
+            "batch": {"max_num_seqs": 8, "max_num_batched_tokens": 256, "phase_mode": "prefill_first"},
+            "preemption": {"victim": "fewest_generated"}}
+    for key, value in over.items():
+        if isinstance(value, dict):
+            data[key] = {**data.get(key, {}), **value}
+        else:
+            data[key] = value
+    return Policy.model_validate(data)
+
+
+def run(pol: Policy, specs: list[RequestSpec], steps: int, cancels: dict[int, list[int]] | None = None):
+    s = SchedulerState(pol, specs)
+    out = []
+    for k in range(steps):
+        arrived = [r for r in s.requests if r.spec.arrival_us == k * STEP]
+        cancelled = [s.requests[i] for i in (cancels or {}).get(k, [])]
+        out.append(step(s, arrived, cancelled, k * STEP))
+    return s, out
+
+
+def spec(rid: int, at: int, prompt: int, output: int, max_output: int | None = None, priority: int = 0) -> RequestSpec:
+    return RequestSpec(rid, at * STEP, prompt, output, max_output or output, priority=priority)
+
+
+def test_allocation_is_in_pages():
+    s, d = run(policy(), [spec(0, 0, 10, 5)], 3)
+    assert dict(d[0].scheduled) == {0: 10}
+    assert s.requests[0].blocks == 3  # 11 tokens of KV after two decodes: ceil(11 / 4)
+    assert d[0].kv_blocks_used == 3  # 10 tokens: ceil(10 / 4) pages
+
+
+def test_prefill_runs_instead_of_decode():
+    # request 0 decodes; request 1 arrives at step 2: step 2 is its prefill alone, request 0 skips that step
+    _, d = run(policy(), [spec(0, 0, 8, 10), spec(1, 2, 8, 10)], 4)
+    assert [dict(x.scheduled) for x in d] == [{0: 8}, {0: 1}, {1: 8}, {0: 1, 1: 1}]
+
+
+def test_mixed_chunk_decodes_inside_the_prefill_batch():
+    _, d = run(policy(sglang={"mixed_chunk": True}), [spec(0, 0, 8, 10), spec(1, 2, 8, 10)], 3)
+    assert dict(d[2].scheduled) == {1: 8, 0: 1}
+
+
+def test_admission_is_strict_against_the_ratio_estimate():
+    # pool 100 pages = 400 tokens. Request 0 runs with 300 tokens left to generate: 300 * 0.7 = 210 reserved.
+    # Request 1 (prompt 100, max 80) needs 100 + 80 + 4 = 184 < 400 - 12 * 4 - 210 + ... checked by the adder itself
+    pol = policy()
+    s = SchedulerState(pol, [spec(0, 0, 40, 300), spec(1, 0, 100, 80)])
+    step(s, [s.requests[0]], [], 0)  # request 0 prefills alone (request 1 not arrived)
+    adder = Adder(s, [s.requests[0]], 0)
+    assert adder.available() == 400 - 40  # 10 pages held
+    assert adder.total_offset == pytest.approx(min(300 - 1, 4096) * 0.7)
+    assert adder.remaining_total() == pytest.approx(360 - 299 * 0.7)
+    # 100 + 80 + 4 = 184 >= 360 - 209.3 = 150.7: no room, so request 1 waits and request 0 decodes
+    d = step(s, [s.requests[1]], [], STEP)
+    assert dict(d.scheduled) == {0: 1}
+    assert s.requests[1].status is Status.WAITING
+
+
+def test_a_long_prompt_is_cut_at_a_page_boundary_and_continues_first():
+    _, d = run(policy(batch={"max_num_batched_tokens": 64}), [spec(0, 0, 150, 3), spec(1, 0, 10, 3)], 4)
+    # 150 tokens: chunks of 64 (the chunk budget, a page multiple), 64, then the last 22 with request 1 after it
+    assert [dict(x.scheduled) for x in d[:3]] == [{0: 64}, {0: 64}, {0: 22, 1: 10}]
+
+
+def test_decode_out_of_pages_retracts_the_fewest_outputs_first():
+    # 10 pages (40 tokens). Request 0 (prompt 8) is admitted at step 0; request 1 (prompt 12) does not fit beside
+    # its full reservation then, but does at step 1, when request 0 only reserves 10 * ratio. Their growth needs
+    # 5 + 6 pages: a decode runs out, and request 1, with fewer output tokens, is retracted.
+    pol = policy(kv={"num_blocks": 10}, sglang={"init_new_token_ratio": 0.01})
+    s = SchedulerState(pol, [spec(0, 0, 8, 10), spec(1, 0, 12, 10)])
+    decisions = [step(s, s.requests if k == 0 else [], [], k * STEP) for k in range(12)]
+    assert [dict(d.scheduled) for d in decisions[:2]] == [{0: 8}, {1: 12}]
+    at = next(k for k, d in enumerate(decisions) if d.preempted)
+    assert decisions[at].preempted == (1,)
+    r0, r1 = s.requests
+    assert r1.num_preemptions == 1 and r1.num_generated >= 1  # keeps its output and recomputes it later
+    # the ratio re-estimated over the request left: (its output + 20) / (its max output + 1), capped at 1
+    state = SchedulerState(pol, [spec(0, 0, 8, 10), spec(1, 0, 12, 10)])
+    for k in range(at + 1):
+        step(state, state.requests if k == 0 else [], [], k * STEP)
+    assert state.sglang.ratio == min(1.0, (state.requests[0].num_generated - 1 + 20) / (10 + 1))
+
+
+def test_arrival_caps_max_output_to_what_an_empty_pool_holds():
+    s = SchedulerState(policy(kv={"num_blocks": 5}), [spec(0, 0, 8, 100)])
+    step(s, [s.requests[0]], [], 0)
+    r = s.requests[0]
+    assert r.max_output == 20 - 8 - 4 - 1 == r.output_len  # min(max_req_len - prompt - 1, pool - ceil(prompt) - page - 1)
+    for k in range(1, 20):
+        step(s, [], [], k * STEP)
+    assert r.status is Status.FINISHED and r.num_generated == 7
+
+
+def test_retraction_aborts_the_last_request_when_even_it_does_not_fit():
+    # a lone running request whose next decode needs a page when none is free (the pool: 4 pages, all its own)
+    s = SchedulerState(policy(kv={"num_blocks": 4}), [spec(0, 0, 16, 50)])
+    r = s.requests[0]
+    r.status, r.num_computed, r.num_generated, r.blocks, r.admitted_seq = Status.RUNNING, 16, 1, 4, 1
+    s.running, s.kv_used = [r], 4
+    d = step(s, [], [], 0)
+    assert r.status is Status.CANCELLED and r.reason is Reason.OUT_OF_MEMORY
+    assert d.released == (0,) and not d.scheduled and s.kv_used == 0
+
+
+def test_an_aborted_running_request_runs_one_more_row():
+    _, d = run(policy(), [spec(0, 0, 8, 10)], 4, cancels={2: [0]})
+    assert dict(d[2].scheduled) == {0: 1}  # still decodes in the step of its abort
+    assert d[2].cancelled == (0,) and d[2].released == (0,) and d[2].kv_blocks_used == 0
+
+
+def test_an_aborted_chunked_request_is_torn_down_at_once():
+    _, d = run(policy(batch={"max_num_batched_tokens": 32}), [spec(0, 0, 100, 3)], 3, cancels={1: [0]})
+    assert dict(d[0].scheduled) == {0: 32}
+    assert not d[1].scheduled and d[1].released == (0,) and d[1].kv_blocks_used == 0
+
+
+def test_lof_serves_the_longest_output_first():
+    _, d = run(policy(sglang={"schedule_policy": "lof"}, batch={"max_num_seqs": 1}),
+               [spec(0, 0, 8, 1), spec(1, 0, 8, 5), spec(2, 0, 8, 9)], 1)
+    assert dict(d[0].scheduled) == {2: 8}
+
+
+def test_priority_preemption_frees_a_lower_priority_request():
+    pol = policy(batch={"max_num_seqs": 1}, queue={"order": "priority", "priority_polarity": "higher_first"},
+                 preemption={"triggers": ["kv_growth_fails", "priority_inversion"],
+                             "priority_inversion_threshold": 10})
+    s, d = run(pol, [spec(0, 0, 8, 20, priority=0), spec(1, 2, 8, 20, priority=50)], 4)
+    assert d[2].preempted == (0,) and dict(d[2].scheduled) == {1: 8}
+    assert s.requests[0].status is Status.WAITING and s.requests[0].num_generated == 2
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("batch", {"phase_mode": "decode_first"},
+     "batch.phase_mode=decode_first (expected prefill_first when scheduler is sglang (SGLang's rules do not have "
+     "this knob; see docs/semantics.md, \"SGLang's rules\"))"),
+    ("kv", {"watermark": 0.1},
+     "kv.watermark=0.1 (expected 0.0 when scheduler is sglang (SGLang's rules do not have this knob; see "
+     "docs/semantics.md, \"SGLang's rules\"))"),
+    ("preemption", {"victim": "last_admitted"},
+     "preemption.victim=last_admitted (expected fewest_generated when scheduler is sglang (--retraction-policy "
+     "length or priority))"),
+    ("sglang", {"radix_cache": True},
+     "radix_cache=true (expected false: the SGLang rules model the disabled radix cache only "
+     "(--disable-radix-cache); the cache's eviction and prefix matches are not modelled yet)"),
+])
+def test_contradictions_are_refused_with_the_field(field, value, message):
+    with pytest.raises(ValidationError) as err:
+        policy(**{field: value})
+    assert message in str(err.value)
+
+
+def test_the_sglang_section_needs_the_sglang_scheduler():
+    data = {"max_model_len": 64, "kv": {"num_blocks": 10}, "sglang": {"mixed_chunk": True}}
+    with pytest.raises(ValidationError) as err:
+        Policy.model_validate(data)
+    assert ("sglang.mixed_chunk=true (expected its default unless scheduler is sglang (the vllm rules do not read "
+            "the sglang section))") in str(err.value)
