@@ -41,12 +41,16 @@ The representative a key decodes to gets a pool whose chains are interned in the
 
 from __future__ import annotations
 
+import struct
+from types import SimpleNamespace
+
 from checker.errors import InputError, InternalError, Problem
-from checker.policy import Policy, QueueOrder, Requeue
+from checker.policy import Policy, QueueOrder, Requeue, Scheduler
 from checker.requests import IDENTITIES, Identity, RequestSpec, identity_content
 from checker.semantics.blockpool import NO_PARENT, BlockPool, Chains, block_tokens
 from checker.semantics.order import key_function
-from checker.semantics.state import NEVER, Request, SchedulerState, Status
+from checker.semantics.sglang import arrival as sglang_arrival
+from checker.semantics.state import NEVER, Request, SchedulerState, SGLangState, Status
 
 WAITING, SWAPPED, RUNNING, CANCELLED = int(Status.WAITING), int(Status.SWAPPED), int(Status.RUNNING), int(Status.CANCELLED)
 LOADING = int(Status.LOADING)
@@ -96,6 +100,24 @@ FIELDS_PER_HOLDING = 2  # blocks, steps until release (with a KV connector: NEVE
 T_NONE, T_NEVER, T_AT = 0, 1, 3
 NEVER_CODE = -1  # a holding request's release_step NEVER (release on_completion of a connector)
 PAST_TRANSFER = -2  # the transfer_step a decoded representative's past transfer gets (< 0, and not -1: "none")
+
+# With SGLang's rules (policy.scheduler sglang) the key ends with an SGLang section (SGLangState): per live request its
+# entry rank (the order of the waiting queue's entry stamps, 1.. among the requests whose stamp a rule can still read,
+# 0 for the others), 1 if it is an aborted running request that ends at its next row (SGLangState.aborting), and,
+# with priority preemption, its fill length (0: none); then the chunked request (live position + 1, 0: none), the
+# flags (SG_FULL, SG_SHRUNK, SG_RAN, SG_REMADE bits) and the new-token ratio as its IEEE-754 bits (an int that
+# decodes to the identical float). A running request's admission rank is its place in SGLang's batch order
+# (s.running, the chunked request last) instead.
+SG_FULL, SG_SHRUNK, SG_RAN, SG_REMADE = 1, 2, 4, 8
+
+
+def float_bits(x: float) -> int:
+    return struct.unpack("<q", struct.pack("<d", x))[0]
+
+
+def bits_float(b: int) -> float:
+    return struct.unpack("<d", struct.pack("<q", b))[0]
+
 
 # Chain names in a key with the cache (per block label, with its rank): NO_HASH, ORPHAN, RUN + the chain's index in
 # Canon.chain_ids, or -(1 + live position + block index * OWN_STRIDE) for a live request's own tokens.
@@ -159,6 +181,11 @@ class Canon:
         self.holds = con.enabled  # FINISHED requests may hold KV (pinned), and a release may never come
         self.loads, self.pins = con.loads, con.pins  # what of a request's transfer the step reads
         self.holders_queue = con.loads and con.holders_first
+        # SGLang's rules: the key has the SGLang section (block_identity=False, replayed frames: they carry no SGLang
+        # state, so the key without it, running requests ranked by admission)
+        self.sglang_rules = policy.scheduler is Scheduler.SGLANG
+        self.sglang = self.sglang_rules and block_identity
+        self.preempting = self.sglang_rules and policy.preempts_on_inversion  # fill lengths and running entries read
         self.policy = policy
         self.step_us = step_us
         self.tenants = tenants
@@ -203,6 +230,16 @@ class Canon:
         if self.connector:  # and each class as it reads once its load has started: the same ids in every process
             for cls in classes:
                 self.class_id(cls[:6] + (self.read_transfer(*transfer_of(cls), 0),))
+        if self.sglang_rules:  # and each class as SGLang's arrival caps its max output: the same ids in every process
+            for cls in classes:
+                self.class_id(self.sglang_capped(cls))
+
+    def sglang_capped(self, cls: RequestClass) -> RequestClass:
+        """A class as a request of it is after SGLang's arrival checks (checker.semantics.sglang.arrival caps
+        max_output and output_len)."""
+        r = Request(RequestSpec(0, 0, cls[0], cls[1], cls[2], cls[3], cls[4]))
+        sglang_arrival(SimpleNamespace(policy=self.policy), r)  # it reads only the policy
+        return (cls[0], r.output_len, r.max_output) + tuple(cls[3:])
 
     def class_id(self, cls: RequestClass) -> int:
         lookup = self._lookup(cls)
@@ -333,11 +370,13 @@ class Canon:
     # ------------------------------------------------------------------------------------- encode
     def encode_requests(self, requests: list[Request], next_now_us: int, next_step: int,
                         counters: list[int] | tuple[int, ...] = (), pool: BlockPool | None = None,
-                        holding: list[Request] | None = None, holders: list[Request] | None = None) -> tuple:
+                        holding: list[Request] | None = None, holders: list[Request] | None = None,
+                        sglang: SGLangState | None = None, running: list[Request] | None = None) -> tuple:
         """The key of a state given its requests in arrival order (ties: by number). ``next_now_us`` is
         when the next iteration starts; ``next_step`` its index (for release lags and transfers); ``pool``: its
         block pool (with the cache); ``holding`` and ``holders``: the state's lists of those names (with a KV
-        connector: the holders' queue order, and with the cache the order in which held blocks are freed)."""
+        connector: the holders' queue order, and with the cache the order in which held blocks are freed);
+        ``sglang`` and ``running``: under SGLang's rules its SGLangState and running list (SGLang's batch order)."""
         live = []
         holding_entries = None  # (blocks, steps until release[, transfer code]) of the requests holding KV after they left
         held = [] if self.cache else None  # with the cache: those requests
@@ -353,11 +392,17 @@ class Canon:
                 if held is not None:
                     held.append(r)
         out = [len(live)]
+        sg = self.sglang
+        if sg and (sglang is None or running is None):
+            raise InternalError("liveness: a state under SGLang's rules without its SGLang state")
         if live:
-            running = [r.admitted_seq for r in live if r.status is RUNNING_STATUS]
-            if len(running) > 1:
-                running.sort()
-            admitted_rank = {seq: i for i, seq in enumerate(running, 1)}
+            if sg:  # SGLang's batch order (the chunked request last), as ranks: keyed by admitted_seq like the other
+                ranked = [r.admitted_seq for r in running]
+            else:
+                ranked = [r.admitted_seq for r in live if r.status is RUNNING_STATUS]
+                if len(ranked) > 1:
+                    ranked.sort()
+            admitted_rank = {seq: i for i, seq in enumerate(ranked, 1)}
             requeue_rank = None
             if self.front:
                 requeued = [r.requeue_seq for r in live if r.requeue_seq]
@@ -410,7 +455,38 @@ class Canon:
             self._encode_pool(out, pool, live, held)
         if self.phase:
             out.append(next_now_us // self.step_us % self.phase)
+        if sg:
+            self._encode_sglang(out, live, sglang)
         return tuple(out)
+
+    def _encode_sglang(self, out: list, live: list[Request], g: SGLangState) -> None:
+        """The SGLang section (see SG_FULL): what of SGLangState a later step can read.
+
+        Entry stamps: the waiting queue is sorted by (priority, entry) under priority scheduling, and stably by max
+        output under lof, in which requests of equal key are always in entry order; under fcfs it is never sorted
+        and is in entry order (enter_queue appends and stamps; removals keep the order). So the entry ranks of the
+        waiting requests are all of its order that the step reads. A running request's stamp is read only by
+        priority preemption (the latest entry is preempted first); it gets a new one when it is requeued. Fill
+        lengths are read only by priority preemption."""
+        preempting = self.preempting
+        entry = g.entry
+        kept = [entry[r.rid] for r in live if preempting or r.status is not RUNNING_STATUS]
+        kept.sort()
+        rank = {stamp: i for i, stamp in enumerate(kept, 1)}
+        aborting, fill = g.aborting, g.fill
+        chunked = 0
+        for i, r in enumerate(live):
+            rid = r.rid
+            out += (rank[entry[rid]] if preempting or r.status is not RUNNING_STATUS else 0,
+                    1 if rid in aborting else 0)
+            if preempting:
+                out.append(fill.get(rid, 0))
+            if rid == g.chunked:
+                chunked = i + 1
+        if g.chunked is not None and not chunked:
+            raise InternalError(f"liveness: SGLang's chunked request {g.chunked} is not live")
+        out += (chunked, (SG_FULL if g.batch_is_full else 0) | (SG_SHRUNK if g.shrunk else 0)
+                | (SG_RAN if g.ran_batch else 0) | (SG_REMADE if g.remade else 0), float_bits(g.ratio))
 
     def _holding_entry(self, r: Request, next_step: int) -> tuple:
         """(blocks, steps until release[, transfer code]) of a request holding KV after it left."""
@@ -482,7 +558,8 @@ class Canon:
 
     def encode(self, s: SchedulerState, next_now_us: int) -> tuple:
         """The key of a SchedulerState whose requests are numbered in arrival order."""
-        return self.encode_requests(s.requests, next_now_us, s.step, s.tenant_counters, s.pool, s.holding, s.holders)
+        return self.encode_requests(s.requests, next_now_us, s.step, s.tenant_counters, s.pool, s.holding, s.holders,
+                                    s.sglang, s.running)
 
     # ------------------------------------------------------------------------------------- decode
     def decode(self, key: tuple) -> tuple[SchedulerState, int]:
@@ -504,7 +581,7 @@ class Canon:
         s = SchedulerState.__new__(SchedulerState)
         s.policy = self.policy
         s.step = 0
-        s.sglang = None  # the explorer runs the vLLM rules (check_liveness refuses scheduler sglang)
+        s.sglang = None  # under SGLang's rules: below
         s.pool = None  # with the cache: below
         requests: list[Request] = []
         running: list[tuple[int, Request]] = []
@@ -550,10 +627,41 @@ class Canon:
         if self.cache:
             s.pool = self._decode_pool(key, pos, requests[:m], holding)
             s.kv_used = s.pool.num_used
-        if len(waiting) > 1:
-            waiting.sort(key=key_function(s, now))
+        if self.sglang:  # no cache, no connector, no aging phase under SGLang's rules: the section starts at pos
+            entry = self._decode_sglang(s, key, pos, requests[:m])
+            waiting.sort(key=lambda r: entry[r.rid])  # the queue in entry order (_encode_sglang)
+        else:
+            if self.sglang_rules:  # a key without the SGLang section (replayed frames): a fresh SGLang state
+                s.sglang = SGLangState(self.policy.sglang.init_ratio)
+            if len(waiting) > 1:
+                waiting.sort(key=key_function(s, now))
         s.waiting = waiting
         return s, now
+
+    def _decode_sglang(self, s: SchedulerState, key: tuple, pos: int, live: list[Request]) -> dict[int, int]:
+        """The SGLang section from ``pos`` on into a new SGLangState of ``s``; returns its entry stamps."""
+        g = s.sglang = SGLangState.__new__(SGLangState)
+        preempting = self.preempting
+        entry: dict[int, int] = {}
+        aborting: set[int] = set()
+        fill: dict[int, int] = {}
+        width = 3 if preempting else 2
+        for i in range(len(live)):
+            stamp, marked = key[pos], key[pos + 1]
+            if stamp:
+                entry[i] = stamp
+            if marked:
+                aborting.add(i)
+            if preempting and key[pos + 2]:
+                fill[i] = key[pos + 2]
+            pos += width
+        chunked, flags, ratio = key[pos:pos + 3]
+        g.chunked = chunked - 1 if chunked else None
+        g.batch_is_full, g.shrunk = bool(flags & SG_FULL), bool(flags & SG_SHRUNK)
+        g.ran_batch, g.remade = bool(flags & SG_RAN), bool(flags & SG_REMADE)
+        g.ratio = bits_float(ratio)
+        g.entry, g.next_entry, g.aborting, g.fill = entry, max(entry.values(), default=0), aborting, fill
+        return entry
 
     def _decode_connector(self, s: SchedulerState, key: tuple, pos: int, live: list[Request], holding: list[Request],
                           waiting: list[Request]) -> int:

@@ -174,7 +174,7 @@ def confirm_lasso(policy: Policy, sg: StateGraph, lasso: Lasso) -> tuple[list[Re
     replay = replay_fixed_clock(policy, specs, len(steps), sg.env.step_us, sg.env.tenants)
     params = {"prefix": len(lasso.prefix), "cycle": len(lasso.cycle)}
     at = first_violation(LIVENESS[lasso.prop], params, replay)
-    if at != len(steps) - 1 or ((sg.canon.cache or sg.canon.connector) and not _pool_closes(policy, sg, lasso, specs)):
+    if at != len(steps) - 1 or ((sg.canon.cache or sg.canon.connector or sg.canon.sglang) and not _pool_closes(policy, sg, lasso, specs)):
         raise InternalError(f"liveness: the engine's replay of the {lasso.prop} lasso for policy {policy.name} "
                             f"does not close the cycle (prefix {params['prefix']}, cycle {params['cycle']}); "
                             f"requests: {cex.requests_json(specs)}")
@@ -182,9 +182,9 @@ def confirm_lasso(policy: Policy, sg: StateGraph, lasso: Lasso) -> tuple[list[Re
 
 
 def _pool_closes(policy: Policy, sg: StateGraph, lasso: Lasso, specs: list[RequestSpec]) -> bool:
-    """With the cache or a KV connector: the engine's states after the prefix, one turn and two turns have the same
-    whole key, block pool content and transfers included (the frames the property reads carry no block identity and
-    no transfer steps: checker.liveness.properties)."""
+    """With the cache, a KV connector or SGLang's rules: the engine's states after the prefix, one turn and two turns
+    have the same whole key, block pool content, transfers and SGLang's scheduler state included (the frames the
+    property reads carry no block identity, no transfer steps and no SGLang state: checker.liveness.properties)."""
     env = sg.env
     ends = [len(lasso.prefix) + j * len(lasso.cycle) for j in range(3)]
     keys = {sg.canon.encode(replay_fixed_clock(policy, specs, n, env.step_us, env.tenants).state, n * env.step_us)

@@ -27,7 +27,7 @@ import networkx as nx
 from checker.errors import InputError, Problem
 from checker.liveness.canon import (IDENTITY_TOKENS, LIVE, Canon, ObservedPool, RequestClass, holding_count,
                                     identity_token)
-from checker.policy import Policy, Scheduler
+from checker.policy import Policy
 from checker.requests import Identity, RequestSpec, identity_name
 from checker.semantics.decision import DecisionBuilder, StepDecision
 from checker.semantics.state import Request, SchedulerState, Status
@@ -444,11 +444,6 @@ def explore(policy: Policy, env: LivenessEnv, max_states: int = DEFAULT_MAX_STAT
     own memo), a chunk of the level at a time, and merged here in the level's order: the same graph, node
     numbers and BFS tree as one process (the state limit is applied while merging, so it cuts at the same
     state; a time limit cuts wherever the clock says)."""
-    if policy.scheduler is Scheduler.SGLANG:
-        raise InputError(Problem("scheduler", "sglang", "vllm for the liveness explorer: its state encoding "
-                                 "(checker/liveness/canon.py) has no SGLang scheduler state (the chunked request, "
-                                 "the new-token ratio, batch_is_full) yet; simulate, fuzz, verify and check-log "
-                                 "run SGLang's rules on the engine"))
     started = time.monotonic()
     env = instance_env(policy, env)
     canon = make_canon(policy, env)
