@@ -1,4 +1,5 @@
-"""The liveness explorer under SGLang's rules is the engine's step (checker/liveness/canon.py, checker/semantics/sglang.py).
+"""The liveness explorer under SGLang's rules is the engine's step (checker/liveness/canon.py,
+checker/semantics/sglang.py).
 
 Merged states must have the same future: for SGLang policies (fixed ones that reach each rule, and generated ones)
 and their request classes, breadth-first over the engine's own states (no reduction: request numbers, entry stamps,
@@ -306,3 +307,52 @@ def test_each_part_of_the_sglang_section_tells_futures_apart():
         change(s.sglang)
         keys.add(canon.encode(s, 0))
     assert len(keys) == 5
+
+
+def _decisions_differ(policy: Policy, s: SchedulerState, change) -> None:
+    """``change`` (on a copy of s) gives a state with another key and another step: the key must keep it."""
+    canon = Canon(policy, 10_000, (0, 1))
+    other = s.copy()
+    change(other)
+    assert canon.encode(s, 0) != canon.encode(other, 0)
+    assert step(s.copy(), [], [], 0)[2:] != step(other, [], [], 0)[2:]
+
+
+def _running(s: SchedulerState, r: Request, computed: int, generated: int, seq: int) -> None:
+    r.status, r.num_computed, r.num_generated, r.admitted_seq = Status.RUNNING, computed, generated, seq
+    r.blocks = -(-computed // s.policy.kv.block_size)
+    s.running.append(r)
+    s.kv_used += r.blocks
+
+
+def test_batch_is_full_decides_whether_a_prefill_batch_is_tried():
+    """Set (a prefill ran out of tokens earlier) and no request of the last batch ended: decode runs, the waiting
+    request is not tried even though it now fits; cleared, it is admitted."""
+    from checker.requests import RequestSpec
+    from checker.semantics.sglang import enter_queue
+
+    policy = sglang_policy(kv={"num_blocks": 8})
+    s = SchedulerState(policy, [RequestSpec(0, 0, 4, 6, 6), RequestSpec(1, 0, 4, 2, 2)])
+    a, b = s.requests
+    _running(s, a, 5, 2, 1)
+    b.status = Status.WAITING
+    enter_queue(s, b)
+    s.sglang.batch_is_full = True
+    _decisions_differ(policy, s, lambda c: setattr(c.sglang, "batch_is_full", False))
+
+
+def test_fill_lengths_decide_priority_preemption():
+    """A waiting request of higher priority, the running slot taken: priority preemption counts its fill length
+    (prompt + output at its last try; 0 when it has never been tried) against what the victim's reservation frees."""
+    from checker.requests import RequestSpec
+    from checker.semantics.sglang import enter_queue
+
+    policy = sglang_policy(kv={"num_blocks": 4}, queue=PRIORITY, preemption=PREEMPT, batch={"max_num_seqs": 1})
+    s = SchedulerState(policy, [RequestSpec(0, 0, 4, 8, 8, priority=0), RequestSpec(1, 0, 8, 2, 2, priority=1)])
+    a, b = s.requests
+    s.sglang.entry[0] = s.sglang.next_entry = 1
+    _running(s, a, 6, 3, 1)
+    b.status = Status.WAITING
+    enter_queue(s, b)
+    s.sglang.fill = {0: 4, 1: 8}  # b was tried before (it did not fit)
+    _decisions_differ(policy, s, lambda c: c.sglang.fill.pop(1))
