@@ -64,7 +64,7 @@ def next_steps_are_quiet_decodes(s: SchedulerState, d: StepDecision) -> bool:
     if not s.running or s.holding or s.holders or s.loads_in_flight:
         return False  # a release, or a transfer report, may come in the middle of a stretch
     if s.sglang is not None:
-        return False  # SGLang's decode steps decay the new-token ratio and may retract: stepped one by one
+        return _sglang_quiet(s)
     if s.pool is not None and s.policy.batch.phase_mode is PhaseMode.MIXED and time_varying(s):
         return False  # the mixed pass serves the batch in queue order, which such orders change: so does the pool's
     if not s.waiting:
@@ -75,6 +75,20 @@ def next_steps_are_quiet_decodes(s: SchedulerState, d: StepDecision) -> bool:
     return bool(
         len(d.scheduled) == len(s.running) and not d.num_prefill_tokens
         and not (d.admitted or d.preempted or d.finished) and not time_varying(s))
+
+
+def _sglang_quiet(s: SchedulerState) -> bool:
+    """Under SGLang's rules: the next steps only decode while every running request is one token behind, no
+    request is chunked or marked aborted, the next step's filters keep batch_is_full, and no prefill batch is
+    tried (nobody waits, or batch_is_full holds without priority preemption). The stretch stops before a
+    finish and before the decode whose pages are not free (a retraction), as under the vLLM rules; each of
+    its steps decays the new-token ratio (apply_stretch)."""
+    g = s.sglang
+    if g.chunked is not None or g.shrunk or g.remade or g.aborting:
+        return False
+    if s.waiting and not (g.batch_is_full and not s.policy.preempts_on_inversion):
+        return False
+    return all(r.num_generated and r.num_computed + 1 == r.prompt_len + r.num_generated for r in s.running)
 
 
 def arrivals_may_join(s: SchedulerState) -> bool:
@@ -156,6 +170,16 @@ def apply_stretch(s: SchedulerState, k: int) -> None:
         weight = p.queue.vtc_weights.output_weight
         for r in s.running:
             s.tenant_counters[r.tenant] += weight * k
+    g = s.sglang
+    if g is not None:  # each decode step without a retraction decays the ratio (the same float operations)
+        rules = p.sglang
+        decay, floor, ratio = rules.ratio_decay, rules.min_ratio, g.ratio
+        for _ in range(k):
+            if ratio == floor:
+                break
+            ratio = max(ratio - decay, floor)
+        g.ratio = ratio
+        g.ran_batch = True
     s.step += k
 
 

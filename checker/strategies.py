@@ -103,6 +103,39 @@ class Scenario:
 
 
 @st.composite
+def small_sglang_policies(draw: st.DrawFn) -> Policy:
+    """Small policies under SGLang's rules (scheduler: sglang): pages of 1-8 tokens, pools of a few pages, every
+    queue order, priority preemption, mixed chunk, chunking on or off, and ratio knobs that reach retraction."""
+    page = draw(st.sampled_from([1, 2, 4, 8]))
+    max_model_len = draw(st.integers(16, 80))
+    chunking = draw(st.booleans())
+    max_num_seqs = draw(st.integers(1, 5))
+    prefill = draw(st.integers(8, 64))
+    budget = draw(st.integers(max(max_num_seqs, page), 64)) if chunking else max_model_len + prefill
+    priority = draw(st.booleans())
+    preempts = priority and draw(st.booleans())
+    data = {
+        "name": "generated_sglang", "scheduler": "sglang", "max_model_len": max_model_len,
+        "queue": {"order": "priority" if priority else "fcfs",
+                  "priority_polarity": draw(st.sampled_from(list(Polarity))).value},
+        "batch": {"max_num_seqs": max_num_seqs, "max_num_batched_tokens": budget, "phase_mode": "prefill_first"},
+        "chunking": {"enabled": chunking},
+        "kv": {"block_size": page, "num_blocks": draw(st.integers(max(2, 16 // page), max(3, 160 // page)))},
+        "preemption": {"triggers": ["kv_growth_fails"] + (["priority_inversion"] if preempts else []),
+                       "priority_inversion_threshold": draw(st.integers(0, 2)),
+                       "victim": draw(st.sampled_from(["fewest_generated", "lowest_priority"]))
+                       if priority else "fewest_generated"},
+        "sglang": {"schedule_policy": draw(st.sampled_from(["fcfs", "lof"])), "max_prefill_tokens": prefill,
+                   "mixed_chunk": chunking and draw(st.booleans()),
+                   "init_new_token_ratio": draw(st.sampled_from([0.05, 0.3, 0.7, 1.0])),
+                   "new_token_ratio_decay_steps": draw(st.sampled_from([3, 20, 600])),
+                   "retract_decode_steps": draw(st.sampled_from([0, 2, 20])),
+                   "clip_max_new_tokens": draw(st.sampled_from([4, 4096]))},
+    }
+    return Policy.model_validate(data)
+
+
+@st.composite
 def small_scenarios(draw: st.DrawFn, max_requests: int = 5, modes: list[PhaseMode] | None = None) -> Scenario:
     policy = draw(small_policies(modes))
     step_us = 1000

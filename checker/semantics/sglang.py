@@ -152,7 +152,11 @@ def schedule(s: SchedulerState, out: DecisionBuilder) -> None:
 
 
 def running_batch(s: SchedulerState) -> list[Request]:
+    """The running batch: s.running itself when no request is chunked (the callers change s.running only by
+    removing requests or by rebinding it)."""
     chunked = s.sglang.chunked
+    if chunked is None:
+        return s.running
     return [r for r in s.running if r.rid != chunked]
 
 
@@ -279,16 +283,19 @@ def _release(s: SchedulerState, r: Request, out: DecisionBuilder) -> None:
 # ----------------------------------------------------------------------------------------- decode
 def decode_fits(s: SchedulerState, batch: list[Request]) -> bool:
     """check_decode_mem: a page for each request whose KV ends on a page boundary."""
+    return kv.free_blocks(s) >= pages_to_decode(s, batch)
+
+
+def pages_to_decode(s: SchedulerState, batch: list[Request]) -> int:
     page = s.policy.kv.block_size
-    crossing = sum(1 for r in batch if r.num_computed % page == 0)
-    return kv.free_blocks(s) >= crossing
+    return sum([1 for r in batch if r.num_computed % page == 0])
 
 
 def _decode(s: SchedulerState, g: SGLangState, batch: list[Request], out: DecisionBuilder) -> None:
     """update_running_batch."""
     rules = s.policy.sglang
     initial = len(batch)
-    if not decode_fits(s, batch):
+    if kv.free_blocks(s) < pages_to_decode(s, batch):
         batch = _retract(s, g, batch, out)
         g.ratio = min(1.0, (sum(r.num_generated for r in batch) + rules.retract_decode_steps * len(batch))
                       / (sum(r.max_output for r in batch) + 1))
@@ -296,8 +303,19 @@ def _decode(s: SchedulerState, g: SGLangState, batch: list[Request], out: Decisi
         g.ratio = max(g.ratio - rules.ratio_decay, rules.min_ratio)
     if len(batch) < initial:
         g.batch_is_full = False
+    # prepare_for_decode: one token each, a new page where the KV ends on a page boundary (kv.allocate(s, r, 1),
+    # inline: a running request holds exactly the pages of its computed tokens)
+    page = s.policy.kv.block_size
+    scheduled, grown = out.scheduled, out.grown
+    taken = 0
     for r in batch:
-        out.schedule(r, 1, kv.allocate(s, r, 1))
+        rid = r.rid
+        if r.num_computed % page == 0:
+            r.blocks += 1
+            grown[rid] = 1
+            taken += 1
+        scheduled[rid] = 1
+    s.kv_used += taken
 
 
 def _retract(s: SchedulerState, g: SGLangState, batch: list[Request], out: DecisionBuilder) -> list[Request]:

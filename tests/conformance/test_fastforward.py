@@ -11,7 +11,7 @@ from checker.engine import simulate
 from checker.policy import Policy
 from checker.profile import load_profile
 from checker.requests import RequestSpec, content_from_hash_ids, content_from_prefix_group
-from checker.strategies import small_policies
+from checker.strategies import small_policies, small_sglang_policies
 from checker.traces import RequestSet, load_requests
 from tests.helpers import AZURE_CSV, POLICIES, WORKLOADS
 
@@ -51,6 +51,35 @@ def decode_heavy(draw):
 @given(case=decode_heavy())
 def test_fast_forward_equals_plain_stepping_on_generated_traces(case):
     _same(*case)
+
+
+@st.composite
+def sglang_decode_heavy(draw):
+    policy = draw(small_sglang_policies())
+    n = draw(st.integers(1, 10))
+    specs, t = [], 0
+    for rid in range(n):
+        t += draw(st.integers(0, 200_000))
+        output = draw(st.integers(1, 60))
+        cancel = draw(st.none() | st.integers(0, 400_000))
+        specs.append(RequestSpec(rid=rid, arrival_us=t, prompt_len=draw(st.integers(1, policy.max_model_len)),
+                                 output_len=output, max_output=output + draw(st.integers(0, 5)),
+                                 priority=draw(st.integers(0, 4)), cancel_us=None if cancel is None else t + cancel))
+    return policy, RequestSet(specs, ["c"], ["a"], "generated")
+
+
+@settings(max_examples=200, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(case=sglang_decode_heavy())
+def test_fast_forward_equals_plain_stepping_under_sglang_rules(case):
+    """SGLang's stretches also decay the new-token ratio: the final state (ratio and flags included) is equal."""
+    _same(*case)
+
+
+def test_fast_forward_under_sglang_rules_on_a_slice_of_the_azure_trace():
+    rs = load_requests(trace=AZURE_CSV, limit=1500)
+    fast, plain = _same(load_policy(POLICIES / "sglang" / "sglang_v05.yaml"), rs)
+    assert fast.steps == plain.steps and fast.state.sglang.ratio == plain.state.sglang.ratio
 
 
 @pytest.mark.parametrize("policy", sorted(p.name for p in POLICIES.glob("*.yaml")))

@@ -175,3 +175,50 @@ def test_the_sglang_section_needs_the_sglang_scheduler():
         Policy.model_validate(data)
     assert ("sglang.mixed_chunk=true (expected its default unless scheduler is sglang (the vllm rules do not read "
             "the sglang section))") in str(err.value)
+
+
+# ----------------------------------------------------------------------------------------- properties
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from checker.semantics.kv import blocks_for  # noqa: E402
+from checker.strategies import small_sglang_policies  # noqa: E402
+
+
+@st.composite
+def sglang_runs(draw):
+    pol = draw(small_sglang_policies())
+    n = draw(st.integers(1, 8))
+    specs = []
+    for rid in range(n):
+        out = draw(st.integers(1, 30))
+        specs.append(RequestSpec(rid, draw(st.integers(0, 12)) * STEP, draw(st.integers(1, pol.max_model_len)), out,
+                                 out + draw(st.integers(0, 20)), priority=draw(st.integers(0, 30))))
+    cancels = {}
+    for rid in draw(st.lists(st.integers(0, n - 1), max_size=3, unique=True)):
+        cancels.setdefault(draw(st.integers(0, 40)), []).append(rid)
+    return pol, specs, cancels
+
+
+@settings(max_examples=300, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(case=sglang_runs())
+def test_every_step_keeps_the_pages_and_budgets_consistent(case):
+    """On any small SGLang policy and trace: the step never raises, each request holds exactly the pages of its
+    computed tokens (page-granular), the pool counts are their sum, a step's tokens stay within the chunk budget
+    (or the running count on decode steps), the running count within max_num_seqs, and the ratio in [0, 1]."""
+    pol, specs, cancels = case
+    s = SchedulerState(pol, specs)
+    page = pol.kv.block_size
+    rules = pol.sglang
+    for k in range(60):
+        arrived = [r for r in s.requests if r.spec.arrival_us == k * STEP]
+        cancelled = [s.requests[i] for i in cancels.get(k, []) if i < len(s.requests)]
+        d = step(s, arrived, cancelled, k * STEP)
+        for r in s.requests:
+            live = r.status in (Status.RUNNING,)
+            assert r.blocks == (blocks_for(r.num_computed, page) if live else 0), (k, r)
+        assert s.kv_used == sum(r.blocks for r in s.requests)
+        assert d.num_scheduled_tokens <= max(pol.batch.max_num_batched_tokens, pol.batch.max_num_seqs)
+        assert d.num_running <= pol.batch.max_num_seqs
+        assert 0.0 <= s.sglang.ratio <= 1.0
