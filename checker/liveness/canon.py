@@ -37,6 +37,11 @@ content (docs/liveness.md, "Prefix caching"):
 
 The representative a key decodes to gets a pool whose chains are interned in the Canon's own table
 (``chains``), shared by every representative: the step's hits compare chains as ints, so one table for all.
+
+Under SGLang's rules (``scheduler: sglang``) running requests are ranked in SGLang's batch order, and the key ends with
+an SGLang section (``_encode_sglang``: entry ranks, marked aborts, fill lengths with priority preemption, the chunked
+request, the flags and the new-token ratio's exact bits; docs/liveness.md, "SGLang's rules"). With the vLLM rules
+the keys are as they were.
 """
 
 from __future__ import annotations
