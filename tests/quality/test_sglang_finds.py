@@ -1,0 +1,65 @@
+"""SGLang's failure modes as planted-bug policies (issue 18): `verify` (explicit-state search on the engine, under
+SGLang 0.5.23's own rules, scheduler: sglang) finds each with a minimal counterexample replayed on the engine, the
+counterexample is checked into counterexamples/ and `replay` reproduces it, and the fix holds within the same bounds.
+The policies are spec/policies/broken/sglang_*.yaml and their fixes spec/policies/sglang/*_fixed.yaml; what each
+models, what was measured and what no knob fixes: docs/sglang-finds.md."""
+
+from __future__ import annotations
+
+import json
+
+from checker.api import run_replay, run_verify
+from checker.verify.replay import replay_counterexample
+from checker.verify.run import Verdict
+from tests.helpers import POLICIES, ROOT
+
+BROKEN = POLICIES / "broken"
+FIXED = POLICIES / "sglang"
+SHIPPED = ROOT / "counterexamples"
+
+
+def _verify(policy, invariant: str, requests: int, depth: int, out_dir=None, **kw):
+    _, (result,) = run_verify(policy, [invariant], requests=requests, depth=depth, timeout_s=120, out_dir=out_dir,
+                              **kw)
+    return result
+
+
+def _assert_minimal_and_shipped(result, requests: int, iteration: int) -> None:
+    """VIOLATED with the minimal size (the search tries fewer requests first: no note says it could not), replayed by
+    verify and again from its file; a counterexample of the same size is checked in and `replay` reproduces it."""
+    assert result.verdict is Verdict.VIOLATED, result.line()
+    assert (result.requests, result.violation_step) == (requests, iteration), result.line()
+    assert not result.notes, result.notes  # minimality was checked
+    report = replay_counterexample(result.counterexample)
+    assert report.violation == report.recorded_violation == iteration
+    prefix = result.counterexample.name.rsplit("__", 1)[0]
+    shipped = sorted(SHIPPED.glob(f"{prefix}__*.json"))
+    assert shipped, f"check in the counterexample: cp {result.counterexample} counterexamples/"
+    docs = [json.loads(p.read_text()) for p in shipped]
+    assert [(len(d["requests"]), d["violation"]["iteration"]) for d in docs] == [(requests, iteration)]
+    text, violated = run_replay(shipped[0])
+    assert violated and f"VIOLATED at iteration {iteration} (recorded: iteration {iteration})" in text
+
+
+# ------------------------------------------------------------------------- 1. decode starved by chunked prefill
+STARVE = dict(prompt=(4, 24), output=(1, 16))
+
+
+def test_prefill_first_starves_a_decode_behind_a_chunked_prompt(tmp_path):
+    """--chunked-prefill-size 8, no mixed chunk: a 24-token prompt arriving beside a decoding request runs as three
+    8-token chunks on three iterations in a row, and the decode waits for all of them: decode_progress(gap=2) fails
+    with two requests at iteration 2."""
+    r = _verify(BROKEN / "sglang_prefill_starves_decode.yaml", "decode_progress:gap=2", 2, 8, tmp_path, **STARVE)
+    _assert_minimal_and_shipped(r, 2, 2)
+    decoding, chunked = r.specs
+    assert decoding.prompt_len <= 8 < chunked.prompt_len and decoding.arrival_us < chunked.arrival_us
+
+
+def test_mixed_chunk_lets_the_decode_run_inside_every_prefill_batch():
+    """--enable-mixed-chunk: the running request decodes inside each chunk's batch (its page fits): HOLDS_UP_TO 2
+    requests, 8 iterations; the broken policy's counterexample no longer fails under it."""
+    r = _verify(FIXED / "prefill_starves_decode_fixed.yaml", "decode_progress:gap=2", 2, 8, **STARVE)
+    assert r.verdict is Verdict.HOLDS_UP_TO, r.line()
+    (shipped,) = SHIPPED.glob("sglang_prefill_starves_decode__decode_progress__*.json")
+    _, violated = run_replay(shipped, FIXED / "prefill_starves_decode_fixed.yaml")
+    assert not violated
