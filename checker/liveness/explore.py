@@ -27,7 +27,7 @@ import networkx as nx
 from checker.errors import InputError, Problem
 from checker.liveness.canon import (IDENTITY_TOKENS, LIVE, Canon, ObservedPool, RequestClass, holding_count,
                                     identity_token)
-from checker.policy import Policy
+from checker.policy import Policy, Scheduler
 from checker.requests import Identity, RequestSpec, identity_name
 from checker.semantics.decision import DecisionBuilder, StepDecision
 from checker.semantics.state import Request, SchedulerState, Status
@@ -444,6 +444,8 @@ def explore(policy: Policy, env: LivenessEnv, max_states: int = DEFAULT_MAX_STAT
     own memo), a chunk of the level at a time, and merged here in the level's order: the same graph, node
     numbers and BFS tree as one process (the state limit is applied while merging, so it cuts at the same
     state; a time limit cuts wherever the clock says)."""
+    if policy.scheduler is Scheduler.SGLANG:
+        _sglang_supported(policy)
     started = time.monotonic()
     env = instance_env(policy, env)
     canon = make_canon(policy, env)
@@ -515,6 +517,20 @@ def explore(policy: Policy, env: LivenessEnv, max_states: int = DEFAULT_MAX_STAT
                       seconds=time.monotonic() - started, stop_reason=stop, edges=edges[0],
                       choices_run=trans.choices_run + counts[0], steps_run=trans.steps_run + counts[1],
                       hit_choices=trans.hit_choices + counts[2], found_choices=trans.found_choices + counts[3])
+
+
+def _sglang_supported(policy: Policy) -> None:
+    """Under SGLang's rules the key's SGLang section follows the tenant counters directly: the block pool's content
+    and the connector's section are not combined with it. Policy validation refuses both under scheduler sglang
+    (checker.policy.SGLANG_UNREAD); a policy built without validation is refused here by the field."""
+    for field, on in (("kv.prefix_caching.enabled", policy.kv.prefix_caching.enabled),
+                      ("connector.kind", policy.connector.enabled)):
+        if on:
+            kind = policy.connector.kind
+            value = True if field.startswith("kv") else getattr(kind, "value", kind)
+            raise InputError(Problem(field, value, "false / none when scheduler is sglang: the liveness explorer's "
+                                     "SGLang key (checker/liveness/canon.py) has no block pool content or KV "
+                                     "connector section"))
 
 
 def _digraph(succ: list[dict[int, dict]], pred: list[dict[int, dict]]) -> nx.DiGraph:

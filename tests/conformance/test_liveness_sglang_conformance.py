@@ -356,3 +356,16 @@ def test_fill_lengths_decide_priority_preemption():
     enter_queue(s, b)
     s.sglang.fill = {0: 4, 1: 8}  # b was tried before (it did not fit)
     _decisions_differ(policy, s, lambda c: c.sglang.fill.pop(1))
+
+
+def test_an_unvalidated_sglang_policy_with_the_cache_or_a_connector_is_refused_by_the_field():
+    from checker.errors import InputError
+
+    policy = sglang_policy()
+    kv = policy.kv.model_copy(update={"prefix_caching": policy.kv.prefix_caching.model_copy(update={"enabled": True})})
+    for bad, field in ((policy.model_copy(update={"kv": kv}), "kv.prefix_caching.enabled"),
+                       (policy.model_copy(update={"connector": policy.connector.model_copy(
+                           update={"kind": "offload"})}), "connector.kind")):
+        with pytest.raises(InputError) as exc:
+            explore(bad, LivenessEnv(1, (4,), (1,)))
+        assert str(exc.value).startswith(field), str(exc.value)
