@@ -39,7 +39,7 @@ from checker.fastforward import apply_stretch, next_steps_are_quiet_decodes, str
 from checker.frames import Frame, TraceContext
 from checker.loading import json_lines, load_document
 from checker.inputfiles import PolicyInput
-from checker.policy import MAX_TOKENS, Policy, ReleaseRule
+from checker.policy import MAX_TOKENS, Policy, ReleaseRule, Scheduler
 from checker.requests import DEFAULT_HASH_BLOCK_TOKENS, RequestSpec, prefix_problem, prompt_content
 from checker.semantics.kv import blocks_for
 from checker.semantics.state import FIELDS, Reason, SchedulerState, Status
@@ -332,6 +332,30 @@ def sglang_record(rec: dict, line_no: int, source: str, page: int) -> dict:
     out["preempted"] = retracted + pre if pre.__class__ is list else pre  # parse_step says what is wrong with it
     out["free_blocks"] = sum(tokens) // page
     return out
+
+
+IDENTITY_KEYS = ("available_tokens", "evictable_tokens", "protected_tokens", "held_tokens")
+
+
+def sglang_identity_notes(log: str | Path, policy: Policy) -> tuple[list[str], int]:
+    """SGLang's memory identity on a log of its step records that carry all four pool counts: on every step,
+    available + evictable + protected + held tokens = the pool (docs/sglang-harness.md, "The memory identity").
+    Returns the first MAX_NOTES steps where it fails, as notes, and how many fail."""
+    total = policy.kv.num_blocks * policy.kv.block_size
+    notes: list[str] = []
+    failing = 0
+    for line_no, raw in log_lines(log):
+        rec = parse_line(raw, line_no, str(log))
+        if not isinstance(rec, dict) or any(rec.get(k).__class__ is not int for k in IDENTITY_KEYS):
+            return [], 0  # not such a log (parse_step reports a malformed line)
+        counts = [rec[k] for k in IDENTITY_KEYS]
+        if sum(counts) != total:
+            failing += 1
+            if len(notes) < MAX_NOTES:
+                notes.append(f"step {rec.get('step')}: SGLang's memory identity fails: available {counts[0]} + "
+                             f"evictable {counts[1]} + protected {counts[2]} + held {counts[3]} = {sum(counts)} "
+                             f"tokens, the pool is {total} (kv.num_blocks x kv.block_size)")
+    return notes, failing
 
 
 def _connector_fields(raw_held: Any, raw_loading: Any, line_no: int, arrivals: Arrivals, source: str
@@ -1409,6 +1433,10 @@ def run_check_log(policy: PolicyInput, log: str | Path, arrivals: str | Path, in
     if cache_note is not None:
         result.notes.insert(0, cache_note)
         result.notes_total += 1
+    if pol.scheduler is Scheduler.SGLANG and not follow:
+        identity, failing = sglang_identity_notes(log, pol)
+        result.notes[:0] = identity
+        result.notes_total += failing
     return result
 
 
