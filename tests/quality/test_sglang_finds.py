@@ -63,3 +63,28 @@ def test_mixed_chunk_lets_the_decode_run_inside_every_prefill_batch():
     (shipped,) = SHIPPED.glob("sglang_prefill_starves_decode__decode_progress__*.json")
     _, violated = run_replay(shipped, FIXED / "prefill_starves_decode_fixed.yaml")
     assert not violated
+
+
+# ------------------------------------------------------------------------- 2. optimistic admission, retraction
+OPTIMISTIC = dict(prompt=(4, 15), output=(1, 8), cancellations=False)
+
+
+def test_an_optimistic_new_token_ratio_admits_into_a_retraction(tmp_path):
+    """SGLANG_INIT_NEW_TOKEN_RATIO=0.05 on an 8-page pool: a 15-token prompt is admitted beside a decoding request
+    whose 8 output tokens are reserved as 0.4 of a token; both decode until the pool is full and retract_decode
+    frees the later one: bounded_preemptions(times=0) fails with two requests at iteration 7."""
+    r = _verify(BROKEN / "sglang_optimistic_admission.yaml", "bounded_preemptions:times=0", 2, 10, tmp_path,
+                **OPTIMISTIC)
+    _assert_minimal_and_shipped(r, 2, 7)
+    first, second = r.specs
+    assert first.prompt_len + first.max_output + second.prompt_len + second.max_output > 8 * 4  # more than the pool
+
+
+def test_a_conservative_ratio_never_retracts_in_the_same_instance():
+    """Ratio 1.0, no decay: the whole remaining output of every running request is reserved, and no request is
+    retracted in any explored state: VACUOUS (a preemption never occurs), not a violation."""
+    r = _verify(FIXED / "optimistic_admission_fixed.yaml", "bounded_preemptions:times=0", 2, 10, **OPTIMISTIC)
+    assert r.verdict is Verdict.VACUOUS, r.line()
+    (shipped,) = SHIPPED.glob("sglang_optimistic_admission__bounded_preemptions__*.json")
+    _, violated = run_replay(shipped, FIXED / "optimistic_admission_fixed.yaml")
+    assert not violated
