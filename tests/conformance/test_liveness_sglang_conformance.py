@@ -156,7 +156,8 @@ class Seen:
             self.flags.add("abort-running")
 
 
-def _conforms(policy: Policy, env: LivenessEnv, depth: int = DEPTH, per_layer: int = PER_LAYER) -> Seen:
+def _conforms(policy: Policy, env: LivenessEnv, depth: int = DEPTH, per_layer: int = PER_LAYER,
+              least: int | None = None) -> Seen:
     """BFS over the engine's own states: key round trip, decisions and successor keys of engine and representative
     under every choice, and the explorer's successors."""
     canon = Canon(policy, env.step_us, env.priorities, env.tenants, env.classes())
@@ -188,7 +189,7 @@ def _conforms(policy: Policy, env: LivenessEnv, depth: int = DEPTH, per_layer: i
             checked += 1
         states = list(following.values())
         layer = states[::max(1, len(states) // per_layer)]  # a spread sample of the layer
-    assert checked > 2 * depth
+    assert checked > (2 * depth if least is None else least)
     return seen
 
 
@@ -369,3 +370,25 @@ def test_an_unvalidated_sglang_policy_with_the_cache_or_a_connector_is_refused_b
         with pytest.raises(InputError) as exc:
             explore(bad, LivenessEnv(1, (4,), (1,)))
         assert str(exc.value).startswith(field), str(exc.value)
+
+
+try:  # the engine's own generator of SGLang policies (checker.strategies), driven by Hypothesis
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from checker.strategies import small_sglang_policies
+except ImportError:  # pragma: no cover - Hypothesis is a test dependency
+    small_sglang_policies = None
+
+if small_sglang_policies is not None:
+    @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(policy=small_sglang_policies(), data=st.data())
+    def test_hypothesis_sglang_policies_step_like_the_engine(policy, data):
+        page = policy.kv.block_size
+        top = max(2, min(policy.max_model_len, policy.kv.num_blocks * page) - 7)  # under SGLang's arrival limit
+        prompts = tuple(data.draw(st.lists(st.integers(1, top), min_size=1, max_size=2, unique=True)))
+        outputs = tuple(data.draw(st.lists(st.integers(1, 6), min_size=1, max_size=2, unique=True)))
+        reads_priority = policy.queue.uses_priority
+        env = LivenessEnv(data.draw(st.integers(1, 3)), prompts, outputs, (0, 1) if reads_priority else (0,),
+                          cancellations=data.draw(st.booleans()), arrivals_per_step=1)
+        _conforms(policy, env, depth=6, per_layer=12, least=5)  # a tiny instance may have few states
