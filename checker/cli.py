@@ -42,22 +42,55 @@ def _schema(args: argparse.Namespace) -> int:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    """Every file is checked (a bad one does not hide the ones after it); exit 2 if any is bad."""
+    """Every file is checked (a bad one does not hide the ones after it); exit 2 if any is bad. With --json, one
+    document on stdout (docs/schemas/validate.schema.json); the error lines still go to stderr."""
     from checker.api import validate_file
     from checker.errors import InputError, UsageError
 
-    bad = 0
+    bad, files = 0, []
     for path in args.files:
         try:
             kind = validate_file(path, args.kind)
         except (InputError, UsageError) as exc:
             bad += 1
             print(f"batchcheck: error: {exc}", file=sys.stderr)
+            files.append(_invalid_file_json(path, args.kind, exc))
             continue
-        print(f"{path}: valid {kind}")
+        files.append({"path": path, "kind": kind, "valid": True, "problems": []})
+        if not args.json:
+            print(f"{path}: valid {kind}")
     if bad and len(args.files) > 1:
         print(f"batchcheck: {bad} of {len(args.files)} files are not valid", file=sys.stderr)
-    return ExitCode.INPUT_ERROR if bad else ExitCode.OK
+    code = ExitCode.INPUT_ERROR if bad else ExitCode.OK
+    if args.json:
+        print(json.dumps({"files": files, "valid": len(files) - bad, "invalid": bad, "exit_code": int(code)}, indent=1))
+    return code
+
+
+def _invalid_file_json(path: str, kind: str | None, exc: BatchcheckError) -> dict:
+    """validate --json's entry for a bad file: the kind it was read as (null where none could be told) and each
+    located problem of the error message, one object each (a UsageError has no Problem: its text is the one)."""
+    import math
+
+    from checker.api import guess_kind
+    from checker.errors import _show
+    from checker.loading import load_document
+
+    if kind is None:
+        try:
+            kind = guess_kind(path, None if path.endswith(".csv") else load_document(path)[0])
+        except BatchcheckError:
+            kind = None
+    problems = []
+    for p in getattr(exc, "problems", None) or []:
+        v = p.value
+        scalar = v is None or isinstance(v, (bool, int)) or (isinstance(v, float) and math.isfinite(v)) or \
+            (isinstance(v, str) and len(v) <= 200)
+        problems.append({"file": exc.source or path, "line": p.line, "field": p.path,
+                         "value": v if scalar else _show(v), "expected": p.expected, "message": p.render(exc.source)})
+    if not problems:
+        problems.append({"file": path, "line": None, "field": "", "value": None, "expected": None, "message": str(exc)})
+    return {"path": path, "kind": kind, "valid": False, "problems": problems}
 
 
 def _bounds(text: str) -> tuple[int, ...]:
@@ -403,6 +436,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = verbs.add_parser("validate", help="validate policy / workload / trace / profile files")
     p.add_argument("files", nargs="+", metavar="FILE")
     p.add_argument("--kind", choices=KINDS, default=None, help="default: guessed from the file")
+    p.add_argument("--json", action="store_true", help="print each file's result (and its problems) as JSON")
     p.set_defaults(run=_validate)
 
     p = verbs.add_parser("simulate", help="run the reference engine on a workload or trace")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -17,6 +18,13 @@ _ints = arg_type(lambda text: tuple(int(part) for part in text.split(",") if par
                  f"integers from 0 to {MAX_TOKENS:,}, comma-separated, like 16,64,256")
 _share = arg_type(float, lambda value: 0.0 <= value < 1.0, "a share >= 0 and < 1, like 0.25")
 _positive = number(int, 1, 1_000_000)
+
+
+def _table_json(table, out: str) -> dict:
+    """What measure and import-vidur --json say of the table they wrote (docs/schemas/calibrate-*.schema.json)."""
+    return {"out": out, "rows": len(table.rows),
+            "kinds": {k: sum(1 for m in table.rows if m.kind == k) for k in ("prefill", "decode", "mixed")},
+            "device": table.device, "model": table.model.model_dump(), "notes": list(table.notes)}
 
 
 def _measure(args: argparse.Namespace) -> int:
@@ -39,6 +47,10 @@ def _measure(args: argparse.Namespace) -> int:
     if show is not None:
         print("\r\033[K", end="", file=sys.stderr, flush=True)
     table.write(args.out)
+    if args.json:
+        print(json.dumps({**_table_json(table, args.out), "wall_s": round(wall_s, 3), "exit_code": int(ExitCode.OK)},
+                         indent=1))
+        return ExitCode.OK
     print(f"{args.out}: {len(table.rows)} batch shapes of {table.model.name} measured on {table.device} "
           f"in {wall_s:.1f} s")
     return ExitCode.OK
@@ -57,6 +69,10 @@ def _import_vidur(args: argparse.Namespace) -> int:
     table = import_vidur(args.directory, model,
                          Grid(prefill_stride=args.prefill_stride, decode_stride=args.decode_stride), args.device)
     table.write(args.out)
+    if args.json:
+        print(json.dumps({**_table_json(table, args.out), "directory": args.directory, "exit_code": int(ExitCode.OK)},
+                         indent=1))
+        return ExitCode.OK
     for note in table.notes:
         print(f"note: {note}")
     kinds = {k: sum(1 for m in table.rows if m.kind == k) for k in ("prefill", "decode", "mixed")}
@@ -78,6 +94,8 @@ def _fit(args: argparse.Namespace) -> int:
     result = fit(table, args.measurements, args.out, args.name, options)
     written = write_fit(result, args.out, plot=not args.no_plot)
     profile = result.profile
+    if args.json:
+        return _fit_json(args, result, written, policies, options)
     ends = [p.max_batched_tokens for p in profile.pieces[:-1]]
     print(f"{args.out}: {len(profile.pieces)} piece{'s' if len(ends) else ''}"
           + (f" (ending at {', '.join(map(str, ends))} scheduled tokens)" if ends else "")
@@ -99,6 +117,30 @@ def _fit(args: argparse.Namespace) -> int:
         for note in extrapolation_notes(policy, profile):
             print(note)
     return ExitCode.OK if met else ExitCode.VIOLATED
+
+
+def _fit_json(args: argparse.Namespace, result, written: list[Path], policies: list, options) -> int:
+    """calibrate fit --json: the profile written and the fit's error (docs/schemas/calibrate-fit.schema.json)."""
+    from checker.calibrate.coverage import extrapolation_notes
+    from checker.calibrate.fit import TARGET_MEDIAN, TARGET_P95
+
+    profile = result.profile
+    code = ExitCode.OK if result.meets_targets() else ExitCode.VIOLATED
+    errors = {}
+    for key, held in (("training", False), ("held_out", True)):
+        count = int(result.held_out.sum() if held else (~result.held_out).sum())
+        errors[key] = {"shapes": count, **result.errors(held)} if count else None
+    print(json.dumps({
+        "measurements": args.measurements, "profile": args.out, "name": profile.name, "device": profile.device,
+        "model": profile.model.model_dump() if profile.model is not None else None,
+        "terms": list(options.terms), "pieces": [p.model_dump() for p in profile.pieces], **errors,
+        "targets": {"median": TARGET_MEDIAN, "p95": TARGET_P95}, "meets_targets": result.meets_targets(),
+        "fit_error": profile.fit_error, "measured_range": profile.calibration.measured_range.model_dump(),
+        "residual_plot": str(written[1]) if len(written) > 1 else None, "written": [str(p) for p in written],
+        "extrapolation": [{"policy": path, "notes": extrapolation_notes(policy, profile)}
+                          for path, policy in zip(args.policy or (), policies)],
+        "exit_code": int(code)}, indent=1))
+    return code
 
 
 def register(verbs) -> None:
@@ -133,6 +175,7 @@ def register(verbs) -> None:
                       ("mixed_chunks", "mixed batches: chunk sizes"), ("mixed_decode_batches", "mixed batches: decodes"),
                       ("mixed_contexts", "mixed batches: contexts")):
         m.add_argument(f"--{key.replace('_', '-')}", dest=key, type=_ints, metavar="N,N,...", help=what)
+    m.add_argument("--json", action="store_true", help="print the table written as JSON")
     m.set_defaults(run=_measure)
 
     v = steps.add_parser("import-vidur", help="iteration times from Vidur's GPU operator profiles",
@@ -152,6 +195,7 @@ def register(verbs) -> None:
                    help=f"keep every N-th profiled prefill shape (default {Grid.prefill_stride})")
     v.add_argument("--decode-stride", type=_positive, default=Grid.decode_stride, metavar="N",
                    help=f"keep every N-th profiled decode shape (default {Grid.decode_stride})")
+    v.add_argument("--json", action="store_true", help="print the table written as JSON")
     v.set_defaults(run=_import_vidur)
 
     f = steps.add_parser("fit", help="fit a profile on a measurement table; error on held-out shapes",
@@ -169,4 +213,5 @@ def register(verbs) -> None:
     f.add_argument("--no-plot", action="store_true", help="do not write the residual plot")
     f.add_argument("--policy", action="append", metavar="POLICY",
                    help="flag the policy's limits beyond the measured range (repeatable)")
+    f.add_argument("--json", action="store_true", help="print the profile written and its error as JSON")
     f.set_defaults(run=_fit)
