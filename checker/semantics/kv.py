@@ -62,16 +62,27 @@ def prefix_hit(s: SchedulerState, r: Request) -> list[int]:
     return s.pool.hit(r)
 
 
+def admission_free(s: SchedulerState) -> int:
+    """Free blocks an admission may take: the watermark is kept free when something is already running."""
+    return free_blocks(s) - (s.policy.kv.watermark_blocks if s.running else 0)
+
+
+def held_with_hit(s: SchedulerState, r: Request, hit: list[int]) -> int:
+    """Blocks a waiting request starts from: its own and its hit's, less the hit blocks that are free (adopting
+    them takes them off the free queue, as vLLM's get_num_blocks_to_allocate counts them)."""
+    cache = s.policy.kv.prefix_caching
+    return r.blocks + len(hit) - (s.pool.num_evictable(hit) if hit and cache.count_evictable_hits else 0)
+
+
 def can_admit(s: SchedulerState, r: Request, n: int, hit: list[int] = NO_HIT) -> bool:
     """A waiting request may be admitted with a first chunk of n tokens (after the hit's tokens, which
     ``r.num_computed`` already counts): the chunk's blocks (and, with reserve_full_prompt, the blocks of
     its whole current sequence) fit with the watermark kept free when something is already running. Hit
-    blocks are not taken from the pool, except those that are free (adopting them takes them off the
-    free queue, as vLLM's get_num_blocks_to_allocate counts them)."""
+    blocks are not taken from the pool, except those that are free (held_with_hit)."""
     p = s.policy
     kv = p.kv
-    free = free_blocks(s) - (kv.watermark_blocks if s.running else 0)
-    held = r.blocks + len(hit) - (s.pool.num_evictable(hit) if hit and kv.prefix_caching.count_evictable_hits else 0)
+    free = admission_free(s)
+    held = held_with_hit(s, r, hit)
     if p.admission.reserve_full_prompt:
         whole = max(target_blocks(s, r, 0), blocks_for(r.num_tokens, kv.block_size)) - held
         if whole > free:
@@ -90,18 +101,26 @@ def adopt(s: SchedulerState, r: Request, hit: list[int]) -> None:
     s.kv_used = pool.num_used
 
 
-def allocate(s: SchedulerState, r: Request, n: int) -> int:
-    """Give the request the blocks for n more tokens; return how many were added. With prefix caching
-    they come from the block pool, and the full blocks among the scheduled tokens are cached."""
-    added = new_blocks(s, r, n)
+def take(s: SchedulerState, r: Request, added: int) -> None:
+    """Give the request ``added`` more blocks (from the block pool's free queue with prefix caching)."""
     r.blocks += added
     pool = s.pool
     if pool is None:
         s.kv_used += added
-        return added
-    pool.take(r, added)
-    pool.cache(r, min(r.num_computed + n, r.prompt_len + r.num_generated))
-    s.kv_used = pool.num_used
+    else:
+        pool.take(r, added)
+        s.kv_used = pool.num_used
+
+
+def allocate(s: SchedulerState, r: Request, n: int) -> int:
+    """Give the request the blocks for n more tokens; return how many were added. With prefix caching
+    they come from the block pool, and the full blocks among the scheduled tokens are cached."""
+    added = new_blocks(s, r, n)
+    take(s, r, added)
+    pool = s.pool
+    if pool is not None:
+        pool.cache(r, min(r.num_computed + n, r.prompt_len + r.num_generated))
+        s.kv_used = pool.num_used
     return added
 
 

@@ -103,6 +103,12 @@ class Request:
         """Prefill (or recompute) until it has an output token and is one token behind."""
         return self.num_generated == 0 or self.num_computed + 1 < self.prompt_len + self.num_generated
 
+    def in_prefill_after(self, n: int) -> bool:
+        """Still in its prefill (or recompute) once n more tokens are computed: a gap left that is not one decode."""
+        tokens = self.prompt_len + self.num_generated
+        computed = self.num_computed + n
+        return computed < tokens and (self.num_generated == 0 or computed + 1 < tokens)
+
     def snapshot(self) -> tuple[int, ...]:
         """The mutable fields, in FIELDS order (conformance tests compare these)."""
         return (int(self.status), int(self.reason), self.num_computed, self.num_generated, self.blocks,

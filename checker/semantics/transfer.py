@@ -63,10 +63,8 @@ def inflight_reserved(s: SchedulerState, out: DecisionBuilder) -> int:
             if r.status is LOADING:
                 total += max(0, kv.blocks_for(min(r.num_tokens, max_len), size) - r.blocks)
     for r in s.running:
-        tokens = r.prompt_len + r.num_generated
-        computed = r.num_computed + scheduled.get(r.rid, 0)
-        if computed < tokens and (r.num_generated == 0 or computed + 1 < tokens):
-            total += max(0, kv.blocks_for(min(tokens, max_len), size) - r.blocks)
+        if r.in_prefill_after(scheduled.get(r.rid, 0)):
+            total += max(0, kv.blocks_for(min(r.num_tokens, max_len), size) - r.blocks)
     return total
 
 
@@ -76,8 +74,8 @@ def can_start_load(s: SchedulerState, r: Request, hit: list[int], ext: int, out:
     and, with reserve_inflight, less what the in-flight prefills still need."""
     p = s.policy
     size = p.kv.block_size
-    free = kv.free_blocks(s) - (p.kv.watermark_blocks if s.running else 0)
-    held = r.blocks + len(hit) - (s.pool.num_evictable(hit) if hit and p.kv.prefix_caching.count_evictable_hits else 0)
+    free = kv.admission_free(s)
+    held = kv.held_with_hit(s, r, hit)
     if p.admission.reserve_full_prompt and kv.blocks_for(r.num_tokens, size) - held > free:
         return False
     reserved = inflight_reserved(s, out) if p.connector.reserve_inflight else 0
@@ -90,13 +88,7 @@ def start_load(s: SchedulerState, r: Request, hit: list[int], ext: int, out: Dec
     if hit:
         kv.adopt(s, r, hit)
     tokens = r.num_computed + ext
-    added = kv.blocks_for(tokens, s.policy.kv.block_size) - r.blocks
-    r.blocks += added
-    if s.pool is None:
-        s.kv_used += added
-    else:
-        s.pool.take(r, added)
-        s.kv_used = s.pool.num_used
+    kv.take(s, r, kv.blocks_for(tokens, s.policy.kv.block_size) - r.blocks)  # uncached: the load fills them
     r.num_computed = tokens
     steps = r.spec.load_steps
     r.transfer_step = NEVER if steps is None else s.step + steps - 1
