@@ -88,3 +88,32 @@ def test_a_conservative_ratio_never_retracts_in_the_same_instance():
     (shipped,) = SHIPPED.glob("sglang_optimistic_admission__bounded_preemptions__*.json")
     _, violated = run_replay(shipped, FIXED / "optimistic_admission_fixed.yaml")
     assert not violated
+
+
+# ------------------------------------------------------------------------- 3. head-of-line blocking
+HOL = dict(prompt=(4, 16))
+
+
+def test_an_unclipped_estimate_blocks_the_queue_head_behind_a_long_decode(tmp_path):
+    """The default clip (4096) counts a queued request's whole max_new_tokens: a 16-token prompt with 16 output
+    tokens does not fit beside a decoding request's estimate and waits for it to finish: bounded_starvation(steps=4)
+    fails with two requests at iteration 4. Not a deadlock: SGLang caps max_new_tokens so every request fits an empty
+    pool, and no_deadlock holds in the same instance."""
+    r = _verify(BROKEN / "sglang_head_of_line.yaml", "bounded_starvation:steps=4", 2, 8, tmp_path, cancellations=False,
+                **HOL)
+    _assert_minimal_and_shipped(r, 2, 4)
+    d = _verify(BROKEN / "sglang_head_of_line.yaml", "no_deadlock", 2, 8, cancellations=False, **HOL)
+    assert d.verdict is Verdict.HOLDS_UP_TO, d.line()
+
+
+def test_clipping_the_estimate_admits_the_head_at_once_and_pays_with_a_retraction(tmp_path):
+    """SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION=4: bounded_starvation(steps=4) HOLDS_UP_TO 2 requests, 8 iterations (with
+    cancellations); the clipped estimate over-admits, and two 16-token prompts with 32 output tokens run the pool out:
+    bounded_preemptions(times=0) fails at iteration 10."""
+    fixed = FIXED / "head_of_line_fixed.yaml"
+    r = _verify(fixed, "bounded_starvation:steps=4", 2, 8, **HOL)
+    assert r.verdict is Verdict.HOLDS_UP_TO, r.line()
+    (shipped,) = SHIPPED.glob("sglang_head_of_line__bounded_starvation__*.json")
+    assert not run_replay(shipped, fixed)[1]
+    price = _verify(fixed, "bounded_preemptions:times=0", 2, 16, tmp_path, cancellations=False, **HOL)
+    assert price.verdict is Verdict.VIOLATED and (price.requests, price.violation_step) == (2, 10), price.line()
