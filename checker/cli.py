@@ -12,6 +12,7 @@ import importlib
 import json
 import os
 import sys
+import threading
 from collections.abc import Callable
 
 from checker import __version__
@@ -652,11 +653,45 @@ def _catch_ctrl_c() -> bool:
 
     def watch() -> None:
         while True:
-            if signal.SIGINT in os.read(read, 64) and "z3" in sys.modules:
+            if signal.SIGINT not in os.read(read, 64):
+                continue
+            if "z3" in sys.modules:
                 sys.modules["z3"].main_ctx().interrupt()  # the check returns; the KeyboardInterrupt follows
+            if not _REDELIVERING.is_set():
+                _REDELIVERING.set()
+                threading.Thread(target=_redeliver, name="batchcheck-ctrl-c-again", daemon=True).start()
 
     threading.Thread(target=watch, name="batchcheck-ctrl-c", daemon=True).start()
+    previous = sys.unraisablehook
+
+    def unraisable(info) -> None:  # a KeyboardInterrupt Python would drop: raised again once the callback returns
+        if isinstance(info.exc_value, KeyboardInterrupt):
+            import _thread
+
+            threading.Timer(UNRAISED_AGAIN_S, _thread.interrupt_main).start()  # from another thread: not in here
+            return
+        previous(info)
+
+    sys.unraisablehook = unraisable
     return True
+
+
+# Ctrl-C reached main (its KeyboardInterrupt handler ran), and a redelivery is under way.
+_INTERRUPT_HANDLED = threading.Event()
+_REDELIVERING = threading.Event()
+REDELIVER_AFTER_S = 0.5
+UNRAISED_AGAIN_S = 0.01
+
+
+def _redeliver() -> None:
+    """A KeyboardInterrupt raised while the main thread runs a garbage-collector callback (Hypothesis installs
+    one) is dropped by Python ("Exception ignored"), and the run would go on to its verdicts. The unraisable hook
+    raises it again; should another path drop it, it is raised again in the main thread every REDELIVER_AFTER_S
+    seconds until main has handled it."""
+    import _thread
+
+    while not _INTERRUPT_HANDLED.wait(REDELIVER_AFTER_S):
+        _thread.interrupt_main()
 
 
 def solver_ctrl_c_off() -> None:
@@ -685,6 +720,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"batchcheck: error: {exc}", file=sys.stderr)
         return int(exc.exit_code)
     except KeyboardInterrupt:  # Ctrl-C: no verdict, one line, exit 130 (never a traceback)
+        _INTERRUPT_HANDLED.set()
         terminal_progress.clear()
         print("batchcheck: interrupted", file=sys.stderr)
         return int(ExitCode.INTERRUPTED)
