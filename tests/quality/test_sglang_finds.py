@@ -117,3 +117,28 @@ def test_clipping_the_estimate_admits_the_head_at_once_and_pays_with_a_retractio
     assert not run_replay(shipped, fixed)[1]
     price = _verify(fixed, "bounded_preemptions:times=0", 2, 16, tmp_path, cancellations=False, **HOL)
     assert price.verdict is Verdict.VIOLATED and (price.requests, price.violation_step) == (2, 10), price.line()
+
+
+# ------------------------------------------------------------------------- 4. priority preemption thrash
+THRASH = dict(prompt=(4, 8), output=(1, 4), cancellations=False)
+
+
+def test_priority_preemption_at_threshold_zero_preempts_one_request_again_and_again(tmp_path):
+    """One row, threshold 0: a priority-1 request is preempted by a priority-0 arrival, re-admitted when it
+    finishes, and preempted again by the next one: bounded_preemptions(times=1) fails with three requests (no two
+    can do it) at iteration 3."""
+    r = _verify(BROKEN / "sglang_priority_thrash.yaml", "bounded_preemptions:times=1", 3, 8, tmp_path, **THRASH)
+    _assert_minimal_and_shipped(r, 3, 3)
+    victim, *urgent = r.specs
+    assert victim.priority == 1 and [u.priority for u in urgent] == [0, 0]
+
+
+def test_a_threshold_at_the_priority_spread_never_preempts():
+    """Threshold 1 with priorities 0 and 1: no request outranks another by more than it; with one row nothing is
+    retracted either, so no request is preempted at all within 3 requests, 4 iterations (past the counterexample's
+    iteration 3): VACUOUS. The counterexample no longer fails under it."""
+    fixed = FIXED / "priority_thrash_fixed.yaml"
+    r = _verify(fixed, "bounded_preemptions:times=1", 3, 4, **THRASH)
+    assert r.verdict is Verdict.VACUOUS, r.line()
+    (shipped,) = SHIPPED.glob("sglang_priority_thrash__bounded_preemptions__*.json")
+    assert not run_replay(shipped, fixed)[1]
