@@ -519,7 +519,7 @@ class Policy(_Strict):
             raise _fail("batch.max_num_batched_tokens", b.max_num_batched_tokens,
                         f">= max_model_len={self.max_model_len} when chunking.enabled is false: "
                         "without chunking a whole prompt must fit one step (vLLM rejects this too)")
-        if b.max_num_seqs > b.max_num_batched_tokens:
+        if b.max_num_seqs > b.max_num_batched_tokens and self.scheduler is not Scheduler.SGLANG:
             raise _fail("batch.max_num_seqs", b.max_num_seqs,
                         f"<= batch.max_num_batched_tokens={b.max_num_batched_tokens}: "
                         "every running request needs at least one token per step")
@@ -593,6 +593,15 @@ class Policy(_Strict):
                         "and others up to max_prefill_tokens")
 
     # Derived facts, computed from the fields above (never stored twice).
+    @property
+    def step_token_bound(self) -> int:
+        """Most tokens one step schedules: the step budget; under SGLang's rules max_num_batched_tokens is the
+        prefill batch's chunk budget, and a decode batch runs every running request (max_num_seqs) beside it."""
+        b = self.batch
+        if self.scheduler is Scheduler.SGLANG:
+            return max(b.max_num_batched_tokens, b.max_num_seqs)
+        return b.max_num_batched_tokens
+
     @property
     def preempts_on_growth(self) -> bool:
         return Trigger.KV_GROWTH_FAILS in self.preemption.triggers

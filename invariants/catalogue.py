@@ -69,8 +69,9 @@ def _kv_fills(o: Any, ctx: TraceContext, t: int, headroom: int = 0) -> Term:
 
 
 def token_budget(o: Any, ctx: TraceContext, t: int) -> Term:
-    """The tokens scheduled in one step never exceed max_num_batched_tokens."""
-    return sum_terms(list(ctx.frames[t].scheduled)) <= ctx.policy.batch.max_num_batched_tokens
+    """The tokens scheduled in one step never exceed max_num_batched_tokens (under SGLang's rules, where that is
+    the prefill chunk budget, a decode step's max_num_seqs rows may be more)."""
+    return sum_terms(list(ctx.frames[t].scheduled)) <= ctx.policy.step_token_bound
 
 
 def _tokens_scheduled(o: Any, ctx: TraceContext, t: int) -> Term:

@@ -477,12 +477,7 @@ def import_sglang_rules(args: list[str], machine: Machine) -> Draft:
         draft.set("sglang.max_prefill_tokens", mpt, mpt_arg.shown)
     running = _running(given, draft, total, ctx)
     comment = "--max-running-requests" if "max-running-requests" in given else "assumed (default)"
-    if chunking and running > chunk:
-        draft.approximate("batch.max_num_seqs", chunk, f"{running} running requests capped at the chunk size "
-                          f"{chunk}: the policy requires batch.max_num_seqs <= batch.max_num_batched_tokens, which "
-                          "is SGLang's chunk budget here (its decode batches are not under it)")
-        running, comment = chunk, "capped at --chunked-prefill-size (approximated)"
-    draft.set("batch.max_num_seqs", running, comment)
+    draft.set("batch.max_num_seqs", running, comment)  # above the chunk budget too: decode batches are not under it
     if chunking:
         draft.set("batch.max_num_batched_tokens", chunk, "--chunked-prefill-size: the chunk budget of a prefill "
                   "batch")

@@ -544,8 +544,9 @@ def _assert_budgets(s: SchedulerState, out: DecisionBuilder, total: int, check_k
     """The end-of-step asserts of vLLM's scheduler; a failure is a bug in batchcheck."""
     p = s.policy
     problems = []
-    if total > p.batch.max_num_batched_tokens:
-        problems.append(f"scheduled {total} tokens > max_num_batched_tokens={p.batch.max_num_batched_tokens}")
+    if total > p.step_token_bound:
+        problems.append(f"scheduled {total} tokens > the step's bound {p.step_token_bound} (max_num_batched_tokens="
+                        f"{p.batch.max_num_batched_tokens})")
     if len(s.running) > p.batch.max_num_seqs:
         problems.append(f"{len(s.running)} running > max_num_seqs={p.batch.max_num_seqs}")
     if check_kv and p.kv.check_allocation and p.kv.prefix_caching.count_evictable_hits and s.kv_used > p.kv.num_blocks:

@@ -130,12 +130,13 @@ def test_the_normal_loop_flag_drops_the_overlap_approximation():
     assert normal.policy == overlap.policy
 
 
-def test_the_running_cap_above_the_chunk_budget_is_approximated():
+def test_more_running_requests_than_the_chunk_budget_are_kept():
+    """Under SGLang's rules max_num_batched_tokens is the prefill chunk budget; a decode batch runs every running
+    request beside it (Policy.step_token_bound), so the running cap is not cut to the chunk."""
     result = rules("--chunked-prefill-size", "256", "--max-running-requests", "300")
-    assert result.policy.batch.max_num_seqs == 256 and result.policy.batch.max_num_batched_tokens == 256
-    assert ("batch.max_num_seqs=256 (300 running requests capped at the chunk size 256: the policy requires "
-            "batch.max_num_seqs <= batch.max_num_batched_tokens, which is SGLang's chunk budget here (its decode "
-            "batches are not under it))") in result.approximated
+    assert result.policy.batch.max_num_seqs == 300 and result.policy.batch.max_num_batched_tokens == 256
+    assert result.policy.step_token_bound == 300
+    assert not [a for a in result.approximated if a.startswith("batch.max_num_seqs")]
 
 
 def test_without_chunking_the_step_budget_is_the_context_plus_the_prefill_budget():
