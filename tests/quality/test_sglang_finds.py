@@ -142,3 +142,19 @@ def test_a_threshold_at_the_priority_spread_never_preempts():
     assert r.verdict is Verdict.VACUOUS, r.line()
     (shipped,) = SHIPPED.glob("sglang_priority_thrash__bounded_preemptions__*.json")
     assert not run_replay(shipped, fixed)[1]
+
+
+# ------------------------------------------------------------------------- fuzz (Hypothesis on the engine)
+def test_fuzz_finds_the_prefill_first_stall_on_the_shipped_sglang_policy(tmp_path):
+    """`fuzz` runs SGLang's rules too: on sglang_v05 (8192-token chunks, no mixed chunk) interactive prompts that
+    arrive together make prefill batches back to back, and an interactive request's time between tokens passes
+    300 ms; shrunk to 3 requests, saved and replayed from its file."""
+    from checker.api import run_fuzz
+    from tests.helpers import WORKLOADS
+
+    (result,) = run_fuzz(FIXED / "sglang_v05.yaml", WORKLOADS / "chat_mixed.yaml", WORKLOADS / "chat_mixed.slo.yaml",
+                         ["interactive_max_tbt"], 60, time_budget_s=120, seed=1, out_dir=tmp_path, database_dir=None)
+    assert result.violated, result.line()
+    assert len(result.trace) <= 4, result.trace
+    text, violated = run_replay(result.counterexample)
+    assert violated, text
