@@ -585,6 +585,11 @@ class Policy(_Strict):
         if p.victim not in allowed:
             raise _fail("preemption.victim", p.victim.value, " or ".join(v.value for v in allowed)
                         + " when scheduler is sglang (--retraction-policy length or priority)")
+        page = self.kv.block_size
+        if self.chunking.enabled and self.batch.max_num_batched_tokens % page:
+            raise _fail("batch.max_num_batched_tokens", self.batch.max_num_batched_tokens,
+                        f"a multiple of kv.block_size={page} when scheduler is sglang (SGLang refuses a "
+                        "--chunked-prefill-size that is not a multiple of --page-size)")
         if not self.chunking.enabled and self.batch.max_num_batched_tokens < self.max_model_len + self.sglang.max_prefill_tokens:
             raise _fail("batch.max_num_batched_tokens", self.batch.max_num_batched_tokens,
                         f">= max_model_len + sglang.max_prefill_tokens = "

@@ -111,7 +111,7 @@ def small_sglang_policies(draw: st.DrawFn) -> Policy:
     chunking = draw(st.booleans())
     max_num_seqs = draw(st.integers(1, 5))
     prefill = draw(st.integers(8, 64))
-    budget = draw(st.integers(max(max_num_seqs, page), 64)) if chunking else max_model_len + prefill
+    budget = page * draw(st.integers(1, 64 // page)) if chunking else max_model_len + prefill  # a page multiple
     priority = draw(st.booleans())
     preempts = priority and draw(st.booleans())
     data = {
