@@ -158,3 +158,19 @@ def test_fuzz_finds_the_prefill_first_stall_on_the_shipped_sglang_policy(tmp_pat
     assert len(result.trace) <= 4, result.trace
     text, violated = run_replay(result.counterexample)
     assert violated, text
+
+
+def test_the_threshold_fixes_only_by_disabling_a_wider_spread_still_thrashes(tmp_path):
+    """The same threshold 1 with clients sending priorities 0, 1 and 2 (a workload declares them): priority 0
+    outranks priority 2 by more than 1, and the priority-2 request is preempted twice again (3 requests, iteration
+    3): a threshold bounds which pairs preempt, not how often one request is preempted."""
+    lengths = "prompt_tokens: {dist: uniform, low: 4, high: 8}, output_tokens: {dist: uniform, low: 1, high: 4}"
+    classes = "\n".join(f"  - {{name: c{p}, priority: {p}, tenant: a, arrival: {{process: poisson, rate_per_s: 1}}, "
+                        f"{lengths}}}" for p in (0, 1, 2))
+    workload = tmp_path / "three_priorities.yaml"
+    workload.write_text(f"name: three_priorities\nseed: 1\nduration_s: 1\nclasses:\n{classes}\n")
+    r = _verify(FIXED / "priority_thrash_fixed.yaml", "bounded_preemptions:times=1", 3, 4, tmp_path, workload=workload,
+                cancellations=False)
+    assert r.verdict is Verdict.VIOLATED and (r.requests, r.violation_step) == (3, 3), r.line()
+    assert not r.notes
+    assert sorted(s.priority for s in r.specs) == [0, 0, 2]
