@@ -45,9 +45,10 @@ from pathlib import Path
 
 from checker.errors import InternalError
 from checker.frames import Frame, TraceContext, frame_from_engine, params_from_engine
-from checker.policy import Allocation, Policy, QueueOrder
+from checker.policy import Allocation, Policy, QueueOrder, Scheduler
 from checker.requests import IDENTITIES, Identity, RequestSpec, identity_content, identity_name
 from checker.semantics.blockpool import BlockPool
+from checker.semantics.sglang import INPUT_MARGIN
 from checker.semantics.state import FIELDS, Request, SchedulerState, Status
 from checker.semantics.step import step
 from checker.smt.ops import IntOps
@@ -137,6 +138,14 @@ _READ_PRIORITY = {"priority_inversion", "degradation_order"}
 _READ_TENANT = {"tenant_fairness"}
 
 
+def longest_prompt(policy: Policy) -> int:
+    """The longest prompt the policy admits to its queue: max_model_len - 1; under SGLang's rules, less SGLang's
+    arrival margin below min(context, pool) - 1 (checker.semantics.sglang.arrival)."""
+    if policy.scheduler is Scheduler.SGLANG:
+        return min(policy.max_model_len - 1, policy.kv.num_blocks * policy.kv.block_size - 1) - INPUT_MARGIN - 1
+    return policy.max_model_len - 1
+
+
 def explicit_environment(policy: Policy, env: Environment, invariants: list[Invariant]) -> ExplicitEnvironment:
     """The finite domains for ``env``'s bounds: prompt lengths at the policy's block and pool boundaries (one
     block, one block and a token, two blocks, a share that fills the pool with N requests, the pool less one
@@ -144,7 +153,7 @@ def explicit_environment(policy: Policy, env: Environment, invariants: list[Inva
     is given; outputs 1, 2 and the range's top (2K by default, beyond the horizon); priorities and tenants only
     where the policy or an invariant reads them."""
     kv = policy.kv
-    size, pool, top = kv.block_size, kv.num_blocks, policy.max_model_len - 1
+    size, pool, top = kv.block_size, kv.num_blocks, longest_prompt(policy)
     named = [(size, "1 block"), (size + 1, "1 block + 1 token"), (2 * size, "2 blocks"),
              ((pool // env.requests) * size,
               f"fills the pool with {env.requests} request{'s' if env.requests > 1 else ''}"),
