@@ -231,6 +231,8 @@ def load_arrivals(path: str | Path) -> Arrivals:
         if not (1 <= row["prompt_tokens"] <= MAX_TOKENS and 1 <= row["output_tokens"] <= MAX_TOKENS):
             raise InputError(Problem(f"[{i}].prompt_tokens/output_tokens", f"{row['prompt_tokens']}/{row['output_tokens']}",
                                      f"both from 1 to {MAX_TOKENS:,}"), source)
+        if row.get("ignore_eos", False).__class__ is not bool:
+            raise InputError(Problem(f"[{i}].ignore_eos", row["ignore_eos"], "true or false"), source)
         rows.append(row)
         contents.append(_content(row, i, source))  # i: the row's position in the file, as the harness numbers it
         transfers.append(_transfer(row, i, source))
@@ -243,7 +245,7 @@ def load_arrivals(path: str | Path) -> Arrivals:
                                  output_len=row["output_tokens"], max_output=row["output_tokens"],
                                  priority=row.get("priority", 0) or 0, tenant=0, cls=0,
                                  cancel_us=None if abort is None else abort * STEP_US, content=contents[i],
-                                 **transfers[i]))
+                                 ignore_eos=row.get("ignore_eos", False), **transfers[i]))
         ids.append(row["id"])
     index = {key: rid for rid, key in enumerate(ids)}
     if len(index) != len(ids):

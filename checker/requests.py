@@ -55,6 +55,9 @@ class RequestSpec:
     external_tokens: int = 0
     load_steps: int | None = 1
     send_steps: int | None = 0
+    # The client asks to ignore EOS (a fixed-length request, as benchmark clients send): read by SGLang's rules
+    # only (checker.semantics.sglang: its estimates take it at its full max output).
+    ignore_eos: bool = False
 
 
 # A prompt identity, as the explicit-state searches choose it (checker/verify/explicit.py, checker/liveness): None

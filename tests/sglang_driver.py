@@ -20,7 +20,7 @@ What is real and what is stubbed (docs/sglang-harness.md says why):
   grammar, LoRA, disaggregation, DP attention, HiCache, and the import of ``torchvision`` (only multimodal model
   configs import it; its PyPI wheel is CUDA-linked and does not load next to the CPU torch).
 
-Input: a JSON list of requests {"id"?, "arrival_step", "prompt_tokens", "output_tokens", "priority"?,
+Input: a JSON list of requests {"id"?, "arrival_step", "prompt_tokens", "output_tokens", "priority"?, "ignore_eos"?,
 "abort_step"?, "prefix_group"?, "hash_ids"?, "hash_block_tokens"?}, as the vLLM driver takes.
 
 Each step s:
@@ -441,7 +441,7 @@ def make_requests(trace):
             base = (int(t["prefix_group"]) if "prefix_group" in t else 1000 + i) * 1_000_000
             prompt = [base + j for j in range(n)]
         reqs.append((rid, int(t["arrival_step"]), t.get("abort_step"), prompt, int(t["output_tokens"]),
-                     t.get("priority")))
+                     t.get("priority"), t.get("ignore_eos")))
     return reqs
 
 
@@ -620,8 +620,9 @@ def run(args, out, sg=None):
 
     by_arrival, aborts = {}, {}
     pending = make_requests(trace)
-    for rid, arrival, abort_step, prompt, n_out, prio in pending:
-        by_arrival.setdefault(arrival, []).append((rid, prompt, n_out, prio))
+    for rid, arrival, abort_step, prompt, n_out, prio, ignore_eos in pending:
+        by_arrival.setdefault(arrival, []).append((rid, prompt, n_out, prio, args.ignore_eos if ignore_eos is None
+                                                   else bool(ignore_eos)))
         if abort_step is not None:
             aborts.setdefault(int(abort_step), []).append(rid)
     last_arrival = max(by_arrival) if by_arrival else 0
@@ -632,8 +633,8 @@ def run(args, out, sg=None):
     for step in range(args.max_steps):
         t0 = time.perf_counter()
         sched.aborted_now = []
-        for rid, prompt, n_out, prio in by_arrival.get(step, []):
-            req = new_req(sg, rid, prompt, n_out, prio, args.ignore_eos)
+        for rid, prompt, n_out, prio, ignore_eos in by_arrival.get(step, []):
+            req = new_req(sg, rid, prompt, n_out, prio, ignore_eos)
             if args.arrival_checks:
                 sched.init_req_max_new_tokens(req)
             live[rid] = open_reqs[rid] = req

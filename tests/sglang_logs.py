@@ -124,6 +124,7 @@ class Case:
     gap: float = 3.0  # mean steps between arrivals
     priorities: tuple[int, ...] = ()  # every request gets one of these (priority traces)
     aborts: float = 0.0  # share of requests aborted (abort_step = arrival + 0..40)
+    ignore_eos: float = 0.0  # share of requests with ignore_eos (fixed-length requests, as benchmark clients send)
     note: str = ""
     extra: dict = field(default_factory=dict, compare=False)
 
@@ -144,6 +145,8 @@ def make_trace(case: Case) -> list[dict]:
             row["priority"] = rng.choice(case.priorities)
         if case.aborts and rng.random() < case.aborts:
             row["abort_step"] = int(step) + rng.randint(0, 40)
+        if case.ignore_eos:
+            row["ignore_eos"] = rng.random() < case.ignore_eos
         rows.append(row)
     return rows
 
@@ -179,6 +182,11 @@ CASES = [
                                  "--chunked-prefill-size", "384", "--schedule-policy", "lof",
                                  "--schedule-conservativeness", "0.5", "--clip-max-new-tokens", "64"), seed=8,
          requests=140, note="page 1, lof, conservativeness 0.5, SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION 64"),
+    Case("ignore_eos_mixed_priority_p4", ("--page-size", "4", "--pool-tokens", "1600", "--max-running-requests", "16",
+                                          "--chunked-prefill-size", "256", "--enable-mixed-chunk",
+                                          "--enable-priority-scheduling"), seed=9, requests=150,
+         priorities=(15, 24, 35, 38, 39, 40), aborts=0.1, ignore_eos=0.5,
+         note="half the requests ignore_eos (add_one_req_ignore_eos, ratio 1), mixed chunk, priority, aborts"),
 ]
 CASE = {c.name: c for c in CASES}
 

@@ -49,7 +49,7 @@ class Adder:
     """One prefill pass's budgets (PrefillAdder and PrefillBudget): tokens are floats where SGLang's are."""
 
     __slots__ = ("s", "page", "clip", "ratio", "rem_input", "rem_chunk", "total_offset", "current_offset",
-                 "can_run", "new_chunked", "preempted")
+                 "can_run", "new_chunked", "preempted", "batch", "req_states")
 
     def __init__(self, s: SchedulerState, batch: list[Request], mixed_rows: int):
         p = s.policy
@@ -65,10 +65,16 @@ class Adder:
         self.can_run: list[tuple[Request, int]] = []  # (request, extend tokens) in admission order
         self.new_chunked: Request | None = None
         self.preempted: list[Request] = []
+        self.batch = batch  # the running batch (priority preemption shrinks it in place)
+        self.req_states: list[tuple[float, int]] | None = None  # add_one_req_ignore_eos's simulation, once built
+
+    def ratio_of(self, r: Request) -> float:
+        """The new-token ratio SGLang applies to a request: 1.0 for a fixed-length one (ignore_eos)."""
+        return 1.0 if r.spec.ignore_eos else self.ratio
 
     def reservation(self, r: Request) -> float:
         """A running request's estimated future tokens (_get_running_request_total_token_offset)."""
-        return min(r.max_output - r.num_generated, self.clip) * self.ratio
+        return min(r.max_output - r.num_generated, self.clip) * self.ratio_of(r)
 
     def available(self) -> int:
         """Free tokens: free pages times the page (the allocator's available_size; no tree, nothing evictable)."""
@@ -113,7 +119,9 @@ class Adder:
         return truncated
 
     def add_one(self, r: Request) -> Verdict:
-        """add_one_req for a request without ignore_eos, the radix cache disabled (no prefix)."""
+        """add_one_req, the radix cache disabled (no prefix)."""
+        if r.spec.ignore_eos:
+            return self.add_one_ignore_eos(r)
         max_new = min(max(r.max_output - r.num_generated, 0), self.clip)
         extend = r.prompt_len + r.num_generated
         self.s.sglang.fill[r.rid] = extend  # init_next_round_input
@@ -132,6 +140,77 @@ class Adder:
         self.can_run.append((r, extend))
         self.reserve(extend, max_new)
         return self.state()
+
+
+    def add_one_ignore_eos(self, r: Request) -> Verdict:
+        """add_one_req_ignore_eos (a fixed-length request with the radix cache disabled): its page-ceiled extend and
+        a page must fit now, and a simulation in which the requests finish in order of tokens left (each then
+        freeing its prompt and output) must keep a token per live request free at every point."""
+        extend = r.prompt_len + r.num_generated
+        self.s.sglang.fill[r.rid] = extend  # init_next_round_input
+        paged = self.ceil_page(extend) + self.page
+        available = self.available()
+        current = available - self.current_offset
+        if not paged <= min(current, available - self.total_offset):
+            return Verdict.NO_TOKEN
+        states = self.req_states
+        if states is None:
+            states = self.req_states = []
+            for q in [r, *self.batch, *(x for x, _ in self.can_run)]:
+                self._add_state(q, False)
+            states.sort(key=lambda x: x[0])
+        else:
+            self._add_state(r, True)
+        rem, freed = current - paged, 0
+        n = len(states)
+        for i, (left, occupied) in enumerate(states):
+            alive = n - i
+            if rem + freed - left * alive <= IGNORE_EOS_RESERVE_TOKENS * alive:
+                return Verdict.NO_TOKEN
+            freed += occupied
+        if self.rem_chunk is None or extend <= self.rem_chunk:
+            self.can_run.append((r, extend))
+            self.reserve(extend, min(r.max_output, self.clip))
+        else:
+            if self.rem_chunk <= 0:
+                return Verdict.OTHER
+            self.can_run.append((r, self.rem_chunk))  # cut at the chunk budget, not at a page boundary
+            self.truncate_earlier_chunk()
+            self.new_chunked = r
+            self.reserve(self.rem_chunk, 0)
+        return self.state()
+
+    def truncate_earlier_chunk(self) -> None:
+        """A second chunk in one pass: unlike add_one_req (whose page-aligned cut of what is left is empty after a
+        cut), the ignore_eos path cuts at the raw chunk budget, and SGLang keeps only the last new_chunked_req. The
+        request cut before it is then taken as prefilled: its forward samples a token after the chunk, and the rest
+        of its prompt is never computed (SGLang 0.5.23, seen in the real scheduler; docs/semantics.md). Its prompt
+        ends where this step's chunk ends."""
+        earlier = self.new_chunked
+        if earlier is not None:
+            n = next(n for q, n in self.can_run if q is earlier)
+            earlier.prompt_len = earlier.num_computed + n - earlier.num_generated
+
+    def _add_state(self, q: Request, insert_sort: bool) -> None:
+        """add_req_state: (tokens left, tokens occupied); insert_sort keeps SGLang's insertion, which puts a request
+        with more tokens left than all the others before the last one."""
+        left = q.max_output * self.ratio_of(q) - q.num_generated
+        if left <= 0:
+            return
+        entry = (left, q.prompt_len + q.num_generated)
+        states = self.req_states
+        if not insert_sort:
+            states.append(entry)
+            return
+        i = 0
+        for i in range(len(states)):
+            if left <= states[i][0]:
+                break
+        states.insert(i, entry)
+
+
+# SGLang's IGNORE_EOS_RESERVE_TOKENS: tokens kept free per live request in the ignore_eos simulation.
+IGNORE_EOS_RESERVE_TOKENS = 1
 
 
 # ----------------------------------------------------------------------------------------- the step's phase 5

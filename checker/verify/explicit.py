@@ -256,7 +256,8 @@ def _freeze(v: object) -> object:
 
 def _spec_key(spec: RequestSpec) -> tuple:
     return (spec.arrival_us, spec.prompt_len, spec.output_len, spec.max_output, spec.priority, spec.tenant,
-            spec.cls, spec.cancel_us, spec.content, spec.external_tokens, spec.load_steps, spec.send_steps)
+            spec.cls, spec.cancel_us, spec.content, spec.external_tokens, spec.load_steps, spec.send_steps,
+            spec.ignore_eos)
 
 
 def is_dead(r: Request) -> bool:

@@ -222,3 +222,26 @@ def test_every_step_keeps_the_pages_and_budgets_consistent(case):
         assert d.num_scheduled_tokens <= max(pol.batch.max_num_batched_tokens, pol.batch.max_num_seqs)
         assert d.num_running <= pol.batch.max_num_seqs
         assert 0.0 <= s.sglang.ratio <= 1.0
+
+
+def test_a_fixed_length_request_cut_after_another_cut_truncates_the_first():
+    """SGLang 0.5.23, as its real scheduler does it (kept log ignore_eos_mixed_priority_p4, step 569): with one
+    request decoding in a mixed batch the chunk budget is 64 - 1 = 63; A (40 tokens) fits whole, B (50) is cut at
+    a page boundary to 20, and the ignore_eos request C is then cut at the raw 3 tokens left and becomes the chunked
+    request in B's place. B is taken as prefilled: it samples a token after its 20 tokens, the rest of its prompt is
+    never computed."""
+    pol = policy(kv={"num_blocks": 200}, batch={"max_num_batched_tokens": 64}, sglang={"mixed_chunk": True})
+    specs = [spec(0, 0, 8, 50), spec(1, 2, 40, 5), spec(2, 2, 50, 5),
+             RequestSpec(3, 2 * STEP, 30, 5, 5, ignore_eos=True)]
+    s, d = run(pol, specs, 3)
+    assert dict(d[2].scheduled) == {1: 40, 2: 20, 3: 3, 0: 1}
+    b = s.requests[2]
+    assert (b.prompt_len, b.num_computed, b.num_generated) == (20, 20, 1)  # its first token after 20 of 50
+    assert s.sglang.chunked == 3
+
+
+def test_a_fixed_length_request_reserves_at_ratio_one():
+    s = SchedulerState(policy(), [RequestSpec(0, 0, 8, 40, 40, ignore_eos=True), spec(1, 0, 8, 40)])
+    step(s, list(s.requests), [], 0)
+    adder = Adder(s, [s.requests[0], s.requests[1]], 0)
+    assert adder.reservation(s.requests[0]) == 39 * 1.0 and adder.reservation(s.requests[1]) == 39 * 0.7
