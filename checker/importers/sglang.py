@@ -121,21 +121,7 @@ def import_sglang(args: list[str], machine: Machine, rules: str = "vllm") -> Dra
     _refusals(given, draft)
 
     # --- KV pool (token granularity, pages of --page-size)
-    page_arg = given.take("page-size")
-    page = 1 if page_arg is None else page_arg.value
-    if page_arg is None:
-        draft.assume("kv.block_size", 1, "--page-size not given: SGLang's default, one token per page")
-    else:
-        draft.set("kv.block_size", page, page_arg.shown)
-    tp_arg = given.take("tensor-parallel-size")
-    tp = 1 if tp_arg is None else tp_arg.value
-    dtype_arg = given.take("kv-cache-dtype")
-    if dtype_arg is not None and dtype_arg.value not in KV_DTYPES:
-        raise refuse(dtype_arg, "one of: " + ", ".join(KV_DTYPES))
-    dtype_bytes = None if dtype_arg is None else KV_DTYPES[dtype_arg.value]
-    total = _pool(given, draft, machine, tp, page, dtype_bytes)
-    if tp_arg is None and machine.given():
-        draft.assume_input("--tp-size", 1, "not given: one GPU, which holds all the weights and KV")
+    page, total, _, _ = _page_and_pool(given, draft, machine)
     draft.set("kv.num_blocks", total // page, "max_total_tokens / page size")
     draft.set("kv.allocation", "on_demand", "approximated: see the header")
     draft.approximate("kv.allocation", "on_demand", "SGLang admits against free KV minus an estimate of the running "
@@ -157,16 +143,8 @@ def import_sglang(args: list[str], machine: Machine, rules: str = "vllm") -> Dra
     priority = _queue(given, draft)
 
     # --- budgets
-    chunk_arg = given.take("chunked-prefill-size")
-    if chunk_arg is None:
-        chunk, why = _chunk_default(machine)
-        draft.assume_input("--chunked-prefill-size", chunk, why)
-    else:
-        chunk = chunk_arg.value
+    chunk = _chunk(given, draft, machine)
     chunking = chunk > 0
-    if chunk_arg is not None and not chunking and chunk != -1:
-        raise refuse(chunk_arg, "a chunk size >= 1, or -1 to disable chunked prefill")
-    draft.set("chunking.enabled", chunking, chunk_arg.shown if chunk_arg is not None else "assumed (default)")
     mpt_arg = given.take("max-prefill-tokens")
     mpt = 16384 if mpt_arg is None else mpt_arg.value
     if mpt_arg is None:
@@ -189,19 +167,10 @@ def import_sglang(args: list[str], machine: Machine, rules: str = "vllm") -> Dra
     draft.set("batch.phase_mode", "prefill_first", "a prefill batch runs whenever one forms; decodes wait")
 
     # --- preemption
-    threshold_arg = given.take("priority-scheduling-preemption-threshold")
-    no_preempt = given.take("disable-priority-preemption")
-    retraction = given.take("retraction-policy")
-    inversion = priority and not (no_preempt is not None and no_preempt.value)
-    if not priority:
-        for arg in (threshold_arg, no_preempt):
-            if arg is not None:
-                draft.ignore(arg, "read only with --enable-priority-scheduling")
+    threshold_arg, retraction, inversion = _preemption_args(given, draft, priority)
     triggers = ["kv_growth_fails"] + (["priority_inversion"] if inversion else [])
     draft.set("preemption.triggers", triggers, "retraction; and priority preemption" if inversion
               else "retraction when decode runs out of KV")
-    if retraction is not None and retraction.value == "priority" and not priority:
-        raise refuse(retraction, "length unless --enable-priority-scheduling is given")
     by_priority = retraction is not None and retraction.value == "priority"
     if inversion and not by_priority:
         draft.set("preemption.victim", "lowest_priority", "approximated: see the header")
@@ -215,14 +184,7 @@ def import_sglang(args: list[str], machine: Machine, rules: str = "vllm") -> Dra
     if retraction is None:
         draft.assume_input("--retraction-policy", "length", "SGLang's default: retract the fewest output tokens "
                            "first")
-    if inversion:
-        if threshold_arg is None:
-            draft.assume("preemption.priority_inversion_threshold", 10, "--priority-scheduling-preemption-threshold "
-                         "not given: SGLang's default")
-        else:
-            draft.set("preemption.priority_inversion_threshold", threshold_arg.value, threshold_arg.shown)
-    elif priority and threshold_arg is not None:
-        draft.ignore(threshold_arg, "--disable-priority-preemption is given")
+    _threshold(draft, threshold_arg, priority, inversion)
     draft.set("preemption.mode", "recompute", "a retracted request loses its KV")
     draft.set("preemption.block_admission_after_preempt", True, "retraction happens in a decode step")
     draft.set("queue.preempted_requeue", "by_order", "approximated: see the header")
@@ -233,34 +195,28 @@ def import_sglang(args: list[str], machine: Machine, rules: str = "vllm") -> Dra
     draft.set("queue.head_of_line", "strict", "the prefill adder stops at the first request that does not fit")
 
     # --- admission, cancellation, timeouts
-    queued = given.take("max-queued-requests")
-    if queued is not None:
-        if priority:
-            raise refuse(queued, "no queue cap with --enable-priority-scheduling: SGLang then aborts the lowest-"
-                         "priority queued request for a higher-priority arrival, which the policy model cannot "
-                         "express")
-        draft.set("admission.max_queue_len", queued.value, queued.shown)
+    _queue_cap(given, draft, priority)
     draft.set("cancellation.release_lag_steps", 1, "a running abort is filtered out at the next step")
-    waiting = given.take("SGLANG_REQ_WAITING_TIMEOUT")
-    if waiting is not None and waiting.value > 0:
-        draft.set("timeouts.queue_timeout_ms", max(1, round(waiting.value * 1000)), waiting.shown)
-        draft.set("timeouts.action", "reject", "SGLang aborts the request (503)")
-    elif waiting is not None:
-        draft.ignore(waiting, "<= 0 disables the timeout")
+    _waiting_timeout(given, draft)
     given.check_all_taken()
     return draft
 
 
-def _refusals(given: Given, draft: Draft) -> None:
+def _refusals(given: Given, draft: Draft, sglang_rules: bool = False) -> None:
+    """What neither mapping can express: refused by name (exit 2). Under the vllm mapping mixed chunk is refused too,
+    and --disable-overlap-schedule is ignored (the sglang rules read it: import_sglang_rules)."""
+    who = "by the sglang rules" if sglang_rules else "for SGLang"
     for name in ("pipeline-parallel-size", "data-parallel-size"):
         arg = given.take(name)
         if arg is not None and arg.value > 1:
             raise refuse(arg, "1: the policy model is one engine running one batch at a time")
-    for name, why in (("enable-dp-attention", "data-parallel attention batches per rank"),
-                      ("enable-mixed-chunk", "mixing decodes into the prefill batch shares its budget in a way the "
-                                             "policy model does not express"),
-                      ("abort-on-priority-when-disabled", "batchcheck workloads give every request a priority, "
-                                                          "which this flag would abort")):
+    unsupported = [("enable-dp-attention", "data-parallel attention batches per rank")]
+    if not sglang_rules:
+        unsupported.append(("enable-mixed-chunk", "mixing decodes into the prefill batch shares its budget in a way "
+                                                  "the policy model does not express"))
+    unsupported.append(("abort-on-priority-when-disabled", "batchcheck workloads give every request a priority, "
+                                                           "which this flag would abort"))
+    for name, why in unsupported:
         arg = given.take(name)
         if arg is not None and arg.value:
             raise refuse(arg, f"false: {why}")
@@ -271,24 +227,107 @@ def _refusals(given: Given, draft: Draft) -> None:
     if mode is not None and mode.value != "null":
         raise refuse(mode, "null: SGLang's disaggregation queues (the decode side's prealloc and transfer queues, "
                      "which reserve KV before the transfer; the prefill side's bootstrap and inflight queues) are not "
-                     "modelled; batchcheck's connector model follows vLLM 0.33's rules (docs/semantics.md)")
+                     + ("modelled by the sglang rules" if sglang_rules else
+                        "modelled; batchcheck's connector model follows vLLM 0.33's rules (docs/semantics.md)"))
     if backend is not None:
         draft.ignore(backend, "no effect without --disaggregation-mode prefill or decode")
     arg = given.take("enable-hierarchical-cache")
     if arg is not None and arg.value:
-        raise refuse(arg, "false: HiCache's host-memory KV tier (loads back into the device pool) is not modelled "
-                     "for SGLang")
+        raise refuse(arg, f"false: HiCache's host-memory KV tier (loads back into the device pool) is not modelled "
+                     f"{who}")
     arg = given.take("SGLANG_REQ_RUNNING_TIMEOUT")
     if arg is not None and arg.value > 0:
         raise refuse(arg, "0: a timeout on running requests is not modelled (only queue timeouts)")
     if arg is not None:
         draft.ignore(arg, "<= 0 disables the timeout")
-    arg = given.take("disable-overlap-schedule")
-    if arg is not None:
-        draft.ignore(arg, "the policy model decides each step after the previous one completed, overlap or not")
+    if not sglang_rules:
+        arg = given.take("disable-overlap-schedule")
+        if arg is not None:
+            draft.ignore(arg, "the policy model decides each step after the previous one completed, overlap or not")
     arg = given.take("default-priority-value")
     if arg is not None:
         draft.ignore(arg, "batchcheck workloads give every request a priority")
+
+
+def _page_and_pool(given: Given, draft: Draft, machine: Machine) -> tuple[int, int, Arg | None, Arg | None]:
+    """--page-size (kv.block_size) and the pool in tokens (_pool); also the --tp-size and --kv-cache-dtype args
+    that sized it."""
+    page_arg = given.take("page-size")
+    page = 1 if page_arg is None else page_arg.value
+    if page_arg is None:
+        draft.assume("kv.block_size", 1, "--page-size not given: SGLang's default, one token per page")
+    else:
+        draft.set("kv.block_size", page, page_arg.shown)
+    tp_arg = given.take("tensor-parallel-size")
+    tp = 1 if tp_arg is None else tp_arg.value
+    dtype_arg = given.take("kv-cache-dtype")
+    if dtype_arg is not None and dtype_arg.value not in KV_DTYPES:
+        raise refuse(dtype_arg, "one of: " + ", ".join(KV_DTYPES))
+    dtype_bytes = None if dtype_arg is None else KV_DTYPES[dtype_arg.value]
+    total = _pool(given, draft, machine, tp, page, dtype_bytes)
+    if tp_arg is None and machine.given():
+        draft.assume_input("--tp-size", 1, "not given: one GPU, which holds all the weights and KV")
+    return page, total, tp_arg, dtype_arg
+
+
+def _chunk(given: Given, draft: Draft, machine: Machine) -> int:
+    """--chunked-prefill-size (chunking.enabled); -1 disables chunked prefill."""
+    chunk_arg = given.take("chunked-prefill-size")
+    if chunk_arg is None:
+        chunk, why = _chunk_default(machine)
+        draft.assume_input("--chunked-prefill-size", chunk, why)
+    else:
+        chunk = chunk_arg.value
+        if chunk == 0 or chunk < -1:
+            raise refuse(chunk_arg, "a chunk size >= 1, or -1 to disable chunked prefill")
+    draft.set("chunking.enabled", chunk > 0, chunk_arg.shown if chunk_arg is not None else "assumed (default)")
+    return chunk
+
+
+def _preemption_args(given: Given, draft: Draft, priority: bool) -> tuple[Arg | None, Arg | None, bool]:
+    """The priority-preemption flags (ignored without priority scheduling): the threshold arg, the
+    --retraction-policy arg, and whether priority preemption is on."""
+    threshold_arg = given.take("priority-scheduling-preemption-threshold")
+    no_preempt = given.take("disable-priority-preemption")
+    retraction = given.take("retraction-policy")
+    inversion = priority and not (no_preempt is not None and no_preempt.value)
+    if not priority:
+        for arg in (threshold_arg, no_preempt):
+            if arg is not None:
+                draft.ignore(arg, "read only with --enable-priority-scheduling")
+    if retraction is not None and retraction.value == "priority" and not priority:
+        raise refuse(retraction, "length unless --enable-priority-scheduling is given")
+    return threshold_arg, retraction, inversion
+
+
+def _threshold(draft: Draft, threshold_arg: Arg | None, priority: bool, inversion: bool) -> None:
+    if inversion:
+        if threshold_arg is None:
+            draft.assume("preemption.priority_inversion_threshold", 10, "--priority-scheduling-preemption-threshold "
+                         "not given: SGLang's default")
+        else:
+            draft.set("preemption.priority_inversion_threshold", threshold_arg.value, threshold_arg.shown)
+    elif priority and threshold_arg is not None:
+        draft.ignore(threshold_arg, "--disable-priority-preemption is given")
+
+
+def _queue_cap(given: Given, draft: Draft, priority: bool) -> None:
+    queued = given.take("max-queued-requests")
+    if queued is not None:
+        if priority:
+            raise refuse(queued, "no queue cap with --enable-priority-scheduling: SGLang then aborts the lowest-"
+                         "priority queued request for a higher-priority arrival, which the policy model cannot "
+                         "express")
+        draft.set("admission.max_queue_len", queued.value, queued.shown)
+
+
+def _waiting_timeout(given: Given, draft: Draft) -> None:
+    waiting = given.take("SGLANG_REQ_WAITING_TIMEOUT")
+    if waiting is not None and waiting.value > 0:
+        draft.set("timeouts.queue_timeout_ms", max(1, round(waiting.value * 1000)), waiting.shown)
+        draft.set("timeouts.action", "reject", "SGLang aborts the request (503)")
+    elif waiting is not None:
+        draft.ignore(waiting, "<= 0 disables the timeout")
 
 
 def _queue(given: Given, draft: Draft) -> bool:
@@ -417,7 +456,7 @@ def import_sglang_rules(args: list[str], machine: Machine) -> Draft:
     ctx = take_length_limit(given, draft, "context-length", "the model's context length: SGLang reads it from the "
                             "model's config, which batchcheck does not have")
     draft.set("scheduler", "sglang", "--rules sglang: SGLang's own loop, prefill adder, ratio and retraction")
-    _rules_refusals(given, draft)
+    _refusals(given, draft, sglang_rules=True)
     _rules_radix(given, draft)
 
     # --- the loop: the rules model event_loop_normal
@@ -429,21 +468,7 @@ def import_sglang_rules(args: list[str], machine: Machine) -> Draft:
                           "overlap loop's")
 
     # --- KV pool, in pages of --page-size
-    page_arg = given.take("page-size")
-    page = 1 if page_arg is None else page_arg.value
-    if page_arg is None:
-        draft.assume("kv.block_size", 1, "--page-size not given: SGLang's default, one token per page")
-    else:
-        draft.set("kv.block_size", page, page_arg.shown)
-    tp_arg = given.take("tensor-parallel-size")
-    tp = 1 if tp_arg is None else tp_arg.value
-    dtype_arg = given.take("kv-cache-dtype")
-    if dtype_arg is not None and dtype_arg.value not in KV_DTYPES:
-        raise refuse(dtype_arg, "one of: " + ", ".join(KV_DTYPES))
-    dtype_bytes = None if dtype_arg is None else KV_DTYPES[dtype_arg.value]
-    total = _pool(given, draft, machine, tp, page, dtype_bytes)
-    if tp_arg is None and machine.given():
-        draft.assume_input("--tp-size", 1, "not given: one GPU, which holds all the weights and KV")
+    page, total, tp_arg, dtype_arg = _page_and_pool(given, draft, machine)
     if not machine.given():
         for arg in (tp_arg, dtype_arg):
             if arg is not None:
@@ -458,16 +483,8 @@ def import_sglang_rules(args: list[str], machine: Machine) -> Draft:
     priority = _rules_queue(given, draft)
 
     # --- budgets
-    chunk_arg = given.take("chunked-prefill-size")
-    if chunk_arg is None:
-        chunk, why = _chunk_default(machine)
-        draft.assume_input("--chunked-prefill-size", chunk, why)
-    else:
-        chunk = chunk_arg.value
-        if chunk == 0 or chunk < -1:
-            raise refuse(chunk_arg, "a chunk size >= 1, or -1 to disable chunked prefill")
+    chunk = _chunk(given, draft, machine)
     chunking = chunk > 0
-    draft.set("chunking.enabled", chunking, chunk_arg.shown if chunk_arg is not None else "assumed (default)")
     mpt_arg = given.take("max-prefill-tokens")
     if mpt_arg is None:
         mpt = 16384
@@ -518,19 +535,10 @@ def import_sglang_rules(args: list[str], machine: Machine) -> Draft:
         draft.set(f"sglang.{key}", value, arg.shown)
 
     # --- preemption: retraction always, priority preemption under priority scheduling
-    threshold_arg = given.take("priority-scheduling-preemption-threshold")
-    no_preempt = given.take("disable-priority-preemption")
-    retraction = given.take("retraction-policy")
-    inversion = priority and not (no_preempt is not None and no_preempt.value)
-    if not priority:
-        for arg in (threshold_arg, no_preempt):
-            if arg is not None:
-                draft.ignore(arg, "read only with --enable-priority-scheduling")
+    threshold_arg, retraction, inversion = _preemption_args(given, draft, priority)
     triggers = ["kv_growth_fails"] + (["priority_inversion"] if inversion else [])
     draft.set("preemption.triggers", triggers, "retraction; and priority preemption (PrefillAdder."
               "preempt_to_schedule)" if inversion else "retraction when decode runs out of KV")
-    if retraction is not None and retraction.value == "priority" and not priority:
-        raise refuse(retraction, "length unless --enable-priority-scheduling is given")
     if retraction is None:
         draft.assume("preemption.victim", "fewest_generated", "--retraction-policy not given: SGLang's default "
                      "length: retract the fewest output tokens first, the longest prompt among equals")
@@ -538,67 +546,13 @@ def import_sglang_rules(args: list[str], machine: Machine) -> Draft:
         draft.set("preemption.victim", "lowest_priority", retraction.shown)
     else:
         draft.set("preemption.victim", "fewest_generated", retraction.shown)
-    if inversion:
-        if threshold_arg is None:
-            draft.assume("preemption.priority_inversion_threshold", 10, "--priority-scheduling-preemption-threshold "
-                         "not given: SGLang's default")
-        else:
-            draft.set("preemption.priority_inversion_threshold", threshold_arg.value, threshold_arg.shown)
-    elif priority and threshold_arg is not None:
-        draft.ignore(threshold_arg, "--disable-priority-preemption is given")
+    _threshold(draft, threshold_arg, priority, inversion)
 
     # --- admission, timeouts
-    queued = given.take("max-queued-requests")
-    if queued is not None:
-        if priority:
-            raise refuse(queued, "no queue cap with --enable-priority-scheduling: SGLang then aborts the lowest-"
-                         "priority queued request for a higher-priority arrival, which the policy model cannot "
-                         "express")
-        draft.set("admission.max_queue_len", queued.value, queued.shown)
-    waiting = given.take("SGLANG_REQ_WAITING_TIMEOUT")
-    if waiting is not None and waiting.value > 0:
-        draft.set("timeouts.queue_timeout_ms", max(1, round(waiting.value * 1000)), waiting.shown)
-        draft.set("timeouts.action", "reject", "SGLang aborts the request (503)")
-    elif waiting is not None:
-        draft.ignore(waiting, "<= 0 disables the timeout")
+    _queue_cap(given, draft, priority)
+    _waiting_timeout(given, draft)
     given.check_all_taken()
     return draft
-
-
-def _rules_refusals(given: Given, draft: Draft) -> None:
-    """What the sglang rules cannot express either: refused by name (exit 2)."""
-    for name in ("pipeline-parallel-size", "data-parallel-size"):
-        arg = given.take(name)
-        if arg is not None and arg.value > 1:
-            raise refuse(arg, "1: the policy model is one engine running one batch at a time")
-    for name, why in (("enable-dp-attention", "data-parallel attention batches per rank"),
-                      ("abort-on-priority-when-disabled", "batchcheck workloads give every request a priority, "
-                                                          "which this flag would abort")):
-        arg = given.take(name)
-        if arg is not None and arg.value:
-            raise refuse(arg, f"false: {why}")
-    arg = given.take("speculative-algorithm")
-    if arg is not None:
-        raise refuse(arg, "no speculative decoding: draft tokens per step are not modelled")
-    mode, backend = given.take("disaggregation-mode"), given.take("disaggregation-transfer-backend")
-    if mode is not None and mode.value != "null":
-        raise refuse(mode, "null: SGLang's disaggregation queues (the decode side's prealloc and transfer queues, "
-                     "which reserve KV before the transfer; the prefill side's bootstrap and inflight queues) are not "
-                     "modelled by the sglang rules")
-    if backend is not None:
-        draft.ignore(backend, "no effect without --disaggregation-mode prefill or decode")
-    arg = given.take("enable-hierarchical-cache")
-    if arg is not None and arg.value:
-        raise refuse(arg, "false: HiCache's host-memory KV tier (loads back into the device pool) is not modelled "
-                     "by the sglang rules")
-    arg = given.take("SGLANG_REQ_RUNNING_TIMEOUT")
-    if arg is not None and arg.value > 0:
-        raise refuse(arg, "0: a timeout on running requests is not modelled (only queue timeouts)")
-    if arg is not None:
-        draft.ignore(arg, "<= 0 disables the timeout")
-    arg = given.take("default-priority-value")
-    if arg is not None:
-        draft.ignore(arg, "batchcheck workloads give every request a priority")
 
 
 def _rules_radix(given: Given, draft: Draft) -> None:
