@@ -126,6 +126,8 @@ class LogStep(NamedTuple):  # a tuple: one is built per log line
     # the requests loading; None when the line has no "held" key.
     held: dict[int, int] | None = None
     loading: list[int] | None = None
+    # An SGLang record with all four pool counts (IDENTITY_KEYS), for its memory identity; None otherwise.
+    pool_counts: tuple[int, int, int, int] | None = None
 
 
 @dataclass
@@ -270,7 +272,9 @@ def parse_step(rec: Any, line_no: int, arrivals: Arrivals, source: str, page: in
             raise TypeError
     except (KeyError, TypeError, IndexError):
         if isinstance(rec, dict) and "free_blocks" not in rec and "available_tokens" in rec:
-            return parse_step(sglang_record(rec, line_no, source, page), line_no, arrivals, source)
+            entry = parse_step(sglang_record(rec, line_no, source, page), line_no, arrivals, source)
+            counts = tuple(rec.get(k) for k in IDENTITY_KEYS)
+            return entry._replace(pool_counts=counts) if all(c.__class__ is int for c in counts) else entry
         missing = [k for k in LOG_KEYS if not isinstance(rec, dict) or k not in rec]
         raise InputError(Problem(missing[0], "<missing>", "the keys " + ", ".join(LOG_KEYS), line_no), source) from None
     index = arrivals.index
@@ -305,10 +309,10 @@ def parse_step(rec: Any, line_no: int, arrivals: Arrivals, source: str, page: in
     raw_held = rec.get("held")
     if raw_held is None:
         return _new_tuple(LogStep, (k, scheduled, lists[0], lists[1], lists[2], running, waiting, free, line_no, None,
-                                    None))
+                                    None, None))
     held, loading = _connector_fields(raw_held, rec.get("loading"), line_no, arrivals, source)
     return _new_tuple(LogStep, (k, scheduled, lists[0], lists[1], lists[2], running, waiting, free, line_no, held,
-                                loading))
+                                loading, None))
 
 
 SGLANG_KEYS = ("retracted", "available_tokens", "evictable_tokens")
@@ -339,25 +343,48 @@ def sglang_record(rec: dict, line_no: int, source: str, page: int) -> dict:
 IDENTITY_KEYS = ("available_tokens", "evictable_tokens", "protected_tokens", "held_tokens")
 
 
+def identity_note(step: Any, counts: tuple | list, total: int) -> str | None:
+    """SGLang's memory identity on one step record: available + evictable + protected + held tokens = the pool
+    (docs/sglang-harness.md, "The memory identity"); the note where it fails, None where it holds."""
+    if sum(counts) == total:
+        return None
+    return (f"step {step}: SGLang's memory identity fails: available {counts[0]} + evictable {counts[1]} + "
+            f"protected {counts[2]} + held {counts[3]} = {sum(counts)} tokens, the pool is {total} "
+            "(kv.num_blocks x kv.block_size)")
+
+
+class IdentityNotes:
+    """The memory identity over a log's steps: the first MAX_NOTES failing steps' notes, and how many fail; nothing
+    if a line lacks the four counts (not such a log)."""
+
+    def __init__(self, policy: Policy):
+        self.total = policy.kv.num_blocks * policy.kv.block_size
+        self.notes: list[str] = []
+        self.failing = 0
+        self.applies = True
+
+    def feed(self, step: Any, counts: tuple | list | None) -> None:
+        if not self.applies:
+            return
+        if counts is None:
+            self.applies, self.notes, self.failing = False, [], 0
+            return
+        note = identity_note(step, counts, self.total)
+        if note is not None:
+            self.failing += 1
+            if len(self.notes) < MAX_NOTES:
+                self.notes.append(note)
+
+
 def sglang_identity_notes(log: str | Path, policy: Policy) -> tuple[list[str], int]:
-    """SGLang's memory identity on a log of its step records that carry all four pool counts: on every step,
-    available + evictable + protected + held tokens = the pool (docs/sglang-harness.md, "The memory identity").
-    Returns the first MAX_NOTES steps where it fails, as notes, and how many fail."""
-    total = policy.kv.num_blocks * policy.kv.block_size
-    notes: list[str] = []
-    failing = 0
+    """IdentityNotes over a log file read on its own (check-log checks it as it streams the log: check_stream)."""
+    identity = IdentityNotes(policy)
     for line_no, raw in log_lines(log):
         rec = parse_line(raw, line_no, str(log))
-        if not isinstance(rec, dict) or any(rec.get(k).__class__ is not int for k in IDENTITY_KEYS):
-            return [], 0  # not such a log (parse_step reports a malformed line)
-        counts = [rec[k] for k in IDENTITY_KEYS]
-        if sum(counts) != total:
-            failing += 1
-            if len(notes) < MAX_NOTES:
-                notes.append(f"step {rec.get('step')}: SGLang's memory identity fails: available {counts[0]} + "
-                             f"evictable {counts[1]} + protected {counts[2]} + held {counts[3]} = {sum(counts)} "
-                             f"tokens, the pool is {total} (kv.num_blocks x kv.block_size)")
-    return notes, failing
+        counts = [rec.get(k) for k in IDENTITY_KEYS] if isinstance(rec, dict) else None
+        identity.feed(rec.get("step") if isinstance(rec, dict) else None,
+                      counts if counts and all(c.__class__ is int for c in counts) else None)
+    return identity.notes, identity.failing
 
 
 def _connector_fields(raw_held: Any, raw_loading: Any, line_no: int, arrivals: Arrivals, source: str
@@ -1332,7 +1359,7 @@ def check_stream(policy: Policy, arrivals: Arrivals, steps: Iterator[LogStep],
                  invariants: list[tuple[Invariant, dict[str, int]]], with_conformance: bool = False,
                  fast_forward: bool = True, stop_early: bool = False,
                  progress: Callable[[CheckLogResult], None] | None = None,
-                 progress_every_s: float = 1.0) -> CheckLogResult:
+                 progress_every_s: float = 1.0, identity: IdentityNotes | None = None) -> CheckLogResult:
     """Check a stream of log steps: the first violation (as check_log finds it), the notes, and with
     ``with_conformance`` the comparison with the engine (as conformance computes it). Without
     ``stop_early`` every step is read (the notes and conformance cover the whole log, as the reference
@@ -1352,6 +1379,8 @@ def check_stream(policy: Policy, arrivals: Arrivals, steps: Iterator[LogStep],
                 result.notes.append(obs.note())
         if lockstep is not None:
             lockstep.feed(entry)
+        if identity is not None:
+            identity.feed(entry.step, entry.pool_counts)
         if stop_early:
             result.done = obs.done
             if result.violation is not None:
@@ -1428,17 +1457,17 @@ def run_check_log(policy: PolicyInput, log: str | Path, arrivals: str | Path, in
             cache_note = f"not checked under {under}: {', '.join(t.split(':', 1)[0] for t in blind)} ({because})"
     chosen = [parse_invariant(text) for text in names]
     waiter = Follow(idle_s=follow_idle_s) if follow else None
+    identity = IdentityNotes(pol) if pol.scheduler is Scheduler.SGLANG and not follow else None
     result = check_stream(pol, arr, stream_log(log, arr, waiter, pol.kv.block_size), chosen, with_conformance, fast_forward,
-                          stop_early=follow, progress=progress)
+                          stop_early=follow, progress=progress, identity=identity)
     if waiter is not None and result.stopped is None:
         result.stopped = waiter.stopped or "idle"
     if cache_note is not None:
         result.notes.insert(0, cache_note)
         result.notes_total += 1
-    if pol.scheduler is Scheduler.SGLANG and not follow:
-        identity, failing = sglang_identity_notes(log, pol)
-        result.notes[:0] = identity
-        result.notes_total += failing
+    if identity is not None:
+        result.notes[:0] = identity.notes
+        result.notes_total += identity.failing
     return result
 
 

@@ -31,8 +31,8 @@ def _same(policy, rs):
 
 
 @st.composite
-def decode_heavy(draw):
-    policy = draw(small_policies())
+def decode_heavy(draw, policies=small_policies()):
+    policy = draw(policies)
     n = draw(st.integers(1, 10))
     specs, t = [], 0
     for rid in range(n):
@@ -53,24 +53,9 @@ def test_fast_forward_equals_plain_stepping_on_generated_traces(case):
     _same(*case)
 
 
-@st.composite
-def sglang_decode_heavy(draw):
-    policy = draw(small_sglang_policies())
-    n = draw(st.integers(1, 10))
-    specs, t = [], 0
-    for rid in range(n):
-        t += draw(st.integers(0, 200_000))
-        output = draw(st.integers(1, 60))
-        cancel = draw(st.none() | st.integers(0, 400_000))
-        specs.append(RequestSpec(rid=rid, arrival_us=t, prompt_len=draw(st.integers(1, policy.max_model_len)),
-                                 output_len=output, max_output=output + draw(st.integers(0, 5)),
-                                 priority=draw(st.integers(0, 4)), cancel_us=None if cancel is None else t + cancel))
-    return policy, RequestSet(specs, ["c"], ["a"], "generated")
-
-
 @settings(max_examples=200, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.too_slow])
-@given(case=sglang_decode_heavy())
+@given(case=decode_heavy(small_sglang_policies()))
 def test_fast_forward_equals_plain_stepping_under_sglang_rules(case):
     """SGLang's stretches also decay the new-token ratio: the final state (ratio and flags included) is equal."""
     _same(*case)
