@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from enum import IntEnum
 
-from checker.policy import Polarity, QueueOrder, SGLangQueue, Victim
+from checker.policy import Polarity, Policy, QueueOrder, SGLangQueue, Victim
 from checker.semantics import kv
 from checker.semantics.decision import DecisionBuilder
 from checker.semantics.state import Reason, Request, SchedulerState, SGLangState, Status
@@ -438,6 +438,16 @@ def retraction_key(s: SchedulerState) -> Callable[[Request], tuple]:
 INPUT_MARGIN = 5
 
 
+def max_request_len(policy: Policy) -> int:
+    """SGLang's max_req_len: the context or the pool in tokens, less one (tp_worker.get_worker_info)."""
+    return min(policy.max_model_len - 1, policy.kv.num_blocks * policy.kv.block_size - 1)
+
+
+def longest_prompt(policy: Policy) -> int:
+    """The longest prompt arrival admits: max_req_input_len - 1."""
+    return max_request_len(policy) - INPUT_MARGIN - 1
+
+
 def arrival(s: SchedulerState, r: Request) -> Reason:
     """handle_generate_request's checks: a prompt of max_req_input_len tokens or more is aborted (max_req_len is the
     context or the pool, less one); max_new_tokens is capped at what is left of max_req_len, and at what an empty
@@ -446,7 +456,7 @@ def arrival(s: SchedulerState, r: Request) -> Reason:
     p = s.policy
     page = p.kv.block_size
     capacity = p.kv.num_blocks * page
-    max_req_len = min(p.max_model_len - 1, capacity - 1)
+    max_req_len = max_request_len(p)
     if r.prompt_len >= max_req_len - INPUT_MARGIN:
         return Reason.PROMPT_TOO_LONG
     cap = max(0, min(max_req_len - r.prompt_len - 1, capacity - -(-r.prompt_len // page) * page - page - 1))

@@ -48,7 +48,7 @@ from checker.frames import Frame, TraceContext, frame_from_engine, params_from_e
 from checker.policy import Allocation, Policy, QueueOrder, Scheduler
 from checker.requests import IDENTITIES, Identity, RequestSpec, identity_content, identity_name
 from checker.semantics.blockpool import BlockPool
-from checker.semantics.sglang import INPUT_MARGIN
+from checker.semantics import sglang
 from checker.semantics.state import FIELDS, Request, SchedulerState, Status
 from checker.semantics.step import step
 from checker.smt.ops import IntOps
@@ -142,7 +142,7 @@ def longest_prompt(policy: Policy) -> int:
     """The longest prompt the policy admits to its queue: max_model_len - 1; under SGLang's rules, less SGLang's
     arrival margin below min(context, pool) - 1 (checker.semantics.sglang.arrival)."""
     if policy.scheduler is Scheduler.SGLANG:
-        return min(policy.max_model_len - 1, policy.kv.num_blocks * policy.kv.block_size - 1) - INPUT_MARGIN - 1
+        return sglang.longest_prompt(policy)
     return policy.max_model_len - 1
 
 
