@@ -233,18 +233,49 @@ def _invariant(res: _Resolver, loc: tuple[Any, ...], text: str):
         raise res.fail(loc, text, exc.problems[0].expected) from None
 
 
+def _outside(root: Path, module: str) -> str | None:
+    """Where an ``invariant_modules`` entry lies when that is outside ``root`` (the config's folder), else None
+    (inside, or not found: the import reports that). A dotted name is looked up without running it: the
+    top-level package's location (``importlib.util.find_spec`` of one name imports nothing)."""
+    import importlib.util
+
+    if module.endswith(".py"):
+        places = [root / module]
+    else:
+        try:
+            spec = importlib.util.find_spec(module.split(".")[0])
+        except (ImportError, ValueError):
+            return None
+        if spec is None:
+            return None
+        places = [Path(p) for p in (spec.submodule_search_locations or [])] or \
+            ([Path(spec.origin)] if spec.origin and spec.has_location else [])
+        if not places:
+            return f"{module} is built into Python"
+    inside = root.resolve()
+    for place in places:
+        if not place.resolve().is_relative_to(inside):
+            return f"{module} is {place.resolve()}"
+    return None
+
+
 def build_plan(config: CiConfig, lines: LineMap, source: str, only: list[str] | None = None,
-               base: str | None = None) -> Plan:
+               base: str | None = None, allow_outside_modules: bool = False) -> Plan:
     """Resolve globs, load and check every input, and list the checks (``only``: keep the checks of
     these policy files, e.g. the ones a pull request changed). ``base``: a git ref; [[diff]] entries without
     old/new compare each changed policy with its version there, and without ``only`` the checks kept are
-    those of the policy files changed since it (all of them when the config itself changed)."""
+    those of the policy files changed since it (all of them when the config itself changed).
+    ``allow_outside_modules``: ``invariant_modules`` may name code outside the config's folder (ci
+    --allow-outside-modules; by default refused: a config is code execution, docs/ci.md)."""
     root = Path(source).resolve().parent
     changed = changed_files(root, base) if base is not None else None
     res = _Resolver(config, lines, source, root)
     d = config.defaults
     modules: list[InputFile | str] = []
     for i, module in enumerate(config.invariant_modules):
+        if not allow_outside_modules and (outside := _outside(root, module)) is not None:
+            raise res.fail(("invariant_modules", i), module, f"a module inside {root} (it is code that ci runs: "
+                           f"{outside}; ci --allow-outside-modules allows it)")
         ref = res.file(("invariant_modules", i), module, "invariant module") if module.endswith(".py") else module
         try:
             load_invariant_modules([ref])

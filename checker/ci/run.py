@@ -64,18 +64,19 @@ def find_config(start: Path | None = None) -> Path:
 def run_ci(config: str | Path | None = None, jobs: int | None = None, scheduler: Any = None,
            junit: str | None = None, sarif: str | None = None, summary: str | None = None,
            policies: list[str] | None = None, done: Callable[[int, int, Check, Result], None] | None = None,
-           base: str | None = None) -> CiOutcome:
+           base: str | None = None, allow_outside_modules: bool = False) -> CiOutcome:
     """Run the checks a project config names (``policies``: only those of these policy files). ``jobs``:
     local worker processes (default: the config's ``jobs``, else the CPU count); ``scheduler``: a Dask
     scheduler address or distributed.Client instead. Bad input raises InputError before anything runs;
     files are written only after every check has finished. Without ``config``, the nearest batchcheck.toml
     from the working directory up is used. ``base``: a git ref (``ci --base``): the checks of the policy files
-    changed since it, and [[diff]] entries without old/new compare each with its version there."""
+    changed since it, and [[diff]] entries without old/new compare each with its version there.
+    ``allow_outside_modules``: ``invariant_modules`` may name code outside the config's folder."""
     started = time.monotonic()
     if config is None:
         config = find_config()
     cfg, lines = load_config(config)
-    plan = build_plan(cfg, lines, str(config), policies, base)
+    plan = build_plan(cfg, lines, str(config), policies, base, allow_outside_modules)
     checks = plan.checks
     total = len(checks)
 

@@ -26,7 +26,8 @@ def _ci(args: argparse.Namespace) -> int:
 
     only = (args.policy or []) + args.policies
     outcome = run_ci(args.config, jobs=args.jobs, scheduler=args.scheduler, junit=args.junit, sarif=args.sarif,
-                     summary=args.summary, policies=only or None, done=done, base=args.base)
+                     summary=args.summary, policies=only or None, done=done, base=args.base,
+                     allow_outside_modules=args.allow_outside_modules)
     if progress:
         print("\r\033[K", end="", file=sys.stderr, flush=True)
     if args.json:
@@ -74,6 +75,8 @@ def register(verbs) -> None:
     p.add_argument("--base", metavar="REF", help="a git ref (e.g. origin/main): only the checks of the policy files "
                    "changed since it (all when batchcheck.toml changed), and [[diff]] entries without old/new "
                    "compare each changed policy with its version at REF")
+    p.add_argument("--allow-outside-modules", action="store_true", help="let the config's invariant_modules name "
+                   "code outside its folder (it is imported and run: docs/ci.md, \"Invariant modules run code\")")
     p.add_argument("--junit", metavar="FILE", help="write JUnit XML here")
     p.add_argument("--sarif", metavar="FILE", help="write SARIF 2.1.0 here (for code scanning)")
     p.add_argument("--summary", metavar="FILE", help="write a markdown summary here (for a PR comment)")
