@@ -242,15 +242,17 @@ def run_import(system: str, args: list[str] | tuple[str, ...] = (), config: str 
 # ----------------------------------------------------------------------------------------- CI gating
 def run_ci(config: str | Path | None = None, jobs: int | None = None, scheduler=None,
            junit: str | None = None, sarif: str | None = None, summary: str | None = None,
-           policies: list[str] | None = None, done=None, base: str | None = None):
+           policies: list[str] | None = None, done=None, base: str | None = None,
+           allow_outside_modules: bool = False):
     """Run the checks a project config (batchcheck.toml, docs/ci.md) names, in parallel (``jobs`` local
     processes, or a Dask ``scheduler`` address / distributed.Client); write JUnit XML, SARIF 2.1.0 and a
     markdown summary once all have finished. ``policies``: only the checks of these policy files; ``base``: a
-    git ref, only the checks of the policy files changed since it, base diffs against it. Returns
+    git ref, only the checks of the policy files changed since it, base diffs against it;
+    ``allow_outside_modules``: the config's ``invariant_modules`` may name code outside its folder. Returns
     a checker.ci.run.CiOutcome (findings, exit code). Bad config: InputError (exit 2), nothing written."""
     from checker.ci.run import run_ci as _run_ci
 
-    return _run_ci(config, jobs, scheduler, junit, sarif, summary, policies, done, base)
+    return _run_ci(config, jobs, scheduler, junit, sarif, summary, policies, done, base, allow_outside_modules)
 
 
 # ----------------------------------------------------------------------------------------- bug reports
