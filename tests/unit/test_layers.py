@@ -26,7 +26,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
      "checker.liveness.explore", "checker.liveness.canon", "checker.liveness.lasso", "checker.liveness.properties",
      "invariants"),
     ("checker.verify", "checker.fuzz", "checker.diff", "checker.audit", "checker.liveness.check", "checker.checklog",
-     "checker.checkmetrics"),
+     "checker.checkmetrics", "checker.fleet"),
     ("checker.report", "checker.bugreport", "checker.ci"),
     ("checker.api",),
     CLI_LAYER,

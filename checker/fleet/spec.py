@@ -1,0 +1,367 @@
+"""The fleet spec: replicas behind a router, the clients that send to it, the faults injected, and the
+properties the fleet is held to (docs/fleet.md). YAML, validated by pydantic; every error names the file, the
+field path, the value and what is allowed (checker/loading.py).
+
+A fleet file names its replicas' policies and profiles (paths relative to the fleet file, or the names of
+shipped examples) and, optionally, an SLO file whose ``latency`` (ttft_ms, e2e_ms) and ``rejection_rate``
+properties are evaluated across the fleet.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic_core import PydanticCustomError
+
+from checker.errors import InputError, Problem
+from checker.fuzz.slo import LatencyBound, Property, RejectionRate, SLOFile
+from checker.inputfiles import load_policy
+from checker.loading import load_document, load_model, validate
+from checker.policy import MAX_MS, Policy
+from checker.profile import Profile, load_profile
+
+MAX_REPLICAS = 1024
+MAX_RETRIES = 100
+MAX_FACTOR = 1000.0
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+
+def _fail(field: str, value: object, expected: str) -> PydanticCustomError:
+    return PydanticCustomError("consistency", "", {"field": field, "value": value, "expected": expected})
+
+
+Ms = Annotated[float, Field(ge=0, le=MAX_MS)]
+
+
+# ----------------------------------------------------------------------------------------- replicas
+class ReplicaGroup(_Strict):
+    """``count`` identical replicas: one policy, one service-curve profile. Groups may differ (heterogeneous)."""
+
+    name: Annotated[str, Field(min_length=1, pattern=r"^[A-Za-z0-9_.]+$")]
+    policy: Annotated[str, Field(min_length=1)]
+    """A policy file (relative to the fleet file) or a shipped policy's name (vllm_v1)."""
+    profile: str | None = None
+    """A profile file (relative to the fleet file) or a shipped profile's name (default: default_linear)."""
+    count: Annotated[int, Field(ge=1, le=MAX_REPLICAS)] = 1
+
+    def replica_names(self) -> list[str]:
+        return [self.name] if self.count == 1 else [f"{self.name}-{i}" for i in range(self.count)]
+
+
+class Pools(_Strict):
+    """How the replicas share the work: ``shared`` (each replica prefills and decodes its requests). Disaggregated
+    prefill and decode pools are refused by name for now (docs/fleet.md)."""
+
+    kind: Literal["shared", "disaggregated"] = "shared"
+    transfer_ms: Ms = 0.0
+
+    @model_validator(mode="after")
+    def _shared_only(self) -> Pools:
+        if self.kind == "disaggregated":
+            raise _fail("kind", "disaggregated", "shared (disaggregated prefill/decode pools are not modelled yet: "
+                                                 "docs/fleet.md, Not yet)")
+        return self
+
+
+# ----------------------------------------------------------------------------------------- router
+class Strategy(StrEnum):
+    ROUND_ROBIN = "round_robin"
+    LEAST_OUTSTANDING = "least_outstanding"  # fewest requests routed there and not yet ended
+    LEAST_KV_LOAD = "least_kv_load"  # smallest share of its KV pool in use
+    PREFIX_AWARE = "prefix_aware"  # longest prompt prefix already sent there, unless over the load cap
+    SESSION_AFFINITY = "session_affinity"  # the replica its session went to first
+
+
+class Router(_Strict):
+    strategy: Strategy = Strategy.ROUND_ROBIN
+    staleness_ms: Ms = 0.0
+    """The router sees each replica's load as it was this long ago (0: as it is)."""
+    load_cap: Annotated[int | None, Field(ge=1, le=1_000_000)] = None
+    """prefix_aware only: a replica with this many outstanding requests (in the router's view) is passed over
+    for the least outstanding one (None: no cap)."""
+
+    @model_validator(mode="after")
+    def _cap_for_prefix(self) -> Router:
+        if self.load_cap is not None and self.strategy is not Strategy.PREFIX_AWARE:
+            raise _fail("load_cap", self.load_cap, f"no load_cap with strategy {self.strategy.value} (it caps "
+                                                   "prefix_aware's choice only)")
+        return self
+
+
+# ----------------------------------------------------------------------------------------- clients
+class Jitter(StrEnum):
+    NONE = "none"  # the backoff delay itself
+    FULL = "full"  # uniform in [0, delay]
+    EQUAL = "equal"  # delay / 2 plus uniform in [0, delay / 2]
+
+
+class Backoff(_Strict):
+    """Retry k (1, 2, ...) waits min(max_ms, initial_ms * multiplier ** (k - 1)), jittered; the jitter is drawn
+    from a stream seeded by (seed, request, attempt), so a run is reproducible."""
+
+    initial_ms: Ms = 0.0
+    multiplier: Annotated[float, Field(ge=1, le=1000)] = 2.0
+    max_ms: Ms = 60_000.0
+    jitter: Jitter = Jitter.NONE
+    seed: Annotated[int, Field(ge=0, le=2**32 - 1)] = 0
+
+
+class RetryBudget(_Strict):
+    """Retries allowed so far: ``min_retries + ratio * requests sent so far`` (first attempts only)."""
+
+    ratio: Annotated[float, Field(ge=0, le=1000)] = 0.1
+    min_retries: Annotated[int, Field(ge=0, le=1_000_000_000)] = 10
+
+
+class OnFailure(StrEnum):
+    RETRY = "retry"
+    GIVE_UP = "give_up"
+
+
+class Client(_Strict):
+    """The clients sending the requests of some classes: a first-token timeout, what a rejection (an admission
+    rejection, a lost replica, no replica to route to) or a timeout means to them, retries and their budget."""
+
+    name: Annotated[str, Field(min_length=1)]
+    classes: list[str] | None = None
+    """The request classes this client sends (None: every class no other client names)."""
+    timeout_ms: Annotated[float | None, Field(gt=0, le=MAX_MS)] = None
+    """No first token this long after sending: the client cancels the attempt (None: it waits for ever)."""
+    on_reject: OnFailure = OnFailure.RETRY
+    on_timeout: OnFailure = OnFailure.RETRY
+    max_retries: Annotated[int, Field(ge=0, le=MAX_RETRIES)] = 0
+    """Retries of one request at most (0: never retry)."""
+    backoff: Backoff = Backoff()
+    budget: RetryBudget | None = None
+    """This client's retry budget (None: none beyond max_retries)."""
+
+
+# ----------------------------------------------------------------------------------------- faults
+class SlowFault(_Strict):
+    """Steps of the replica that start in [start_ms, end_ms) take ``factor`` times their service curve."""
+
+    kind: Literal["slow"]
+    replica: str
+    start_ms: Ms
+    end_ms: Ms
+    factor: Annotated[float, Field(ge=1, le=MAX_FACTOR)]
+
+    @model_validator(mode="after")
+    def _ordered(self) -> SlowFault:
+        if self.end_ms <= self.start_ms:
+            raise _fail("end_ms", self.end_ms, f"> start_ms={self.start_ms:g}")
+        return self
+
+
+class LostRule(StrEnum):
+    FAIL = "fail"  # its requests fail (reason replica_lost): their clients see a rejection
+    REROUTE = "reroute"  # the router sends them again, from scratch, to the other replicas
+
+
+class LostFault(_Strict):
+    """The replica is lost at ``at_ms``: its requests fail or are re-routed (``rule``). The router notices after
+    ``detect_ms`` (until then what it sends there fails at once); the replica comes back empty
+    ``recover_after_ms`` after the loss (None: never), its steps ``warmup_factor`` times slower for
+    ``warmup_ms``."""
+
+    kind: Literal["lost"]
+    replica: str
+    at_ms: Ms
+    rule: LostRule = LostRule.FAIL
+    detect_ms: Ms = 0.0
+    recover_after_ms: Annotated[float | None, Field(gt=0, le=MAX_MS)] = None
+    warmup_ms: Ms = 0.0
+    warmup_factor: Annotated[float, Field(ge=1, le=MAX_FACTOR)] = 1.0
+
+    @model_validator(mode="after")
+    def _detect_before_recovery(self) -> LostFault:
+        if self.recover_after_ms is not None and self.detect_ms > self.recover_after_ms:
+            raise _fail("detect_ms", self.detect_ms, f"<= recover_after_ms={self.recover_after_ms:g}")
+        return self
+
+
+class ViewLostFault(_Strict):
+    """In [start_ms, end_ms) the router's view of the replica's load stays as it was at start_ms."""
+
+    kind: Literal["view_lost"]
+    replica: str
+    start_ms: Ms
+    end_ms: Ms
+
+    @model_validator(mode="after")
+    def _ordered(self) -> ViewLostFault:
+        if self.end_ms <= self.start_ms:
+            raise _fail("end_ms", self.end_ms, f"> start_ms={self.start_ms:g}")
+        return self
+
+
+Fault = Annotated[Union[SlowFault, LostFault, ViewLostFault], Field(discriminator="kind")]
+
+
+# ----------------------------------------------------------------------------------------- properties
+class FleetProperties(_Strict):
+    max_retry_amplification: Annotated[float | None, Field(ge=1, le=1000)] = None
+    """Requests offered to the router (first attempts, retries, re-routes) per unique request, at most."""
+    every_request_accounted: bool = True
+    """Each request finishes, is cancelled by its client, or ends with a reason (none left stuck)."""
+    recovery_window_ms: Annotated[float, Field(gt=0, le=MAX_MS)] = 10_000.0
+    """The sliding window of arrivals over which a class's p99 TTFT is taken for recovery times."""
+
+
+class Fleet(_Strict):
+    format: Literal["batchcheck-fleet"] = "batchcheck-fleet"
+    name: str | None = None
+    replicas: Annotated[list[ReplicaGroup], Field(min_length=1)]
+    pools: Pools = Pools()
+    router: Router = Router()
+    clients: Annotated[list[Client], Field(min_length=1)] = [Client(name="default")]
+    global_retry_budget: RetryBudget | None = None
+    """A retry budget shared by every client (None: none)."""
+    faults: list[Fault] = []
+    slo: str | None = None
+    """An SLO file (relative to the fleet file, or a shipped SLO's name): its latency (ttft_ms, e2e_ms) and
+    rejection_rate properties, held across the fleet."""
+    properties: FleetProperties = FleetProperties()
+
+    def replica_names(self) -> list[str]:
+        return [n for g in self.replicas for n in g.replica_names()]
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Fleet:
+        names = self.replica_names()
+        seen: set[str] = set()
+        for i, g in enumerate(self.replicas):
+            for n in g.replica_names():
+                if n in seen:
+                    raise _fail(f"replicas.{i}.name", g.name, "a replica name used once (a group of count N > 1 "
+                                                              "names its replicas NAME-0 ... NAME-(N-1))")
+                seen.add(n)
+        if len(names) > MAX_REPLICAS:
+            raise _fail("replicas", f"{len(names)} replicas", f"at most {MAX_REPLICAS} replicas in all")
+        for i, f in enumerate(self.faults):
+            if f.replica not in seen:
+                raise _fail(f"faults.{i}.replica", f.replica, "a replica of the fleet: " + ", ".join(names))
+        lost = [f for f in self.faults if isinstance(f, LostFault)]
+        for i, f in enumerate(self.faults):
+            if isinstance(f, LostFault) and sum(1 for g in lost if g.replica == f.replica) > 1:
+                raise _fail(f"faults.{i}.replica", f.replica, "one lost fault per replica")
+        clients = [c.name for c in self.clients]
+        catch_all = [i for i, c in enumerate(self.clients) if c.classes is None]
+        for i, c in enumerate(self.clients):
+            if clients.index(c.name) != i:
+                raise _fail(f"clients.{i}.name", c.name, "a client name used once")
+        if len(catch_all) > 1:
+            raise _fail(f"clients.{catch_all[1]}.classes", None, "a list of classes (only one client may take "
+                                                                 "every class no other client names)")
+        claimed: dict[str, int] = {}
+        for i, c in enumerate(self.clients):
+            for cls in c.classes or []:
+                if cls in claimed:
+                    raise _fail(f"clients.{i}.classes", cls, f"a class no other client sends (clients.{claimed[cls]} "
+                                                             "sends it)")
+                claimed[cls] = i
+        return self
+
+
+# ----------------------------------------------------------------------------------------- loading
+@dataclass(frozen=True)
+class Replica:
+    """One replica as the simulation runs it."""
+
+    name: str
+    group: str
+    policy: Policy
+    profile: Profile
+
+
+@dataclass(frozen=True)
+class LoadedFleet:
+    spec: Fleet
+    source: str
+    replicas: list[Replica]
+    slo: list[Property]  # the SLO file's properties (latency on ttft_ms / e2e_ms, rejection_rate)
+    slo_source: str | None
+
+    @property
+    def name(self) -> str:
+        return self.spec.name or Path(self.source).stem
+
+
+SLO_METRICS = ("ttft_ms", "e2e_ms")  # what the fleet measures per request, from its first arrival
+
+
+def _file(fleet_path: Path, value: str, kind: str) -> Path:
+    from checker.examples import is_bare_name, resolve
+
+    here = fleet_path.parent / value
+    if here.exists():
+        return here
+    if is_bare_name(value):
+        found = resolve(value, kind)
+        if found.exists():
+            return found
+    return here
+
+
+def load_fleet(path: str | Path) -> LoadedFleet:
+    """The fleet file with its policies, profiles and SLO file loaded. InputError (exit 2) naming the fleet file
+    and the field for a file that is not there or an SLO property the fleet cannot measure; a policy's or
+    profile's own errors name that file."""
+    path = Path(path)
+    data, lines = load_document(path)
+    spec = validate(Fleet, data, str(path), lines)
+    source = str(path)
+    loaded: dict[tuple[str, str | None], tuple[Policy, Profile]] = {}
+    replicas: list[Replica] = []
+    for i, g in enumerate(spec.replicas):
+        key = (g.policy, g.profile)
+        if key not in loaded:
+            pol = _file(path, g.policy, "policy")
+            if not pol.is_file():
+                raise InputError(Problem(f"replicas.{i}.policy", g.policy, "a policy file (relative to the fleet "
+                                         "file) or a shipped policy's name"), source)
+            prof = None
+            if g.profile is not None:
+                prof = _file(path, g.profile, "profile")
+                if not prof.is_file():
+                    raise InputError(Problem(f"replicas.{i}.profile", g.profile, "a profile file (relative to the "
+                                             "fleet file) or a shipped profile's name"), source)
+            loaded[key] = (load_policy(pol), load_profile(prof))
+        policy, profile = loaded[key]
+        replicas.extend(Replica(n, g.name, policy, profile) for n in g.replica_names())
+    slo: list[Property] = []
+    slo_source = None
+    if spec.slo is not None:
+        slo_path = _file(path, spec.slo, "slo")
+        if not slo_path.is_file():
+            raise InputError(Problem("slo", spec.slo, "an SLO file (relative to the fleet file) or a shipped SLO's "
+                                     "name"), source)
+        slo_source = str(slo_path)
+        for prop in load_model(SLOFile, slo_path).properties:
+            if isinstance(prop, LatencyBound) and prop.metric in SLO_METRICS or isinstance(prop, RejectionRate):
+                slo.append(prop)
+                continue
+            what = prop.metric if isinstance(prop, LatencyBound) else prop.kind
+            raise InputError(Problem(f"properties.{prop.name}", what, "a property the fleet measures: latency of "
+                                     f"{' or '.join(SLO_METRICS)}, or rejection_rate"), slo_source)
+    return LoadedFleet(spec, source, replicas, slo, slo_source)
+
+
+def check_classes(fleet: LoadedFleet, class_names: list[str]) -> None:
+    """Every class a client or an SLO property names is a class of the requests."""
+    for i, c in enumerate(fleet.spec.clients):
+        for cls in c.classes or []:
+            if cls not in class_names:
+                raise InputError(Problem(f"clients.{i}.classes", cls, "a class of the requests: " +
+                                         ", ".join(class_names)), fleet.source)
+    for prop in fleet.slo:
+        if prop.request_class is not None and prop.request_class not in class_names:
+            raise InputError(Problem(f"properties.{prop.name}", prop.request_class, "a class of the requests: " +
+                                     ", ".join(class_names)), fleet.slo_source)
