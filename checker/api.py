@@ -218,7 +218,8 @@ def run_import(system: str, args: list[str] | tuple[str, ...] = (), config: str 
                out: str | Path | None = None, name: str | None = None, vllm_version: str | None = None,
                usage_context: str | None = None, gpu_memory_gib: float | None = None,
                model_weights_gib: float | None = None, kv_bytes_per_token: int | None = None,
-               overhead_gib: float | None = None, profile: str | Path | None = None, rules: str | None = None):
+               overhead_gib: float | None = None, profile: str | Path | None = None, rules: str | None = None,
+               ignore_unknown: bool = False):
     """Import a real server's scheduler configuration as a policy (docs/importers.md): ``system`` is one
     of vllm, sglang, tgi, trtllm, triton; ``args`` are that server's own arguments; ``config`` its config
     file (vLLM YAML, TensorRT-LLM LLM-API YAML, Triton config.pbtxt). The machine options size a KV pool
@@ -226,14 +227,15 @@ def run_import(system: str, args: list[str] | tuple[str, ...] = (), config: str 
     onto the vLLM-shaped rules, sglang onto the engine's SGLang rules (``scheduler: sglang``). Returns an
     ImportResult (validated policy, YAML text, the assumed / approximated / ignored notes); with ``out``, also
     writes the YAML there atomically. Raises
-    InputError/UsageError (exit 2) for an option the policy model cannot express or does not know."""
+    InputError/UsageError (exit 2) for an option the policy model cannot express or does not know (every one of
+    them in one error); ``ignore_unknown`` leaves the unknown ones out, each listed in ``ignored``."""
     from checker.importers import import_policy
     from checker.importers.common import Machine
     from checker.importers.output import write_atomic
 
     machine = Machine(gpu_memory_gib, model_weights_gib, kv_bytes_per_token, overhead_gib, profile)
     result = import_policy(system, list(args), config, name=name, machine=machine, vllm_version=vllm_version,
-                           usage_context=usage_context, rules=rules)
+                           usage_context=usage_context, rules=rules, ignore_unknown=ignore_unknown)
     if out is not None:
         write_atomic(out, result.text)
     return result

@@ -403,7 +403,9 @@ def _import(args: argparse.Namespace) -> int:
         system_args = [a for a in system_args if a != "--json"]
         args.json = True
     options = {key: getattr(args, key) for key, _ in OWN_OPTIONS.values() if getattr(args, key) is not None}
-    for key in set(options) & set(own):
+    if args.ignore_unknown:
+        options["ignore_unknown"] = True
+    for key in (set(options) & set(own)) - {"ignore_unknown"}:  # a switch given twice is still on
         raise UsageError(f"--{key.replace('_', '-')} given twice (before and after {args.system})")
     options.update(own)
     result = run_import(args.system, system_args, **options)
@@ -458,7 +460,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      "goes to SYSTEM (its arguments look like flags; a -- is optional), except "
                                      "batchcheck's own options below, which may come before or after SYSTEM. "
                                      "Defaults filled in are listed on stderr as 'assumed'. Exit 2: an option the "
-                                     "policy model cannot express, or an unknown one.")
+                                     "policy model cannot express, or an unknown one (every one of them is listed).")
     p.add_argument("system", choices=("vllm", "sglang", "tgi", "trtllm", "triton"), metavar="SYSTEM",
                    help="vllm, sglang, tgi, trtllm or triton")
     p.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS", help="SYSTEM's own arguments")
@@ -483,6 +485,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overhead-gib", type=flag_type(OVERHEAD_GIB), metavar="GIB", help="machine: activations and other memory per GPU "
                    "(default 0)")
     p.add_argument("--profile", metavar="FILE", help="machine: take KV bytes per token from this profile's model shape")
+    p.add_argument("--ignore-unknown", action="store_true", help="leave out the options batchcheck does not know, "
+                   "each listed as 'ignored:' (a known option that can change scheduling is still refused)")
     p.set_defaults(run=_import, import_help=p.format_help)
 
     p = verbs.add_parser("verify", help="check invariants of a policy with z3 (bounded model checking)",

@@ -88,17 +88,31 @@ def _draft(system: str, args: list[str], config: str | None, machine: Machine, v
 
 def import_policy(system: str, args: list[str] | tuple[str, ...] = (), config: str | Path | None = None, *,
                   name: str | None = None, machine: Machine | None = None, vllm_version: str | None = None,
-                  usage_context: str | None = None, rules: str | None = None) -> ImportResult:
-    """Import a server configuration; raise InputError/UsageError (exit 2) for what cannot be imported.
+                  usage_context: str | None = None, rules: str | None = None,
+                  ignore_unknown: bool = False) -> ImportResult:
+    """Import a server configuration; raise InputError/UsageError (exit 2) for what cannot be imported:
+    every unknown and every refused option of the run at once (refusals.py), not only the first.
     ``rules`` (sglang only): vllm (default) maps SGLang onto the vLLM-shaped rules, sglang onto the engine's
-    SGLang rules (``scheduler: sglang``)."""
-    from checker.errors import InputError
+    SGLang rules (``scheduler: sglang``). ``ignore_unknown``: an option the importer does not know is
+    left out and listed as ignored instead of refused (a known option that can change scheduling is
+    still refused)."""
+    from checker.errors import BatchcheckError, InputError, InternalError
     from checker.importers.output import render
+    from checker.importers.refusals import finish, gathering
     from checker.loading import validate
 
     args = [str(a) for a in args if a != "--"]
     config_text = None if config is None else str(config)
-    draft = _draft(system, args, config_text, machine or Machine(), vllm_version, usage_context, rules)
+    with gathering(ignore_unknown) as refusals:
+        try:
+            draft = _draft(system, args, config_text, machine or Machine(), vllm_version, usage_context, rules)
+        except InternalError:
+            raise
+        except BatchcheckError as exc:
+            finish(refusals, exc)
+            raise
+        finish(refusals)
+    draft.ignored[:0] = refusals.ignored
     data = draft.data()
     if name is not None:
         data = {"name": name, **data}
@@ -125,10 +139,12 @@ OWN_OPTIONS: dict[str, tuple[str, type | NumberRange]] = {
     "--kv-bytes-per-token": ("kv_bytes_per_token", KV_BYTES), "--overhead-gib": ("overhead_gib", OVERHEAD_GIB),
     "--profile": ("profile", str),
 }
+OWN_SWITCHES = {"--ignore-unknown": "ignore_unknown"}  # batchcheck's own on/off import options (no value)
 
 
 def split_options(tokens: list[str]) -> tuple[dict[str, Any], list[str]]:
-    """Take batchcheck's own import options (OWN_OPTIONS, as ``--flag VALUE`` or ``--flag=VALUE``) out of
+    """Take batchcheck's own import options (OWN_OPTIONS, as ``--flag VALUE`` or ``--flag=VALUE``, and
+    OWN_SWITCHES) out of
     the arguments that follow SYSTEM, wherever they are; the rest (without ``--``) belongs to SYSTEM. No
     supported system has an option of these names, except vLLM's ``--config``, which means the same."""
     from checker.errors import InputError, Problem
@@ -140,6 +156,9 @@ def split_options(tokens: list[str]) -> tuple[dict[str, Any], list[str]]:
         token = tokens[i]
         i += 1
         flag, eq, inline = token.partition("=")
+        if token in OWN_SWITCHES:
+            own[OWN_SWITCHES[token]] = True
+            continue
         if flag not in OWN_OPTIONS:
             if token != "--":
                 rest.append(token)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from checker.errors import InputError, InternalError, Problem, UsageError
+from checker.importers.refusals import refuse_later, unknown_option
 
 GIB = 1 << 30
 
@@ -35,6 +36,7 @@ class Opt:
     minimum: float | None = None
     fold_case: bool = False
     tags: frozenset[str] = frozenset()  # importer-specific marks (e.g. the vLLM eras that have it)
+    refused: str = ""  # why the policy model cannot take it (it can change scheduling): refused by name when given
 
 
 @dataclass(frozen=True)
@@ -184,7 +186,8 @@ class Table:
                 bare: str | None = None) -> InputError:
         name = bare if bare is not None else shown.lstrip("-")
         return InputError(Problem(shown, value, f"an option batchcheck knows for {self.system}, listed in "
-                                  f"docs/importers.md{self.suggest(name, cli=source is None)}", line), source)
+                                  f"docs/importers.md, or --ignore-unknown{self.suggest(name, cli=source is None)}",
+                                  line), source)
 
 
 def _looks_like_flag(token: str) -> bool:
@@ -226,9 +229,13 @@ def parse_cli(tokens: list[str], table: Table, *, env: dict[str, str] | None = N
                     and neg.kind == "bool":
                 opt, negated = neg, True
             if opt is None:
-                value = inline if eq else (tokens[i] if i < len(tokens) and not _looks_like_flag(tokens[i])
-                                           else "<unknown option>")
-                raise table.unknown(f"--{name}" if token.startswith("--") else f"-{name}", value, bare=name)
+                has_value = not eq and i < len(tokens) and not _looks_like_flag(tokens[i])
+                value = inline if eq else (tokens[i] if has_value else "<unknown option>")
+                shown = f"--{name}" if token.startswith("--") else f"-{name}"
+                unknown_option(table.unknown(shown, value, bare=name),
+                               f"{shown}={value}" if eq or has_value else shown)
+                i += has_value  # its value, if it has one, goes with it
+                continue
             shown = token.split("=", 1)[0]
             if opt.kind == "bool":
                 if negated:
@@ -256,8 +263,10 @@ def parse_cli(tokens: list[str], table: Table, *, env: dict[str, str] | None = N
             if key not in env:
                 close = difflib.get_close_matches(key, list(env), n=1, cutoff=0.75)
                 hint = f"; did you mean {close[0]}?" if close else ""
-                raise InputError(Problem(key, raw_value, f"an environment variable batchcheck knows for "
-                                         f"{table.system}, listed in docs/importers.md{hint}"))
+                unknown_option(InputError(Problem(key, raw_value, f"an environment variable batchcheck knows for "
+                                                  f"{table.system}, listed in docs/importers.md, or --ignore-unknown"
+                                                  f"{hint}")), token)
+                continue
             opt = table.lookup(env[key])
             if opt is None:
                 raise InternalError(f"{table.system}: env {key} names unknown option {env[key]}")
@@ -292,7 +301,8 @@ def parse_mapping(data: Any, lines: dict, table: Table, source: str, *, nested: 
             continue
         opt = table.lookup(shown)
         if opt is None:
-            raise table.unknown(shown, raw, source, line, bare=shown)
+            unknown_option(table.unknown(shown, raw, source, line, bare=shown), f"{shown}={display(raw)}")
+            continue
         value, expected = convert(opt, raw)
         arg = Arg(opt.name, value, shown, source, line)
         if expected is not None:
@@ -378,13 +388,41 @@ def missing(name: str, expected: str, source: str | None = None) -> InputError:
     return InputError(Problem(name, "<missing>", expected), source)
 
 
-def ignore_no_effect(given: Given, table: Table, draft: Draft) -> None:
-    """Take every given option tagged "no-effect" and list it in the draft as ignored."""
+def take_listed(given: Given, table: Table, draft: Draft) -> None:
+    """Take every given option the table settles by name: one tagged "no-effect" is listed in the draft as
+    ignored; one with a ``refused`` reason is refused (all of them reported together, refusals.py), or
+    ignored when it is a boolean given as false (the feature is off)."""
     for arg in list(given.args.values()):
         opt = table.lookup(arg.name)
-        if opt is not None and "no-effect" in opt.tags:
+        if opt is None:
+            continue
+        if "no-effect" in opt.tags:
             given.take(arg.name)
             draft.ignore(arg, "no effect on scheduling")
+        elif opt.refused:
+            given.take(arg.name)
+            if arg.value is False:
+                draft.ignore(arg, "off")
+            else:
+                refuse_later(refuse(arg, f"no {arg.shown}: {opt.refused}"))
+
+
+def take_weight_offload(given: Given, draft: Draft, name: str, fixed: str | None) -> None:
+    """A CPU weight-offload option (vLLM's and SGLang's --cpu-offload-gb): it changes only the GPU memory left
+    for KV, so it is ignored when ``fixed`` (the option that fixes the pool) is given or it offloads nothing,
+    and refused otherwise (the pool computed from the declared machine would be too small)."""
+    arg = given.take(name)
+    if arg is None:
+        return
+    if fixed is not None:
+        draft.ignore(arg, f"{fixed} fixes the pool: offloaded weights would only change how much GPU memory is "
+                     "left for KV")
+    elif arg.value == 0:
+        draft.ignore(arg, "nothing offloaded")
+    else:
+        refuse_later(refuse(arg, f"0, or a fixed KV pool: offloading weights to the CPU leaves more GPU memory "
+                            "for KV than the pool computed from the declared machine (give the pool the server's "
+                            "log prints)"))
 
 
 def take_length_limit(given: Given, draft: Draft, name: str, expected: str) -> int:

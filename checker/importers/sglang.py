@@ -20,13 +20,15 @@ from checker.importers.common import (
     Machine,
     Opt,
     Table,
-    ignore_no_effect,
+    take_listed,
     missing,
     parse_cli,
     pool_tokens,
     refuse,
     take_length_limit,
+    take_weight_offload,
 )
+from checker.importers.refusals import refuse_later
 
 SYSTEM = "sglang"
 POLICIES = ("fcfs", "lpm", "dfs-weight", "lof", "random", "priority", "hrrn", "shortest-prefill-first",
@@ -86,9 +88,18 @@ NO_EFFECT = {
     "skip-server-warmup": "bool", "watchdog-timeout": "float", "log-requests": "bool", "enable-torch-compile": "bool",
     "device": "str", "base-gpu-id": "int", "reasoning-parser": "str", "tool-call-parser": "str",
     "grammar-backend": "str", "sleep-on-idle": "bool", "load-format": "str", "tokenizer-mode": "str",
+    # production flags that change speed or memory outside the KV pool, never which request is scheduled
+    "cuda-graph-bs": "str", "torch-compile-max-bs": "int", "ep-size": "int", "moe-a2a-backend": "str",
+    "enable-eplb": "bool", "enable-multimodal": "bool", "mm-attention-backend": "str",
 }
+# Production flags that can change scheduling and that the policy model does not have: refused with the reason.
+LORA = ("LoRA adapters: SGLang's scheduler stops filling a prefill batch when its adapters would exceed "
+        "--max-loras-per-batch, which the policy model does not do")
+REFUSED = {"enable-lora": ("bool", LORA), "max-loras-per-batch": ("int", LORA), "lora-paths": ("str", LORA)}
 OPTIONS += [Opt(name, kind, aliases=("model",) if name == "model-path" else (), tags=frozenset({"no-effect"}))
             for name, kind in NO_EFFECT.items()]
+OPTIONS += [Opt(name, kind, refused=why) for name, (kind, why) in REFUSED.items()]
+OPTIONS += [Opt("cpu-offload-gb", "float", minimum=0.0)]
 TABLE = Table("SGLang", OPTIONS)
 KV_DTYPES = {"auto": None, "fp8_e5m2": 1, "fp8_e4m3": 1, "bf16": 2, "bfloat16": 2}
 
@@ -115,7 +126,7 @@ def import_sglang(args: list[str], machine: Machine, rules: str = "vllm") -> Dra
         return import_sglang_rules(args, machine)
     given = parse_cli(args, TABLE, env=ENV)
     draft = Draft(SYSTEM, "SGLang (prefill-first scheduler with retraction)")
-    ignore_no_effect(given, TABLE, draft)
+    take_listed(given, TABLE, draft)
     ctx = take_length_limit(given, draft, "context-length", "the model's context length: SGLang reads it from the "
                             "model's config, which batchcheck does not have")
     _refusals(given, draft)
@@ -203,13 +214,15 @@ def import_sglang(args: list[str], machine: Machine, rules: str = "vllm") -> Dra
 
 
 def _refusals(given: Given, draft: Draft, sglang_rules: bool = False) -> None:
-    """What neither mapping can express: refused by name (exit 2). Under the vllm mapping mixed chunk is refused too,
-    and --disable-overlap-schedule is ignored (the sglang rules read it: import_sglang_rules)."""
+    """What neither mapping can express: refused by name (exit 2; all of them reported together, refusals.py).
+    Under the vllm mapping mixed chunk is refused too, and --disable-overlap-schedule is ignored (the sglang rules
+    read it: import_sglang_rules)."""
     who = "by the sglang rules" if sglang_rules else "for SGLang"
+    take_weight_offload(given, draft, "cpu-offload-gb", "--max-total-tokens" if "max-total-tokens" in given else None)
     for name in ("pipeline-parallel-size", "data-parallel-size"):
         arg = given.take(name)
         if arg is not None and arg.value > 1:
-            raise refuse(arg, "1: the policy model is one engine running one batch at a time")
+            refuse_later(refuse(arg, "1: the policy model is one engine running one batch at a time"))
     unsupported = [("enable-dp-attention", "data-parallel attention batches per rank")]
     if not sglang_rules:
         unsupported.append(("enable-mixed-chunk", "mixing decodes into the prefill batch shares its budget in a way "
@@ -219,26 +232,27 @@ def _refusals(given: Given, draft: Draft, sglang_rules: bool = False) -> None:
     for name, why in unsupported:
         arg = given.take(name)
         if arg is not None and arg.value:
-            raise refuse(arg, f"false: {why}")
+            refuse_later(refuse(arg, f"false: {why}"))
     arg = given.take("speculative-algorithm")
     if arg is not None:
-        raise refuse(arg, "no speculative decoding: draft tokens per step are not modelled")
+        refuse_later(refuse(arg, "no speculative decoding: draft tokens per step are not modelled"))
     mode, backend = given.take("disaggregation-mode"), given.take("disaggregation-transfer-backend")
     if mode is not None and mode.value != "null":
-        raise refuse(mode, "null: SGLang's disaggregation queues (the decode side's prealloc and transfer queues, "
-                     "which reserve KV before the transfer; the prefill side's bootstrap and inflight queues) are not "
-                     + ("modelled by the sglang rules" if sglang_rules else
-                        "modelled; batchcheck's connector model follows vLLM 0.33's rules (docs/semantics.md)"))
+        refuse_later(refuse(mode, "null: SGLang's disaggregation queues (the decode side's prealloc and transfer "
+                            "queues, which reserve KV before the transfer; the prefill side's bootstrap and inflight "
+                            "queues) are not " + ("modelled by the sglang rules" if sglang_rules else
+                                                  "modelled; batchcheck's connector model follows vLLM 0.33's rules "
+                                                  "(docs/semantics.md)")))
     if backend is not None:
         draft.ignore(backend, "no effect without --disaggregation-mode prefill or decode")
     arg = given.take("enable-hierarchical-cache")
     if arg is not None and arg.value:
-        raise refuse(arg, f"false: HiCache's host-memory KV tier (loads back into the device pool) is not modelled "
-                     f"{who}")
+        refuse_later(refuse(arg, f"false: HiCache's host-memory KV tier (loads back into the device pool) is not "
+                            f"modelled {who}"))
     arg = given.take("SGLANG_REQ_RUNNING_TIMEOUT")
     if arg is not None and arg.value > 0:
-        raise refuse(arg, "0: a timeout on running requests is not modelled (only queue timeouts)")
-    if arg is not None:
+        refuse_later(refuse(arg, "0: a timeout on running requests is not modelled (only queue timeouts)"))
+    elif arg is not None:
         draft.ignore(arg, "<= 0 disables the timeout")
     if not sglang_rules:
         arg = given.take("disable-overlap-schedule")
@@ -452,7 +466,7 @@ def import_sglang_rules(args: list[str], machine: Machine) -> Draft:
     reason, or refused by name."""
     given = parse_cli(args, TABLE, env=ENV)
     draft = Draft(SYSTEM, "SGLang 0.5.23 under batchcheck's SGLang rules (--rules sglang: scheduler sglang)")
-    ignore_no_effect(given, TABLE, draft)
+    take_listed(given, TABLE, draft)
     ctx = take_length_limit(given, draft, "context-length", "the model's context length: SGLang reads it from the "
                             "model's config, which batchcheck does not have")
     draft.set("scheduler", "sglang", "--rules sglang: SGLang's own loop, prefill adder, ratio and retraction")

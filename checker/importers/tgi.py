@@ -13,7 +13,7 @@ from checker.importers.common import (
     Draft,
     Opt,
     Table,
-    ignore_no_effect,
+    take_listed,
     missing,
     parse_cli,
     refuse,
@@ -49,6 +49,8 @@ NO_EFFECT = {
     "shard-uds-path": "str", "master-addr": "str", "master-port": "int", "payload-limit": "int",
     "usage-stats": "str", "lora-adapters": "str", "kv-cache-dtype": "str", "rope-scaling": "str",
     "rope-factor": "float", "tokenizer-config-path": "str", "disable-grammar-support": "bool", "env": "bool",
+    # production flags that change speed or memory outside the KV pool, never which request is scheduled
+    "cuda-graphs": "str", "enable-prefill-logprobs": "bool",
 }
 OPTIONS += [Opt(name, kind, tags=frozenset({"no-effect"})) for name, kind in NO_EFFECT.items()]
 TABLE = Table("TGI", OPTIONS)
@@ -61,7 +63,7 @@ ENV.update({"PREFILL_CHUNKING": "PREFILL_CHUNKING", "ATTENTION": "ATTENTION", "P
 def import_tgi(args: list[str]) -> Draft:
     given = parse_cli(args, TABLE, env=ENV)
     draft = Draft(SYSTEM, "TGI v3 router")
-    ignore_no_effect(given, TABLE, draft)
+    take_listed(given, TABLE, draft)
     mml = take_length_limit(given, draft, "max-total-tokens", "the longest prompt + max_new_tokens (TGI derives it "
                             "from the model's config, which batchcheck does not have)")
     input_arg = given.take("max-input-tokens")

@@ -13,6 +13,7 @@ from typing import Any
 
 from checker.errors import InputError, Problem, UsageError
 from checker.importers.common import Arg, Draft, Opt, Table, missing, parse_cli
+from checker.importers.refusals import unknown_option
 from checker.importers.pbtxt import Field, Ident, Message, parse_pbtxt
 from checker.policy import MAX_BLOCKS, MAX_TOKENS
 
@@ -47,11 +48,15 @@ class _Cfg:
         return found[0] if found else None
 
     def check_known(self, known: set[str]) -> None:
+        """Every field not in ``known`` is unknown: refused (all of them together) or, with --ignore-unknown,
+        left out and listed as ignored."""
         for f in self.msg.fields:
             if f.name not in known:
-                raise InputError(Problem(self.where(f), "{...}" if isinstance(f.value, Message) else f.value,
-                                         f"a field batchcheck knows here: {', '.join(sorted(known))} "
-                                         "(see docs/importers.md)", f.line), self.source)
+                shown = "{...}" if isinstance(f.value, Message) else f.value
+                unknown_option(InputError(Problem(self.where(f), shown, f"a field batchcheck knows here: "
+                                                  f"{', '.join(sorted(known))} (see docs/importers.md), or "
+                                                  "--ignore-unknown", f.line), self.source),
+                               f"{self.where(f)}={shown}")
 
     def int(self, name: str, default: int, minimum: int = 0) -> tuple[int, Field | None]:
         f = self.one(name)

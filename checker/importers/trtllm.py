@@ -18,13 +18,14 @@ from checker.importers.common import (
     Machine,
     Opt,
     Table,
-    ignore_no_effect,
+    take_listed,
     missing,
     parse_cli,
     parse_mapping,
     pool_tokens,
     refuse,
 )
+from checker.importers.refusals import refuse_later
 
 SYSTEM = "trtllm"
 CAPACITY = ("GUARANTEED_NO_EVICT", "MAX_UTILIZATION", "STATIC_BATCH")
@@ -60,8 +61,15 @@ NO_EFFECT = {
     "attn_backend": "str", "host": "str", "port": "int", "log_level": "str", "num_postprocess_workers": "int",
     "moe_config": "any", "skip_tokenizer_init": "bool", "reasoning_parser": "str", "revision": "str",
     "postprocess_tokenizer_dir": "str", "enable_autotuner": "bool",
+    # production flags that change speed or memory outside the KV pool, never which request is scheduled
+    "torch_compile_config": "any", "moe_expert_parallel_size": "int", "moe_tensor_parallel_size": "int",
+    "tokenizer_mode": "str",
 }
 OPTIONS += [Opt(name, kind, tags=frozenset({"no-effect"})) for name, kind in NO_EFFECT.items()]
+# Production options that can change scheduling and that the policy model does not have: refused with the reason.
+LORA = ("LoRA: the capacity scheduler also admits against the PEFT cache's pages, which the policy model does not "
+        "have")
+OPTIONS += [Opt("lora_config", "any", refused=LORA), Opt("enable_lora", "bool", refused=LORA)]
 TABLE = Table("TensorRT-LLM", OPTIONS, fold_underscores=True)
 KV_DTYPES = {"auto": None, "fp8": 1, "float16": 2, "bfloat16": 2}
 
@@ -96,7 +104,7 @@ def import_trtllm(args: list[str], config: str | None, machine: Machine) -> Draf
     capacity = given.take("scheduler_config.capacity_scheduler_policy")
     policy = "GUARANTEED_NO_EVICT" if capacity is None else capacity.value
     draft = Draft(SYSTEM, f"TensorRT-LLM batch manager, capacity scheduler {policy}")
-    ignore_no_effect(given, TABLE, draft)
+    take_listed(given, TABLE, draft)
     if capacity is None:
         draft.assume_input("scheduler_config.capacity_scheduler_policy", policy, "the LLM API's default")
 
@@ -117,7 +125,7 @@ def import_trtllm(args: list[str], config: str | None, machine: Machine) -> Draf
                           ("max_beam_width", 1, "beam search is not modelled")):
         arg = given.take(name)
         if arg is not None and arg.value != ok:
-            raise refuse(arg, f"{ok}: {why}")
+            refuse_later(refuse(arg, f"{ok}: {why}"))
     for name, why in (("enable_attention_dp", "attention data parallelism batches per rank"),):
         arg = given.take(name)
         if arg is not None and arg.value:

@@ -21,14 +21,16 @@ from checker.importers.common import (
     Machine,
     Opt,
     Table,
-    ignore_no_effect,
+    take_listed,
     parse_cli,
     parse_mapping,
     parse_version,
     pool_tokens,
     refuse,
     take_length_limit,
+    take_weight_offload,
 )
+from checker.importers.refusals import refuse_later
 
 SYSTEM = "vllm"
 V0, V1_EARLY, V1 = "v0", "v1-early", "v1"
@@ -98,18 +100,26 @@ NO_EFFECT = {
     # production flags that change speed or memory outside the KV pool, never which request is scheduled
     "cuda-graph-sizes": "str", "max-cudagraph-capture-size": "int", "compilation-config": "str",
     "reasoning-parser": "str", "tokenizer-mode": "str", "enable-expert-parallel": "bool",
-    "cpu-offload-gb": "float", "limit-mm-per-prompt": "str", "enable-prompt-tokens-details": "bool",
+    "limit-mm-per-prompt": "str", "enable-prompt-tokens-details": "bool", "enable-sleep-mode": "bool",
+    "otlp-traces-endpoint": "str", "structured-outputs-config": "str", "guided-decoding-backend": "str",
+    "hf-overrides": "str", "override-generation-config": "str", "mm-processor-kwargs": "str",
+    "disable-mm-preprocessor-cache": "bool", "allowed-local-media-path": "str", "ssl-keyfile": "str",
+    "ssl-certfile": "str", "root-path": "str", "max-parallel-loading-workers": "int",
+    "enable-server-load-tracking": "bool", "kv-events-config": "str",
 }
 # Production flags that can change scheduling and that the policy model does not have: refused with the reason.
 REFUSED = {
     "enable-lora": ("bool", "LoRA adapters: the scheduler skips a request whose adapter would exceed --max-loras, "
                     "which the policy model does not do"),
     "max-loras": ("int", "the scheduler skips requests beyond this many LoRA adapters per batch (not modelled)"),
+    "lora-modules": ("str", "LoRA adapters: the scheduler skips a request whose adapter would exceed --max-loras, "
+                     "which the policy model does not do"),
 }
 OPTIONS += [Opt(name, kind, aliases=("q",) if name == "quantization" else (), tags=ALL | {"no-effect"})
             for name, kind in NO_EFFECT.items()]
-OPTIONS += [Opt(name, kind, tags=ALL | {"refused"}) for name, (kind, _) in REFUSED.items()]
-OPTIONS += [_o("kv-transfer-config", "str", V1_ALL), _o("kv-offloading-size", "float", V1_ALL)]
+OPTIONS += [Opt(name, kind, tags=ALL, refused=why) for name, (kind, why) in REFUSED.items()]
+OPTIONS += [_o("kv-transfer-config", "str", V1_ALL), _o("kv-offloading-size", "float", V1_ALL),
+            _o("cpu-offload-gb", "float", minimum=0.0)]
 
 # --kv-transfer-config: the connectors whose scheduler-side behaviour the connector model has (docs/importers.md).
 # kv_role -> connector.kind for the P/D connectors; the offloading ones load (kind offload) and never pin.
@@ -155,14 +165,17 @@ def _era(version: tuple[int, int], use_v1: Arg | None, label: str) -> str:
     return era
 
 
-def _era_check(arg: Arg, opt: Opt, era: str, label: str) -> None:
+def _era_check(arg: Arg, opt: Opt, era: str, label: str) -> bool:
+    """Whether the option is one of this era's; if not, it is refused (reported with the other refusals)."""
     if era in opt.tags:
-        return
+        return True
     if era == V1:
-        raise arg.error(f"an option of vLLM {label}: it went away with the V0 engine")
-    if NEW >= opt.tags:
-        raise arg.error(f"an option of vLLM {label}: it is new in vLLM's 2026 releases")
-    raise arg.error(f"an option of vLLM {label}")
+        refuse_later(arg.error(f"an option of vLLM {label}: it went away with the V0 engine"))
+    elif NEW >= opt.tags:
+        refuse_later(arg.error(f"an option of vLLM {label}: it is new in vLLM's 2026 releases"))
+    else:
+        refuse_later(arg.error(f"an option of vLLM {label}"))
+    return False
 
 
 def _gpu_class(machine: Machine) -> tuple[str, str]:
@@ -203,8 +216,9 @@ def import_vllm(args: list[str], config: str | None, machine: Machine, version: 
     for arg in list(given.args.values()):
         opt = TABLE.lookup(arg.name)
         assert opt is not None
-        _era_check(arg, opt, era, label)
-    ignore_no_effect(given, TABLE, draft)
+        if not _era_check(arg, opt, era, label):
+            del given.args[arg.name]  # refused (with the others): the rest of the import goes on without it
+    take_listed(given, TABLE, draft)
     mml = take_length_limit(given, draft, "max-model-len", "the model's context length: vLLM reads it from the "
                             "model's config, which batchcheck does not have")
     tp_arg = given.take("tensor-parallel-size")
@@ -212,11 +226,10 @@ def import_vllm(args: list[str], config: str | None, machine: Machine, version: 
     for name in ("pipeline-parallel-size", "data-parallel-size"):
         arg = given.take(name)
         if arg is not None and arg.value > 1:
-            raise refuse(arg, "1: the policy model is one engine running one batch at a time (pipeline stages "
-                         "and data-parallel engines are not modelled)")
+            refuse_later(refuse(arg, "1: the policy model is one engine running one batch at a time (pipeline "
+                                "stages and data-parallel engines are not modelled)"))
     for name, why in (("speculative-config", "speculative decoding (draft tokens per step) is not modelled"),
-                      ("scheduler-cls", "a custom scheduler class cannot be imported"),
-                      *((name, why) for name, (_, why) in REFUSED.items())):
+                      ("scheduler-cls", "a custom scheduler class cannot be imported")):
         arg = given.take(name)
         if arg is not None and arg.value is not False:
             raise refuse(arg, f"no {arg.shown}: {why}")
@@ -309,6 +322,8 @@ def import_vllm(args: list[str], config: str | None, machine: Machine, version: 
     if dtype_arg is not None and given.peek("num-gpu-blocks-override") is not None:
         draft.ignore(dtype_arg, "--num-gpu-blocks-override fixes the pool: the KV dtype would only change how "
                      "many blocks fit in the GPU's memory")
+    fixed = next((f"--{name}" for name in ("num-gpu-blocks-override", "kv-cache-memory-bytes") if name in given), None)
+    take_weight_offload(given, draft, "cpu-offload-gb", fixed)
     blocks, comment = _pool(given, draft, era, label, machine, block, tp, dtype_bytes, mml)
     draft.set("kv.num_blocks", blocks, comment)
     draft.set("kv.allocation", "on_demand", "blocks for the tokens scheduled in the step")
@@ -370,7 +385,7 @@ def _unsupported_old(given: Given, draft: Draft, era: str) -> None:
         if era == V1_EARLY:
             draft.ignore(arg, "the V1 scheduler does not read it")
         elif arg.value != default:
-            raise refuse(arg, f"{default}: {why}")
+            refuse_later(refuse(arg, f"{default}: {why}"))
 
 
 def _unsupported_new(given: Given, draft: Draft) -> None:

@@ -83,8 +83,8 @@ def test_machine_options_after_system(capsys):
 
 @pytest.mark.parametrize("argv,message", [
     (["import", "vllm", "--max-model-len", "4096", "--num-gpu-blocks-override", "500", "--max-num-seqz", "8"],
-     "--max-num-seqz='8' (expected an option batchcheck knows for vLLM, listed in docs/importers.md; did you mean "
-     "--max-num-seqs?)"),
+     "--max-num-seqz='8' (expected an option batchcheck knows for vLLM, listed in docs/importers.md, or "
+     "--ignore-unknown; did you mean --max-num-seqs?)"),
     (["import", "vllm", "--vllm-version", "0.9", "--max-model-len", "4096", "--num-gpu-blocks-override", "500",
       "--watermark", "0.01"],
      "--watermark=0.01 (expected an option of vLLM 0.9: it is new in vLLM's 2026 releases)"),
@@ -92,7 +92,8 @@ def test_machine_options_after_system(capsys):
      "--schedule-policy='hrrn' (expected fcfs, or fcfs with --enable-priority-scheduling: hrrn orders by the highest "
      "response ratio (token-based aging), which the policy model cannot express)"),
     (["import", "sglang", "--context-length", "8192", "--max-total-tokens", "100000", "FOO_TIMEOUT=3"],
-     "FOO_TIMEOUT='3' (expected an environment variable batchcheck knows for SGLang, listed in docs/importers.md)"),
+     "FOO_TIMEOUT='3' (expected an environment variable batchcheck knows for SGLang, listed in docs/importers.md, or "
+     "--ignore-unknown)"),
     (["import", "tgi", "--max-total-tokens", "4096", "--max-batch-total-tokens", "40000", "--speculate", "2"],
      "--speculate=2 (expected 0: speculative decoding (draft tokens per step) is not modelled)"),
     (["import", "trtllm", "--max_seq_len", "8192", "--kv_cache_config.max_tokens", "40000", "--max_beam_width", "4"],
@@ -127,7 +128,7 @@ def test_config_files_are_named_with_their_line(capsys, tmp_path):
     code, _, err = run(capsys, "import", "vllm", "--config", str(yaml_cfg))
     assert code == 2
     assert err == (f"batchcheck: error: {yaml_cfg}:3: max_num_seqz=4 (expected an option batchcheck knows for vLLM, "
-                   "listed in docs/importers.md; did you mean max-num-seqs?)\n")
+                   "listed in docs/importers.md, or --ignore-unknown; did you mean max-num-seqs?)\n")
 
 
 def test_out_into_a_missing_directory_exits_2_and_writes_nothing(capsys, tmp_path):

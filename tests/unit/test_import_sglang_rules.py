@@ -290,7 +290,7 @@ def test_the_radix_cache_is_refused_by_name(capsys):
     (["--kv-cache-dtype", "fp4"], "--kv-cache-dtype='fp4' (expected one of: auto, fp8_e5m2, fp8_e4m3, bf16, "
      "bfloat16)"),
     (["--no-such-flag", "1"], "--no-such-flag='1' (expected an option batchcheck knows for SGLang, listed in "
-     "docs/importers.md)"),
+     "docs/importers.md, or --ignore-unknown)"),
 ])
 def test_what_the_sglang_rules_cannot_express_is_refused_by_name(capsys, args, message):
     assert refused(capsys, *args) == message

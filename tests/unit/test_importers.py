@@ -344,8 +344,8 @@ def test_triton_level_one_is_the_highest_priority(tmp_path):
 # ----------------------------------------------------------------------------------------- refused
 REFUSED = [
     ("vllm", ["--max-model-len", "4096", "--num-gpu-blocks-override", "500", "--max-num-seqz", "8"], None,
-     "--max-num-seqz='8' (expected an option batchcheck knows for vLLM, listed in docs/importers.md; did you mean "
-     "--max-num-seqs?)"),
+     "--max-num-seqz='8' (expected an option batchcheck knows for vLLM, listed in docs/importers.md, or "
+     "--ignore-unknown; did you mean --max-num-seqs?)"),
     ("vllm", ["--num-gpu-blocks-override", "500"], None,
      "--max-model-len=<missing> (expected the model's context length: vLLM reads it from the model's config, which "
      "batchcheck does not have)"),
@@ -563,7 +563,9 @@ def test_vllm_production_flags_are_mapped_ignored_or_refused_by_name():
     assert ("--kv-cache-dtype=fp8 (--num-gpu-blocks-override fixes the pool: the KV dtype would only change how "
             "many blocks fit in the GPU's memory)") in result.ignored
     assert "--cuda-graph-sizes=8,16 (no effect on scheduling)" in result.ignored
-    assert len([line for line in result.ignored if "(no effect on scheduling)" in line]) == 7
+    assert len([line for line in result.ignored if "(no effect on scheduling)" in line]) == 6
+    assert ("--cpu-offload-gb=4.0 (--num-gpu-blocks-override fixes the pool: offloaded weights would only change how "
+            "much GPU memory is left for KV)") in result.ignored
     for flags, name in ((["--enable-lora", "--max-loras", "4"], "--enable-lora"), (["--max-loras", "4"], "--max-loras")):
         with pytest.raises(InputError, match=f"expected no {name}: "):
             import_policy("vllm", base + flags)
