@@ -3,7 +3,10 @@ counterexample, policy and plot batchcheck writes goes through ``write_atomic``.
 
 from __future__ import annotations
 
+import hashlib
 import os
+import re
+import socket
 import tempfile
 from pathlib import Path
 
@@ -21,9 +24,61 @@ def safe_name(name: str | None, default: str = "unnamed") -> str:
     return safe[:MAX_NAME]
 
 
+# The temporary file of a write: ``.NAME.bcPID-HOST.XXXXXXXX.tmp`` (the writer's pid and a tag of its host, then
+# mkstemp's random part), so that a later run can tell its own writer's leftovers from anyone's live file.
+_TEMPORARY = re.compile(r"^\..+\.bc(?P<pid>[0-9]+)-(?P<host>[0-9a-f]{8})\.[a-z0-9_]{8}\.tmp$")
+_CLEANED: set[str] = set()  # folders this process has cleaned
+
+
+def _host() -> str:
+    return hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
+
+
+def _writer() -> str:
+    return f"bc{os.getpid()}-{_host()}"
+
+
+def clean_stale_temporaries(folder: str | Path) -> list[Path]:
+    """Remove the temporary files that batchcheck's own atomic writes left in ``folder`` when their process was
+    killed (SIGKILL, a power cut: no chance to remove them): only names ``write_atomic`` makes, only of writers
+    on this host that are no longer running. Once per folder and process (the first write there); the files
+    removed. Anything else (a live writer's file, another host's, a file of another program) is left alone."""
+    key = str(Path(folder).resolve())
+    if key in _CLEANED:
+        return []
+    _CLEANED.add(key)
+    removed = []
+    host = _host()
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return []
+    for name in names:
+        m = _TEMPORARY.match(name)
+        if m is None or m["host"] != host or int(m["pid"]) == os.getpid() or _running(int(m["pid"])):
+            continue
+        try:
+            os.unlink(Path(folder) / name)
+            removed.append(Path(folder) / name)
+        except OSError:  # gone already (another run cleaning), or not ours to remove
+            pass
+    return removed
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):  # someone else's live process (or no such pid at all: leave it)
+        return True
+    return True
+
+
 def write_atomic(path: str | Path, data: str | bytes, *, create_dirs: bool = False, flag: str = "--out") -> None:
     """Write ``data`` to ``path``: a temporary file in the same directory, flushed and synced, then
-    renamed over the target (keeping the target's permissions). ``create_dirs`` makes missing parent
+    renamed over the target (keeping the target's permissions); the first write into a directory removes
+    the temporary files killed writers left there (``clean_stale_temporaries``). ``create_dirs`` makes missing parent
     directories; otherwise a missing or unwritable directory is an input error naming ``flag``."""
     target = Path(path)
     if target.is_dir():
@@ -31,7 +86,8 @@ def write_atomic(path: str | Path, data: str | bytes, *, create_dirs: bool = Fal
     try:
         if create_dirs:
             target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+        clean_stale_temporaries(target.parent)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.{_writer()}.", suffix=".tmp", dir=target.parent)
     except OSError as exc:  # a parent that is a file (/dev/null/x), unwritable, missing without create_dirs
         reason = "a file on the way is not a directory" if isinstance(exc, (FileExistsError, NotADirectoryError)) \
             else exc.strerror

@@ -156,7 +156,7 @@ def run_processes(checks: Sequence[Check], jobs: int, done: Callable[[int, Resul
             finished(unit, run_unit([checks[i] for i in unit]))
         return [results[i] for i in range(len(checks))]
     pool = ProcessPoolExecutor(max_workers=min(jobs, len(plan)), mp_context=get_context("spawn"),
-                               initializer=_worker_started)
+                               initializer=_worker_started, initargs=(os.getpid(),))
     try:
         futures = {pool.submit(run_unit, [checks[i] for i in unit]): unit for unit in plan}
         from concurrent.futures import as_completed
@@ -172,14 +172,17 @@ def run_processes(checks: Sequence[Check], jobs: int, done: Callable[[int, Resul
     return [results[i] for i in range(len(checks))]
 
 
-def _worker_started() -> None:
+def _worker_started(parent: int) -> None:
     """A local worker leaves Ctrl-C to the parent, which stops it (z3 would take SIGINT itself during a check
-    and answer 'unknown', a verdict the run never finished)."""
+    and answer 'unknown', a verdict the run never finished), and dies with the parent (a SIGKILLed ``ci``
+    cannot stop its workers: checker.childproc)."""
     import signal
 
+    from checker.childproc import die_with_parent
     from checker.smt.ops import z3
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    die_with_parent(parent)
     z3.set_param("ctrl_c", False)
 
 

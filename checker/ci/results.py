@@ -47,9 +47,10 @@ def shown_paths(doc: dict, paths: dict[str, str | None], check: Check) -> dict:
     shown = {paths[role]: ref.shown for role, ref in (("policy", check.policy), ("workload", check.workload),
                                                       ("slo", check.slo), ("old", check.old)) if ref is not None}
     doc["policy"]["file"] = shown.get(doc["policy"].get("file"), check.policy.shown)
-    search = doc.get("search")
-    if isinstance(search, dict):
-        for key in ("workload", "slo"):
-            if search.get(key) in shown:
-                search[key] = shown[search[key]]
+    for section in ("search", "environment"):  # a lasso's search, a fuzz find's environment
+        recorded = doc.get(section)
+        if isinstance(recorded, dict):
+            for key in ("workload", "slo"):
+                if recorded.get(key) in shown:
+                    recorded[key] = shown[recorded[key]]
     return doc
