@@ -35,6 +35,7 @@ _ON_FIRST_USE = {"DEFAULT_INVARIANTS": "checker.verify.run", "run_verify": "chec
                  "run_fuzz": "checker.fuzz.run", "DIFF_INVARIANTS": "checker.diff.run", "run_diff": "checker.diff.run",
                  "liveness_env": "checker.liveness.check", "run_liveness": "checker.liveness.check",
                  "CHECK_LOG_INVARIANTS": "checker.checklog", "run_check_log": "checker.checklog"}
+_ON_FIRST_USE["fleet_search"] = "checker.fleet.search"  # the fleet's Hypothesis search (docs/fleet.md)
 
 
 def __getattr__(name: str):
@@ -92,6 +93,18 @@ def run_simulation(policy: PolicyInput, workload: str | Path | None = None, trac
     prof: Profile = load_profile(profile)
     requests = load_requests(workload=workload, trace=trace, limit=limit, options=options)
     return simulate(pol, requests, prof, record=record)
+
+
+# ----------------------------------------------------------------------------------------- fleet
+def fleet(fleet_file: str | Path, workload: str | Path | None = None, trace: str | Path | None = None,
+          limit: int | None = None, replay: str | Path | None = None):
+    """A fleet file run on requests (the workload or trace given, else the one it names), or a saved fleet
+    counterexample replayed on it: a checker.fleet.run.FleetRun (summary, and each property's verdict)."""
+    from checker.fleet.run import replay_fleet, run_fleet
+
+    if replay is not None:
+        return replay_fleet(fleet_file, replay)
+    return run_fleet(fleet_file, workload, trace, limit)
 
 
 # ----------------------------------------------------------------------------------------- capacity audit

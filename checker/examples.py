@@ -22,6 +22,7 @@ KINDS: dict[str, tuple[str, str]] = {
     "profile": ("profiles", ".json"),
     "slo": ("slo", ".slo.yaml"),
     "audit": ("audit", ".yaml"),
+    "fleet": ("fleets", ".yaml"),
 }
 
 

@@ -30,7 +30,9 @@ def backoff_us(b: Backoff, request: int, retry: int) -> int:
 
 
 class Budget:
-    """A retry budget: a retry is allowed while retries so far < min_retries + ratio * first attempts so far."""
+    """A retry budget: a retry is allowed when the retries so far, this one included, are at most
+    min_retries + ratio * first attempts so far (so retries never pass that, and retry amplification stays at
+    most 1 + ratio + min_retries / requests)."""
 
     __slots__ = ("spec", "sent", "retries")
 
@@ -40,4 +42,4 @@ class Budget:
         self.retries = 0
 
     def allows(self) -> bool:
-        return self.spec is None or self.retries < self.spec.min_retries + self.spec.ratio * self.sent
+        return self.spec is None or self.retries + 1 <= self.spec.min_retries + self.spec.ratio * self.sent

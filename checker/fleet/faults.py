@@ -56,7 +56,3 @@ class SlowWindows:
                 factor *= k
         return factor
 
-
-def fault_start_us(f: Fault) -> int:
-    """When a fault begins (recovery times are measured from here)."""
-    return us(f.at_ms if isinstance(f, LostFault) else f.start_ms)

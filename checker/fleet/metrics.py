@@ -7,7 +7,6 @@ from __future__ import annotations
 import math
 from bisect import insort
 
-from checker.fleet.faults import fault_start_us
 from checker.fleet.simulation import FleetResult, RequestRecord
 from checker.fleet.spec import LostFault
 from checker.fuzz.slo import LatencyBound
@@ -91,10 +90,10 @@ def _faults(result: FleetResult) -> list[dict]:
     for i, t in result.fault_times:
         f = spec.faults[i]
         recovery = {}
-        for ci, name in enumerate(result.requests.class_names):
+        for ci, name in enumerate(result.requests.class_names):  # classes with a p99 TTFT bound only
             bound = ttft_bound_ms(result, name)
-            recovery[name] = None if bound is None else recovery_ms(result, ci, t, bound,
-                                                                    spec.properties.recovery_window_ms)
+            if bound is not None:
+                recovery[name] = recovery_ms(result, ci, t, bound, spec.properties.recovery_window_ms)
         entry = {"fault": i, "kind": f.kind, "replica": f.replica, "at_ms": round(t / MS, 3),
                  "recovery_ms": recovery}
         if isinstance(f, LostFault):

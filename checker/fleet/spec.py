@@ -19,7 +19,7 @@ from pydantic_core import PydanticCustomError
 
 from checker.errors import InputError, Problem
 from checker.fuzz.slo import LatencyBound, Property, RejectionRate, SLOFile
-from checker.inputfiles import load_policy
+from checker.inputfiles import apply_overrides, load_policy
 from checker.loading import load_document, load_model, validate
 from checker.policy import MAX_MS, Policy
 from checker.profile import Profile, load_profile
@@ -50,6 +50,8 @@ class ReplicaGroup(_Strict):
     profile: str | None = None
     """A profile file (relative to the fleet file) or a shipped profile's name (default: default_linear)."""
     count: Annotated[int, Field(ge=1, le=MAX_REPLICAS)] = 1
+    set: list[str] = []
+    """Policy settings FIELD.PATH=VALUE applied to this group's policy (as ``--set`` applies them)."""
 
     def replica_names(self) -> list[str]:
         return [self.name] if self.count == 1 else [f"{self.name}-{i}" for i in range(self.count)]
@@ -114,7 +116,7 @@ class Backoff(_Strict):
 
 
 class RetryBudget(_Strict):
-    """Retries allowed so far: ``min_retries + ratio * requests sent so far`` (first attempts only)."""
+    """Retries allowed so far, this one included: ``min_retries + ratio * requests sent so far`` (first attempts)."""
 
     ratio: Annotated[float, Field(ge=0, le=1000)] = 0.1
     min_retries: Annotated[int, Field(ge=0, le=1_000_000_000)] = 10
@@ -208,7 +210,11 @@ Fault = Annotated[Union[SlowFault, LostFault, ViewLostFault], Field(discriminato
 # ----------------------------------------------------------------------------------------- properties
 class FleetProperties(_Strict):
     max_retry_amplification: Annotated[float | None, Field(ge=1, le=1000)] = None
-    """Requests offered to the router (first attempts, retries, re-routes) per unique request, at most."""
+    """Requests offered to the router (first attempts, retries, re-routes) per unique request, at most (plus
+    ``retry_slack`` requests)."""
+    retry_slack: Annotated[int, Field(ge=0, le=1_000_000_000)] = 0
+    """Requests offered beyond max_retry_amplification * unique that the bound allows (a retry budget's
+    min_retries lets a run of few requests retry more than its ratio)."""
     every_request_accounted: bool = True
     """Each request finishes, is cancelled by its client, or ends with a reason (none left stuck)."""
     recovery_window_ms: Annotated[float, Field(gt=0, le=MAX_MS)] = 10_000.0
@@ -225,6 +231,9 @@ class Fleet(_Strict):
     global_retry_budget: RetryBudget | None = None
     """A retry budget shared by every client (None: none)."""
     faults: list[Fault] = []
+    workload: str | None = None
+    """The requests when the command line names none: a workload file (relative to the fleet file) or a shipped
+    workload's name."""
     slo: str | None = None
     """An SLO file (relative to the fleet file, or a shipped SLO's name): its latency (ttft_ms, e2e_ms) and
     rejection_rate properties, held across the fleet."""
@@ -288,10 +297,16 @@ class LoadedFleet:
     replicas: list[Replica]
     slo: list[Property]  # the SLO file's properties (latency on ttft_ms / e2e_ms, rejection_rate)
     slo_source: str | None
+    workload: str | None  # the workload file the fleet names (None: none)
 
     @property
     def name(self) -> str:
         return self.spec.name or Path(self.source).stem
+
+    def with_faults(self, faults: list[Fault]) -> LoadedFleet:
+        """The same fleet with these faults in place of its own (a search's draw, a counterexample's)."""
+        return LoadedFleet(self.spec.model_copy(update={"faults": faults}), self.source, self.replicas, self.slo,
+                           self.slo_source, self.workload)
 
 
 SLO_METRICS = ("ttft_ms", "e2e_ms")  # what the fleet measures per request, from its first arrival
@@ -318,10 +333,10 @@ def load_fleet(path: str | Path) -> LoadedFleet:
     data, lines = load_document(path)
     spec = validate(Fleet, data, str(path), lines)
     source = str(path)
-    loaded: dict[tuple[str, str | None], tuple[Policy, Profile]] = {}
+    loaded: dict[tuple[str, str | None, tuple[str, ...]], tuple[Policy, Profile]] = {}
     replicas: list[Replica] = []
     for i, g in enumerate(spec.replicas):
-        key = (g.policy, g.profile)
+        key = (g.policy, g.profile, tuple(g.set))
         if key not in loaded:
             pol = _file(path, g.policy, "policy")
             if not pol.is_file():
@@ -333,7 +348,14 @@ def load_fleet(path: str | Path) -> LoadedFleet:
                 if not prof.is_file():
                     raise InputError(Problem(f"replicas.{i}.profile", g.profile, "a profile file (relative to the "
                                              "fleet file) or a shipped profile's name"), source)
-            loaded[key] = (load_policy(pol), load_profile(prof))
+            try:
+                policy = apply_overrides(load_policy(pol), g.set)
+            except InputError as exc:
+                if exc.source != "--set" and exc.source is not None:
+                    raise
+                raise InputError([Problem(f"replicas.{i}.set" + ("" if p.path == "--set" else f" ({p.path})"), p.value,
+                                          p.expected) for p in exc.problems], source) from None
+            loaded[key] = (policy, load_profile(prof))
         policy, profile = loaded[key]
         replicas.extend(Replica(n, g.name, policy, profile) for n in g.replica_names())
     slo: list[Property] = []
@@ -351,7 +373,14 @@ def load_fleet(path: str | Path) -> LoadedFleet:
             what = prop.metric if isinstance(prop, LatencyBound) else prop.kind
             raise InputError(Problem(f"properties.{prop.name}", what, "a property the fleet measures: latency of "
                                      f"{' or '.join(SLO_METRICS)}, or rejection_rate"), slo_source)
-    return LoadedFleet(spec, source, replicas, slo, slo_source)
+    workload = None
+    if spec.workload is not None:
+        wl = _file(path, spec.workload, "workload")
+        if not wl.is_file():
+            raise InputError(Problem("workload", spec.workload, "a workload file (relative to the fleet file) or a "
+                                     "shipped workload's name"), source)
+        workload = str(wl)
+    return LoadedFleet(spec, source, replicas, slo, slo_source, workload)
 
 
 def check_classes(fleet: LoadedFleet, class_names: list[str]) -> None:

@@ -1,0 +1,84 @@
+"""The fleet's properties, evaluated on one run: the SLO file's properties per class across the fleet (latency of
+ttft_ms / e2e_ms from each request's first arrival; rejection_rate as the share of requests lost), retry
+amplification bounded, and every request accounted for (finished, cancelled by its client, or lost with a
+reason: none left stuck).
+
+On one run a property HOLDS (on that run: a simulation, not a proof) or is VIOLATED; one that measured nothing
+(no request of its class) is VACUOUS. The search (checker.fleet.search) turns these into NO_COUNTEREXAMPLE or a
+shrunk, replayed VIOLATED."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from checker.fleet.spec import LoadedFleet
+from checker.fuzz.slo import Outcome, evaluate
+
+AMPLIFICATION = "retry_amplification"
+ACCOUNTED = "every_request_accounted"
+
+
+@dataclass(frozen=True)
+class FleetProperty:
+    name: str
+    kind: str  # "slo", AMPLIFICATION or ACCOUNTED
+    slo: object = None  # the SLO file's property, for kind "slo"
+
+
+@dataclass(frozen=True)
+class Finding:
+    prop: FleetProperty
+    outcome: Outcome
+
+    @property
+    def verdict(self) -> str:
+        if self.outcome.observed is None:
+            return "VACUOUS"
+        return "HOLDS" if self.outcome.holds else "VIOLATED"
+
+    def line(self) -> str:
+        o = self.outcome
+        if self.verdict == "VACUOUS":
+            return f"VACUOUS   {self.prop.name:<28} {o.detail}"
+        sign = "<=" if o.holds else ">"
+        word = "HOLDS    " if o.holds else "VIOLATED "
+        return f"{word} {self.prop.name:<28} observed {o.observed} {sign} allowed {o.allowed} ({o.detail})"
+
+    def as_json(self) -> dict:
+        return {"name": self.prop.name, "kind": self.prop.kind, "verdict": self.verdict,
+                "observed": self.outcome.observed, "allowed": self.outcome.allowed, "detail": self.outcome.detail}
+
+
+def fleet_properties(fleet: LoadedFleet) -> list[FleetProperty]:
+    props = [FleetProperty(p.name, "slo", p) for p in fleet.slo]
+    if fleet.spec.properties.max_retry_amplification is not None:
+        props.append(FleetProperty(AMPLIFICATION, AMPLIFICATION))
+    if fleet.spec.properties.every_request_accounted:
+        props.append(FleetProperty(ACCOUNTED, ACCOUNTED))
+    return props
+
+
+def evaluate_fleet(fleet: LoadedFleet, prop: FleetProperty, summary: Mapping) -> Outcome:
+    """One property on a fleet run's summary (checker.fleet.metrics.summarize_fleet)."""
+    if prop.kind == "slo":
+        outcome = evaluate(prop.slo, summary)
+        return Outcome(outcome.holds, outcome.observed, outcome.allowed,
+                       outcome.detail.replace("rejection rate", "share of requests lost") + " across the fleet")
+    if prop.kind == AMPLIFICATION:
+        spec = fleet.spec.properties
+        offered = summary["offered"]
+        unique = max(1, offered["unique_requests"])
+        allowed = round(spec.max_retry_amplification + spec.retry_slack / unique, 4)
+        slack = f" + {spec.retry_slack} slack / {unique}" if spec.retry_slack else ""
+        value = offered["retry_amplification"]
+        return Outcome(offered["attempts"] <= spec.max_retry_amplification * unique + spec.retry_slack, value, allowed,
+                       f"{offered['attempts']} requests offered for {offered['unique_requests']} unique "
+                       f"({offered['retry']} retries, {offered['reroute']} re-routes); bound "
+                       f"{spec.max_retry_amplification:g}{slack}")
+    stuck = summary["overall"]["lost_by_reason"].get("unfinished", 0)
+    return Outcome(stuck == 0, stuck, 0, f"requests left unfinished with no reason, of {summary['overall']['requests']}")
+
+
+def evaluate_all(fleet: LoadedFleet, summary: Mapping) -> list[Finding]:
+    return [Finding(p, evaluate_fleet(fleet, p, summary)) for p in fleet_properties(fleet)]

@@ -1,0 +1,45 @@
+"""The text summary of a fleet run (``batchcheck fleet`` without --json)."""
+
+from __future__ import annotations
+
+from checker.fleet.properties import Finding
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.1f}"
+
+
+def format_fleet(summary: dict, findings: list[Finding]) -> str:
+    offered = summary["offered"]
+    lines = [f"fleet {summary['fleet']} ({len(summary['replicas'])} replicas, router {summary['router']}) on "
+             f"{summary['requests_source']}: {offered['unique_requests']} requests, {summary['engine']['simulated_s']} "
+             f"s simulated in {summary['engine']['wall_s']} s",
+             f"  offered {offered['attempts']} ({offered['first']} first attempts, {offered['retry']} retries, "
+             f"{offered['reroute']} re-routes): retry amplification {offered['retry_amplification']}",
+             f"  goodput {summary['goodput']['requests']} requests within their TTFT SLO "
+             f"({summary['goodput']['per_s']}/s)", "",
+             f"  {'class':<16} {'requests':>8} {'finished':>8} {'cancelled':>9} {'lost':>6} {'retries':>7} {'TTFT p50':>10} "
+             f"{'TTFT p99':>10} {'e2e p99':>10}  (ms)"]
+    for name, g in [*summary["by_class"].items(), ("(all)", summary["overall"])]:
+        lines.append(f"  {name:<16} {g['requests']:>8} {g['finished']:>8} {g['cancelled']:>9} {g['lost']:>6} {g['retries']:>7} "
+                     f"{_ms(g['ttft_ms']['p50']):>10} {_ms(g['ttft_ms']['p99']):>10} {_ms(g['e2e_ms']['p99']):>10}")
+    lost = summary["overall"]["lost_by_reason"]
+    if lost:
+        lines.append("  lost: " + ", ".join(f"{why} {n}" for why, n in lost.items()))
+    lines.append("")
+    lines.append(f"  {'replica':<16} {'attempts':>8} {'steps':>8} {'busy s':>8} {'KV peak':>8}  lives")
+    for r in summary["replicas"]:
+        flag = "" if r["up_at_end"] else "  (down at the end)"
+        flag += "  (livelock suspected: stopped)" if r["livelock_suspected"] else ""
+        lines.append(f"  {r['name']:<16} {r['attempts']:>8} {r['steps']:>8} {r['busy_s']:>8} "
+                     f"{r['kv_peak_blocks']:>8}  {r['lives']}{flag}")
+    for f in summary["faults"]:
+        rec = ", ".join(f"{cls} {'not recovered by the end' if v is None else f'{v:,.0f} ms'}"
+                        for cls, v in f["recovery_ms"].items())
+        lines.append(f"  fault {f['fault']} ({f['kind']} {f['replica']} at {f['at_ms']:,.0f} ms): recovery "
+                     f"{rec or 'not measured (no class has a p99 TTFT SLO)'}")
+    if summary["engine"]["step_limit_hit"]:
+        lines.append("  STOPPED: the step limit was reached; requests left are counted unfinished")
+    lines.append("")
+    lines.extend(f.line() for f in findings)
+    return "\n".join(lines)

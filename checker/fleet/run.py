@@ -1,0 +1,65 @@
+"""A fleet check as the facade calls it: the fleet file, its requests, the run, its summary and the verdict of
+each property; and the replay of a saved fleet counterexample."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from checker.errors import InputError, Problem
+from checker.fleet.metrics import summarize_fleet
+from checker.fleet.properties import Finding, evaluate_all, fleet_properties
+from checker.fleet.counterexample import load_counterexample
+from checker.fleet.simulation import FleetResult, simulate_fleet
+from checker.fleet.spec import LoadedFleet, check_classes, load_fleet
+from checker.traces import RequestSet, TraceOptions, load_requests
+
+
+@dataclass
+class FleetRun:
+    fleet: LoadedFleet
+    requests: RequestSet
+    result: FleetResult
+    summary: dict
+    findings: list[Finding]
+
+    @property
+    def violated(self) -> bool:
+        return any(f.verdict == "VIOLATED" for f in self.findings)
+
+
+def fleet_requests(fleet: LoadedFleet, workload: str | Path | None, trace: str | Path | None,
+                   limit: int | None = None, options: TraceOptions | None = None) -> RequestSet:
+    """The requests: the command line's workload or trace, else the workload the fleet file names."""
+    if workload is None and trace is None:
+        if fleet.workload is None:
+            raise InputError(Problem("--workload/--trace", "<none>", "one of them, or a workload: in the fleet file"),
+                             None)
+        workload = fleet.workload
+    requests = load_requests(workload=workload, trace=trace, limit=limit, options=options)
+    check_classes(fleet, requests.class_names)
+    return requests
+
+
+def check(fleet: LoadedFleet, requests: RequestSet) -> FleetRun:
+    result = simulate_fleet(fleet, requests)
+    summary = summarize_fleet(result)
+    return FleetRun(fleet, requests, result, summary, evaluate_all(fleet, summary))
+
+
+def run_fleet(fleet: str | Path, workload: str | Path | None = None, trace: str | Path | None = None,
+              limit: int | None = None, options: TraceOptions | None = None) -> FleetRun:
+    loaded = load_fleet(fleet)
+    return check(loaded, fleet_requests(loaded, workload, trace, limit, options))
+
+
+def replay_fleet(fleet: str | Path, counterexample: str | Path) -> FleetRun:
+    """A saved fleet counterexample run again on the fleet file (its requests and faults in place of the file's),
+    judged on the property it names (and the others)."""
+    loaded = load_fleet(fleet)
+    cex, requests = load_counterexample(counterexample)
+    names = [p.name for p in fleet_properties(loaded)]
+    if cex.property not in names:
+        raise InputError(Problem("property", cex.property, "a property of the fleet: " + ", ".join(names)),
+                         str(counterexample))
+    return check(loaded.with_faults(list(cex.faults)), requests)

@@ -1,0 +1,164 @@
+"""The fleet's Hypothesis search: arrivals (the SLO fuzzer's adversarial request strategies over the workload's
+classes), faults (replicas lost, with their recovery delay, and slow windows) and their timing, drawn together;
+a failing fleet trace is shrunk by Hypothesis to a minimal one, replayed, and saved as a fleet counterexample
+(``batchcheck fleet FLEET --replay FILE`` runs it again). One search per property, with the SLO fuzzer's driver
+(checker.fuzz.run.hunt).
+
+The drawn faults replace the fleet file's: each lost fault takes the rule, detection delay and warm-up of the
+file's first lost fault (the defaults where it has none), each slow fault the factor of its first slow fault."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import NamedTuple
+
+from hypothesis import strategies as st
+
+from checker.errors import InternalError
+from checker.fleet.counterexample import save_counterexample
+from checker.fleet.metrics import summarize_fleet
+from checker.fleet.properties import FleetProperty, evaluate_fleet, fleet_properties
+from checker.fleet.simulation import simulate_fleet
+from checker.fleet.spec import Fault, LoadedFleet, LostFault, SlowFault
+from checker.fuzz.run import hunt
+from checker.fuzz.slo import Outcome
+from checker.fuzz.strategies import Draw, adversarial, ranges, request_maker
+from checker.loading import load_model
+from checker.traces import RequestSet
+from checker.workload import Workload
+
+MAX_FAULTS = 2
+
+
+class FaultDraw(NamedTuple):
+    kind: str  # "lost" or "slow"
+    replica: int
+    at_ms: int
+    length_ms: int  # lost: recovery delay (0: it never recovers); slow: the window's length
+
+
+def _faults(fleet: LoadedFleet, horizon_ms: int) -> st.SearchStrategy[list[FaultDraw]]:
+    n = len(fleet.replicas)
+    replica, at = st.integers(0, n - 1), st.integers(0, horizon_ms)
+    lost = st.builds(FaultDraw, st.just("lost"), replica, at, st.integers(0, horizon_ms))
+    slow = st.builds(FaultDraw, st.just("slow"), replica, at, st.integers(1, horizon_ms))
+    return st.lists(st.one_of(lost, slow), max_size=MAX_FAULTS)
+
+
+def to_faults(fleet: LoadedFleet, draws: list[FaultDraw]) -> list[Fault]:
+    """The drawn faults as fleet faults (one lost fault per replica: a later draw for a lost replica is dropped)."""
+    template = next((f for f in fleet.spec.faults if isinstance(f, LostFault)), None)
+    factor = next((f.factor for f in fleet.spec.faults if isinstance(f, SlowFault)), 4.0)
+    out: list[Fault] = []
+    lost: set[int] = set()
+    for d in draws:
+        name = fleet.replicas[d.replica].name
+        if d.kind == "slow":
+            out.append(SlowFault(kind="slow", replica=name, start_ms=d.at_ms, end_ms=d.at_ms + d.length_ms,
+                                 factor=factor))
+        elif d.replica not in lost:
+            lost.add(d.replica)
+            detect = 0.0 if template is None else template.detect_ms
+            recover = None if d.length_ms == 0 else max(float(d.length_ms), detect)
+            out.append(LostFault(kind="lost", replica=name, at_ms=d.at_ms, rule=template.rule if template else "fail",
+                                 detect_ms=detect, recover_after_ms=recover,
+                                 warmup_ms=template.warmup_ms if template else 0.0,
+                                 warmup_factor=template.warmup_factor if template else 1.0))
+    return out
+
+
+def run_trace(fleet: LoadedFleet, prop: FleetProperty, requests: RequestSet, faults: list[Fault]) -> Outcome:
+    """One fleet trace (requests and faults) judged on one property."""
+    fl = fleet.with_faults(faults)
+    return evaluate_fleet(fl, prop, summarize_fleet(simulate_fleet(fl, requests)))
+
+
+@dataclass
+class SearchResult:
+    prop: FleetProperty
+    examples: int
+    seconds: float
+    outcome: Outcome | None = None  # of the minimal failing trace, replayed
+    requests: RequestSet | None = None
+    faults: list[Fault] = field(default_factory=list)
+    counterexample: Path | None = None
+
+    @property
+    def violated(self) -> bool:
+        return self.outcome is not None
+
+    def line(self) -> str:
+        name = f"{self.prop.name:<28}"
+        if self.outcome is None:
+            return (f"NO_COUNTEREXAMPLE  {name} no counterexample in {self.examples} examples (a search, not a "
+                    f"proof)  [{self.seconds:.1f} s]")
+        o = self.outcome
+        saved = f"; {self.counterexample}" if self.counterexample else ""
+        return (f"VIOLATED           {name} observed {o.observed} > allowed {o.allowed} ({o.detail}); minimal "
+                f"fleet trace: {len(self.requests.specs)} requests, {len(self.faults)} faults after shrinking; "
+                f"replayed{saved}  [{self.seconds:.1f} s]")
+
+    def as_json(self) -> dict:
+        doc = {"name": self.prop.name, "kind": self.prop.kind, "examples": self.examples,
+               "seconds": round(self.seconds, 3),
+               "verdict": "VIOLATED" if self.violated else "NO_COUNTEREXAMPLE",
+               "counterexample": str(self.counterexample) if self.counterexample else None}
+        if self.outcome is not None:
+            doc.update(observed=self.outcome.observed, allowed=self.outcome.allowed, detail=self.outcome.detail,
+                       requests=len(self.requests.specs), faults=len(self.faults))
+        return doc
+
+
+def search(fleet: LoadedFleet, workload: str | Path, max_examples: int = 100, time_budget_s: float = 60.0,
+           seed: int = 0, max_requests: int = 20, out_dir: Path | None = None,
+           only: list[str] | None = None) -> list[SearchResult]:
+    """One search per property of the fleet (or those named in ``only``)."""
+    w = load_model(Workload, workload)
+    make = request_maker(w)
+    horizon = max(1, max(ranges(w).mean_gap_ms) * max_requests)
+    strategy = st.tuples(adversarial(w, fleet.replicas[0].policy, max_requests), _faults(fleet, horizon)).map(
+        lambda parts: list(parts[0]) + list(parts[1]))
+    results = []
+    for prop in fleet_properties(fleet):
+        if only and prop.name not in only:
+            continue
+
+        def split(trace: list) -> tuple[list[Draw], list[FaultDraw]]:
+            return [d for d in trace if isinstance(d, Draw)], [d for d in trace if isinstance(d, FaultDraw)]
+
+        def judge(trace: list, prop: FleetProperty = prop) -> tuple[bool, Outcome | None, float]:
+            draws, faults = split(trace)
+            outcome = run_trace(fleet, prop, make(draws), to_faults(fleet, faults))
+            ratio = outcome.observed / outcome.allowed if outcome.observed is not None and outcome.allowed else 0.0
+            return not outcome.holds, outcome, ratio
+
+        h = hunt(strategy, judge, max_examples, time_budget_s, seed, None, prop.name)
+        result = SearchResult(prop, h.examples, h.seconds)
+        if h.trace is not None:
+            draws, faults = split(h.trace)
+            requests, fleet_faults = make(draws, "fleet search"), to_faults(fleet, faults)
+            replayed = run_trace(fleet, prop, requests, fleet_faults)
+            if replayed.holds:  # the simulation is deterministic: a failure that does not replay is a bug
+                raise InternalError(f"fleet search: the shrunk trace of {prop.name} does not fail on replay")
+            result.outcome, result.requests, result.faults = replayed, requests, fleet_faults
+            if out_dir is not None:
+                result.counterexample = save_counterexample(fleet, prop.name, replayed, requests, fleet_faults, out_dir)
+        results.append(result)
+    return results
+
+
+def fleet_search(fleet: str | Path, workload: str | Path | None = None, max_examples: int = 100,
+                 time_budget_s: float = 60.0, seed: int = 0, max_requests: int = 20,
+                 out_dir: Path | None = None) -> list[SearchResult]:
+    """``search`` on a fleet file, over the classes of ``workload`` (default: the workload the fleet names)."""
+    from checker.errors import InputError, Problem
+    from checker.fleet.spec import check_classes, load_fleet
+
+    loaded = load_fleet(fleet)
+    workload = workload if workload is not None else loaded.workload
+    if workload is None:
+        raise InputError(Problem("--workload", "<none>", "a workload (its classes and length ranges are what the "
+                                 "search draws from), or a workload: in the fleet file"))
+    check_classes(loaded, [c.name for c in load_model(Workload, workload).classes])
+    return search(loaded, workload, max_examples, time_budget_s, seed, max_requests, out_dir)
