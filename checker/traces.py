@@ -31,8 +31,8 @@ class RequestSet:
     source: str
 
 
-def from_workload(w: Workload, source: str) -> RequestSet:
-    return RequestSet(generate(w), [c.name for c in w.classes], w.tenants, source)
+def from_workload(w: Workload, source: str, limit: int | None = None) -> RequestSet:
+    return RequestSet(generate(w, limit), [c.name for c in w.classes], w.tenants, source)
 
 
 # ----------------------------------------------------------------------------------------- JSON trace
@@ -366,8 +366,8 @@ def load_requests(workload: str | Path | None = None, trace: str | Path | None =
     with the trace options applied (window, load scale, class rules), then the first ``limit``."""
     opt = options or TraceOptions()
     if workload is not None:
-        w = load_model(Workload, workload)
-        rs = from_workload(w, str(workload))
+        w = load_model(Workload, workload)  # the first `limit` built, no more (unless options reshape the set)
+        rs = from_workload(w, str(workload), limit if opt == TraceOptions(class_column=opt.class_column) else None)
     elif trace is not None:
         rs = load_trace(trace, None, opt.class_column)
     else:

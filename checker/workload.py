@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 from typing import Annotated, Literal, Union
@@ -16,6 +17,7 @@ from checker.policy import MAX_TOKENS
 from checker.requests import PromptContent, RequestSpec
 
 MAX_REQUESTS = 5_000_000
+MAX_ARRIVALS = 5_000_000  # arrivals a workload may draw (expected, over its duration; before max_requests applies)
 MAX_DURATION_S = 7 * 86_400
 
 
@@ -113,6 +115,9 @@ class Poisson(_Strict):
     process: Literal["poisson"]
     rate_per_s: Annotated[float, Field(gt=0, le=1e6)]
 
+    def expected(self, span_ms: float) -> float:
+        return self.rate_per_s * span_ms / 1000.0
+
     def times_ms(self, rng: random.Random, start: float, stop: float) -> list[float]:
         out, t = [], start
         while True:
@@ -126,6 +131,9 @@ class FixedInterval(_Strict):
     process: Literal["fixed"]
     interval_ms: Annotated[float, Field(gt=0, le=1e9)]
 
+    def expected(self, span_ms: float) -> float:
+        return math.ceil(span_ms / self.interval_ms)
+
     def times_ms(self, rng: random.Random, start: float, stop: float) -> list[float]:
         n = int(math.ceil((stop - start) / self.interval_ms))
         return [start + i * self.interval_ms for i in range(n) if start + i * self.interval_ms < stop]
@@ -138,6 +146,9 @@ class Bursts(_Strict):
     size: Annotated[int, Field(ge=1, le=1_000_000)]
     every_ms: Annotated[float, Field(gt=0, le=1e9)]
     spacing_ms: Annotated[float, Field(ge=0, le=1e9)] = 0.0
+
+    def expected(self, span_ms: float) -> float:
+        return self.size * math.ceil(span_ms / self.every_ms)
 
     def times_ms(self, rng: random.Random, start: float, stop: float) -> list[float]:
         out, t = [], start
@@ -258,10 +269,30 @@ class Workload(_Strict, NamedClasses):
     max_requests: Annotated[int | None, Field(ge=1, le=MAX_REQUESTS)] = None
     classes: Annotated[list[RequestClass], Field(min_length=1)]
 
+    @model_validator(mode="after")
+    def _arrivals_bounded(self) -> Workload:
+        """Every arrival of every class is drawn (the draws of a class come from one stream: its lengths follow
+        its arrival times), so the arrivals are bounded before any is drawn, max_requests or not."""
+        total = 0.0
+        for i, c in enumerate(self.classes):
+            stop = min(self.duration_s * 1000.0, c.stop_ms) if c.stop_ms is not None else self.duration_s * 1000.0
+            total += c.arrival.expected(max(0.0, stop - c.start_ms)) * (c.sessions.turns if c.sessions else 1)
+            if total > MAX_ARRIVALS:
+                raise _fail(f"classes.{i}.arrival", c.arrival.model_dump(exclude_defaults=True),
+                            f"at most {MAX_ARRIVALS:,} arrivals in all over duration_s={self.duration_s:g} (every "
+                            f"one is drawn before max_requests applies; this class brings the expected count "
+                            f"to {total:,.0f})")
+        return self
 
-def generate(w: Workload) -> list[RequestSpec]:
+
+def generate(w: Workload, limit: int | None = None) -> list[RequestSpec]:
     """Deterministic requests for a workload: each class draws from its own seeded stream, then the
-    requests are merged by arrival time (ties by class order) and numbered."""
+    requests are merged by arrival time (ties by class order) and numbered. ``limit`` (``--limit``) and
+    ``max_requests``: only the first that many, built no further than needed: the same requests as building
+    them all and keeping the first (a class draws all its arrival times first, then its requests in arrival
+    order; a class without sessions or shared prefixes, whose requests name no token runs, stops at the
+    limit)."""
+    keep = min((n for n in (w.max_requests, limit) if n is not None), default=None)
     tenants = {t: i for i, t in enumerate(w.tenants)}
     stop_all = w.duration_s * 1000.0
     rows = []
@@ -270,7 +301,11 @@ def generate(w: Workload) -> list[RequestSpec]:
         rng = random.Random(f"{w.seed}/{ci}/{c.name}")
         external = None if c.external_kv is None else (c.external_kv, random.Random(f"{w.seed}/{ci}/{c.name}/external"))
         stop = min(stop_all, c.stop_ms) if c.stop_ms is not None else stop_all
-        for t in c.arrival.times_ms(rng, c.start_ms, stop):
+        times = c.arrival.times_ms(rng, c.start_ms, stop)
+        if keep is not None and c.sessions is None and c.shared_prefix is None and len(times) > keep and \
+                all(a <= b for a, b in zip(times, itertools.islice(times, 1, None))):
+            times = times[:keep]  # its first `keep` (in order) are the only ones the merge can keep
+        for t in times:
             if c.sessions is None and c.shared_prefix is None:  # the request's own tokens (no content needed)
                 prompt = c.prompt_tokens.sample(rng)
                 output = c.output_tokens.sample(rng)
@@ -293,8 +328,8 @@ def generate(w: Workload) -> list[RequestSpec]:
                                  _cancel(c, rng, arrival), content, _transfer(external, prompt)))
                 previous_output = output
     rows.sort(key=lambda row: (row[0], row[1]))
-    if w.max_requests is not None:
-        rows = rows[: w.max_requests]
+    if keep is not None:
+        rows = rows[:keep]
     return [
         RequestSpec(rid=i, arrival_us=round(t * 1000), prompt_len=prompt, output_len=output,
                     max_output=max_out, priority=prio, tenant=tenant, cls=ci,
