@@ -340,20 +340,20 @@ def load_fleet(path: str | Path) -> LoadedFleet:
         if key not in loaded:
             pol = _file(path, g.policy, "policy")
             if not pol.is_file():
-                raise InputError(Problem(f"replicas.{i}.policy", g.policy, "a policy file (relative to the fleet "
+                raise InputError(Problem(f"replicas[{i}].policy", g.policy, "a policy file (relative to the fleet "
                                          "file) or a shipped policy's name"), source)
             prof = None
             if g.profile is not None:
                 prof = _file(path, g.profile, "profile")
                 if not prof.is_file():
-                    raise InputError(Problem(f"replicas.{i}.profile", g.profile, "a profile file (relative to the "
+                    raise InputError(Problem(f"replicas[{i}].profile", g.profile, "a profile file (relative to the "
                                              "fleet file) or a shipped profile's name"), source)
             try:
                 policy = apply_overrides(load_policy(pol), g.set)
             except InputError as exc:
                 if exc.source != "--set" and exc.source is not None:
                     raise
-                raise InputError([Problem(f"replicas.{i}.set" + ("" if p.path == "--set" else f" ({p.path})"), p.value,
+                raise InputError([Problem(f"replicas[{i}].set" + ("" if p.path == "--set" else f": {p.path}"), p.value,
                                           p.expected) for p in exc.problems], source) from None
             loaded[key] = (policy, load_profile(prof))
         policy, profile = loaded[key]
@@ -388,7 +388,7 @@ def check_classes(fleet: LoadedFleet, class_names: list[str]) -> None:
     for i, c in enumerate(fleet.spec.clients):
         for cls in c.classes or []:
             if cls not in class_names:
-                raise InputError(Problem(f"clients.{i}.classes", cls, "a class of the requests: " +
+                raise InputError(Problem(f"clients[{i}].classes", cls, "a class of the requests: " +
                                          ", ".join(class_names)), fleet.source)
     for prop in fleet.slo:
         if prop.request_class is not None and prop.request_class not in class_names:
