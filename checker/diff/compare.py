@@ -64,6 +64,7 @@ class Side:
     iterations: int  # for an invariant: iterations up to the violation; for an SLO: the trace's requests again
     path: Path | None
     detail: str
+    row: str = ""  # an SLO witness's figures for the summary row (the columns show the workload's own values)
 
 
 @dataclass
@@ -83,8 +84,11 @@ class PropertyDiff:
         return self.new_worse is not None
 
     def summary_line(self) -> str:
-        mark = "REGRESSION" if self.regression else "ok"
-        return (f"{mark:<11}{self.label:<34}{self.change.value:<20}{self.old_verdict} -> {self.new_verdict}")
+        mark = "REGRESSION" if self.regression else "undecided" if self.change is Change.UNKNOWN else "ok"
+        line = f"{mark:<11}{self.label:<34}{self.change.value:<20}{self.old_verdict} -> {self.new_verdict}"
+        if self.new_worse is not None and self.new_worse.row:
+            line += f"; {self.new_worse.row}"
+        return line
 
     def as_dict(self) -> dict:
         def side(s: Side | None) -> dict | None:
@@ -207,7 +211,7 @@ def _on_workload(policy: Policy, workload: Workload, profile: Profile, prop: Pro
 
 def diff_slo(pair: Pair, workload: Workload, profile: Profile, prop: Property, tolerance, max_examples: int,
              time_budget_s: float, seed: int, out_dir: Path | None, progress=None) -> PropertyDiff:
-    from checker.diff.slo import search_direction
+    from checker.diff.slo import samples_needed, search_direction
 
     sides: dict[str, tuple[bool, Side | None]] = {}
     examples = 0
@@ -220,13 +224,19 @@ def diff_slo(pair: Pair, workload: Workload, profile: Profile, prop: Property, t
             continue
         c = d.witness.comparison
         path = _save_trace(d.witness.trace, workload, prop, which, out_dir)
-        detail = (f"{len(d.witness.trace)} request(s): {c.new.detail} old {c.old.observed} -> new {c.new.observed} "
-                  f"(allowed {c.new.allowed})")
-        sides[which] = (True, Side(len(d.witness.trace), len(d.witness.trace), path, detail))
+        why = c.why(prop, new_is_worse)
+        n = len(d.witness.trace)
+        detail = (f"{n} request(s): {c.new.detail} old {c.old.observed} -> new {c.new.observed} "
+                  f"(allowed {c.new.allowed}); it {why}")
+        row = f"on a {n}-request witness {c.old.observed:g} -> {c.new.observed:g} (allowed {c.new.allowed:g}): {why}"
+        sides[which] = (True, Side(n, n, path, detail, row))
     change = classify(sides["new"][0], sides["old"][0])
     on_workload = [_on_workload(policy, workload, profile, prop) for policy in (pair.old, pair.new)]
     result = PropertyDiff("slo", prop.name, on_workload[0], on_workload[1], change, sides["new"][1], sides["old"][1])
+    need, stat = samples_needed(prop)
     result.strength = (f"searched {examples} generated examples (a search, not a proof); worse means "
                        f"more than {tolerance.threshold:.0%} and {tolerance.min_delta:g} above the other"
-                       + (", breaking the SLO where the other meets it" if tolerance.must_violate else ""))
+                       + (", breaking the SLO where the other meets it" if tolerance.must_violate else
+                          f", on a trace that breaks the SLO where the other meets it or has at least {need} "
+                          f"requests for {stat}"))
     return result

@@ -73,6 +73,13 @@ class DiffReport:
             lines.append("changed: " + ", ".join(self.changed_fields))
         else:
             lines.append("changed: nothing (identical rules)")
+        for p in self.regressions:  # one line each: what the change breaks, and how it shows
+            assert p.new_worse is not None
+            lines.append(f"why {p.label}: NEW worse, {p.new_worse.detail}")
+        undecided = [p.label for p in self.properties if p.change is Change.UNKNOWN and not p.regression]
+        if undecided:
+            lines.append(f"undecided: {', '.join(undecided)} (a search timed out: raise --timeout, or lower "
+                         "--requests / --depth)")
         lines.append("")
         lines += [p.summary_line() for p in self.properties]
         if self.audit is not None:

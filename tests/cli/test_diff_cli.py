@@ -23,9 +23,10 @@ def test_regression_summary_reads_first_and_exit_is_1(capsys, tmp_path):
     code, out, err = run(capsys, "diff", V1, SMALL_POOL, "--invariant", "no_deadlock", *BOUNDS, "--out", str(tmp_path))
     assert code == 1, err
     lines = out.splitlines()
-    assert lines[:4] == [
+    assert lines[:5] == [
         "diff vllm_v1 -> vllm_v1_small_pool: REGRESSION in 1 of 1 property  (exit 1)",
         "changed: kv.num_blocks: 2500 -> 32, max_model_len: 16384 -> 1024",
+        "why no_deadlock: NEW worse, 1 request(s), fails at iteration 1",
         "",
         "REGRESSION no_deadlock                       strictly less safe  HOLDS_UP_TO -> VIOLATED"]
     witness = next(tmp_path.glob("vllm_v1_small_pool__no_deadlock__*.json"))
