@@ -146,10 +146,12 @@ def recheck_certificate(certificate: str | Path, policy: PolicyInput | None = No
     return recheck(certificate, pol, shown, parsed, requests)
 
 
-def run_replay(counterexample: str | Path, policy: PolicyInput | None = None) -> tuple[str, bool]:
+def run_replay(counterexample: str | Path, policy: PolicyInput | None = None,
+               invariant_modules: list[str] | None = None) -> tuple[str, bool]:
     """Re-run a counterexample on the engine (under its own policy, or under another one). Returns the
-    text to show (an iteration or request table and a verdict line) and whether it still fails."""
-    outcome = replay_outcome(counterexample, policy)
+    text to show (an iteration or request table and a verdict line) and whether it still fails. A user
+    invariant's module: ``invariant_modules``, else the one the counterexample records."""
+    outcome = replay_outcome(counterexample, policy, invariant_modules)
     return outcome.text, outcome.violated
 
 
@@ -166,13 +168,14 @@ class ReplayOutcome:
         return {**self.doc, "violated": self.violated}
 
 
-def replay_outcome(counterexample: str | Path, policy: PolicyInput | None = None) -> ReplayOutcome:
+def replay_outcome(counterexample: str | Path, policy: PolicyInput | None = None,
+                   invariant_modules: list[str] | None = None) -> ReplayOutcome:
     """``run_replay`` with the replay's figures as well (``ReplayOutcome.as_dict``)."""
     from checker.bugreport.document import load_counterexample
     from checker.verify.replay import replay_counterexample, replay_table
 
     pol = load_policy(policy) if policy is not None else None
-    doc, _ = load_counterexample(counterexample)  # every section checked (types, bounds, states) before replaying
+    doc, _ = load_counterexample(counterexample, invariant_modules)  # every section checked (types, bounds, states) before replaying
     if doc["property"].get("kind") == "slo":
         from checker.fuzz.counterexample import replay as replay_slo
 
@@ -271,13 +274,15 @@ def run_ci(config: str | Path | None = None, jobs: int | None = None, scheduler=
 
 
 # ----------------------------------------------------------------------------------------- bug reports
-def run_report(counterexample: str | Path, out_dir: str | Path = "reports", html: bool = False):
+def run_report(counterexample: str | Path, out_dir: str | Path = "reports", html: bool = False,
+               invariant_modules: list[str] | None = None):
     """Replay a counterexample on the engine and write a markdown bug report and a PNG timeline into
     ``out_dir`` (docs/report.md), with ``html`` also an interactive HTML page. Returns the ReportFiles;
-    InputError (exit 2) for a bad file or an unwritable directory, with nothing written."""
+    InputError (exit 2) for a bad file or an unwritable directory, with nothing written. A user invariant's
+    module: ``invariant_modules``, else the one the counterexample records."""
     from checker.bugreport.build import write_report
 
-    return write_report(counterexample, out_dir, html)
+    return write_report(counterexample, out_dir, html, invariant_modules)
 
 
 def write_run_plot(result: SimResult, path: str | Path) -> Path:

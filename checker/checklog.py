@@ -29,7 +29,7 @@ import os
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -41,6 +41,7 @@ from checker.loading import json_lines, load_document
 from checker.inputfiles import PolicyInput
 from checker.policy import MAX_TOKENS, Policy, ReleaseRule, Scheduler
 from checker.requests import DEFAULT_HASH_BLOCK_TOKENS, RequestSpec, prefix_problem, prompt_content
+from checker.semantics import speculative
 from checker.semantics.kv import blocks_for
 from checker.semantics.state import FIELDS, Reason, SchedulerState, Status
 from checker.semantics.step import step
@@ -128,6 +129,9 @@ class LogStep(NamedTuple):  # a tuple: one is built per log line
     loading: list[int] | None = None
     # An SGLang record with all four pool counts (IDENTITY_KEYS), for its memory identity; None otherwise.
     pool_counts: tuple[int, int, int, int] | None = None
+    # A speculative-decoding log (tests/vllm_spec_driver.py): how many of each request's scheduled drafts the
+    # verifier accepted (the environment's choice the engine is fed under --conformance); None: the line does not say.
+    accepted: dict[int, int] | None = None
 
 
 @dataclass
@@ -308,11 +312,28 @@ def parse_step(rec: Any, line_no: int, arrivals: Arrivals, source: str, page: in
         raise InputError(Problem(name, value, "a whole number", line_no), source)
     raw_held = rec.get("held")
     if raw_held is None:
-        return _new_tuple(LogStep, (k, scheduled, lists[0], lists[1], lists[2], running, waiting, free, line_no, None,
-                                    None, None))
-    held, loading = _connector_fields(raw_held, rec.get("loading"), line_no, arrivals, source)
+        held = loading = None
+    else:
+        held, loading = _connector_fields(raw_held, rec.get("loading"), line_no, arrivals, source)
+    raw_accepted = rec.get("accepted")
+    accepted = None if raw_accepted is None else _accepted(raw_accepted, line_no, arrivals, source)
     return _new_tuple(LogStep, (k, scheduled, lists[0], lists[1], lists[2], running, waiting, free, line_no, held,
-                                loading, None))
+                                loading, None, accepted))
+
+
+def _accepted(raw: Any, line_no: int, arrivals: Arrivals, source: str) -> dict[int, int]:
+    """A speculative log's ``accepted``: {request id: drafts accepted, a whole number >= 0}."""
+    if not isinstance(raw, dict):
+        raise InputError(Problem("accepted", raw, "an object: request id -> drafts accepted", line_no), source)
+    out = {}
+    for key, a in raw.items():
+        r = arrivals.rid(key)
+        if r is None:
+            raise InputError(Problem(f"accepted.{key}", key, "the id of a request of the arrivals", line_no), source)
+        if a.__class__ is not int or a < 0:
+            raise InputError(Problem(f"accepted.{key}", a, "a whole number >= 0", line_no), source)
+        out[r] = a
+    return out
 
 
 SGLANG_KEYS = ("retracted", "available_tokens", "evictable_tokens")
@@ -595,6 +616,9 @@ class Observed:
         # they are freed; with the cache they are freed at once, see release_aborted)
         self.aborted_holding: dict[int, None] = {}
         self.keeps_aborted = not policy.kv.prefix_caching.enabled
+        # speculative decoding: the drafter's lookahead slots (a decode's blocks cover them) and the length cap
+        self.lookahead = policy.speculative.lookahead_slots if policy.speculative.enabled else None
+        self.max_len = policy.max_model_len
         self.seq = 1
         self.t = -1  # position in the log of the last step applied
         self.keep = keep
@@ -694,10 +718,15 @@ class Observed:
                 s["admitted_seq"] = self.seq
                 self.seq += 1
                 admitted.append(r)
-            c = s["num_computed"] = s["num_computed"] + n
-            if c > s["blocks"] * size:  # blocks is 0 or blocks_for(computed before): it grows only past them
-                blocks(r, s, blocks_for(c, size))
             g = s["num_generated"]
+            if self.lookahead is not None and entry.accepted and r in entry.accepted:
+                self._verified(r, s, n, entry.accepted[r])
+                produce(r)
+                continue
+            c = s["num_computed"] = s["num_computed"] + n
+            t = c if self.lookahead is None else min(c + self.lookahead, self.max_len)  # and the lookahead slots
+            if t > s["blocks"] * size:  # blocks is 0 or blocks_for(computed before): it grows only past them
+                blocks(r, s, blocks_for(t, size))
             if c >= prompt[r] + g:
                 s["num_generated"] = g + 1
                 produce(r)
@@ -712,6 +741,18 @@ class Observed:
             self._apply_held(entry, touched)
         elif self.aborted_holding:
             self._release_aborted()
+
+    def _verified(self, r: int, s: dict[str, int], n: int, a: int) -> None:
+        """A decode that verified drafts (a speculative log): n tokens scheduled, a drafts accepted; the rejected
+        ones rolled back, 1 + a output tokens (fewer at the request's output length or max_model_len), the blocks
+        of the scheduled tokens and the lookahead slots (as checker.semantics.speculative.verify)."""
+        c, g = s["num_computed"], s["num_generated"]
+        total = self.prompt[r] + g
+        need = blocks_for(min(c + n + self.lookahead, self.max_len), self.size)
+        if need > s["blocks"]:
+            self._blocks(r, s, need)
+        m = max(1, min(1 + a, self.specs[r].output_len - g, self.max_len - total))
+        s["num_computed"], s["num_generated"] = c + m, g + m
 
     def _apply_held(self, entry: LogStep, touched) -> None:
         """A connector log line: the blocks each request that is not running holds, and which are loading
@@ -1313,6 +1354,8 @@ class Lockstep:
     def feed(self, entry: LogStep) -> bool:
         """Compare one log step with the engine's; whether they agree."""
         self.steps += 1
+        if entry.accepted and self.s.spec is not None:  # the verifier's choices, before the engine's step
+            speculative.feed(self.s, entry.accepted)
         if entry.step < self.quiet_until:  # in a quiet stretch: one token per running request, nothing else
             ours = (self.quiet, [], [])
             agree = entry.scheduled == self.quiet and not entry.preempted and not entry.finished
@@ -1595,7 +1638,7 @@ def conformance(policy: Policy, arrivals: Arrivals, log: list[LogStep]) -> Confo
     """Run the engine on the same arrivals, step by step, and compare what each schedules, preempts and
     finishes with the log (the reference path: every engine decision recorded)."""
     first = log[0].step
-    replay = replay_fixed_clock(policy, arrivals.specs, first + len(log), STEP_US, 1)
+    replay = replay_fixed_clock(policy, with_accepted(arrivals.specs, log, policy), first + len(log), STEP_US, 1)
     agreeing, free_agreeing, divergence, detail = 0, 0, None, ""
     for entry in log:
         d = replay.decisions[entry.step]
@@ -1608,6 +1651,18 @@ def conformance(policy: Policy, arrivals: Arrivals, log: list[LogStep]) -> Confo
             divergence = entry.step
             detail = divergence_detail(arrivals.ids, entry, ours)
     return Conformance(len(log), agreeing, divergence, detail, free_agreeing)
+
+
+def with_accepted(specs: list[RequestSpec], log: list[LogStep], policy: Policy) -> list[RequestSpec]:
+    """Under speculative decoding, each request's ``accepted`` list as the log's lines give it, in step order (the
+    environment's choices the engine reads at its verifying steps); the specs unchanged otherwise."""
+    if not policy.speculative.enabled:
+        return specs
+    given: dict[int, list[int]] = {}
+    for entry in log:
+        for r, a in (entry.accepted or {}).items():
+            given.setdefault(r, []).append(a)
+    return [replace(s, accepted=tuple(given[s.rid])) if s.rid in given else s for s in specs]
 
 
 def engine_log(policy: Policy, arrivals: Arrivals, steps: int) -> list[dict]:

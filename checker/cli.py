@@ -268,7 +268,7 @@ def _verify(args: argparse.Namespace) -> int:
 def _replay(args: argparse.Namespace) -> int:
     from checker.api import replay_outcome
 
-    outcome = replay_outcome(args.counterexample, args.policy)
+    outcome = replay_outcome(args.counterexample, args.policy, args.invariant_module)
     code = ExitCode.VIOLATED if outcome.violated else ExitCode.OK
     print(json.dumps({**outcome.as_dict(), "exit_code": int(code)}, indent=1) if args.json else outcome.text)
     return code
@@ -544,6 +544,8 @@ def build_parser() -> argparse.ArgumentParser:
                          description="Exit 1 while the policy still fails on the trace, 0 once it does not.")
     p.add_argument("counterexample", metavar="FILE")
     p.add_argument("--policy", metavar="POLICY", help="replay under this policy instead of the recorded one")
+    p.add_argument("--invariant-module", action="append", metavar="MODULE", help="load user invariants (default: "
+                   "the module the counterexample records)")
     p.add_argument("--json", action="store_true", help="print the replay (every iteration, the verdict) as JSON")
     p.set_defaults(run=_replay)
 

@@ -386,6 +386,54 @@ class Connector(_Strict):
         return self
 
 
+# ----------------------------------------------------------------------------------------- speculative decoding
+class SpecMethod(StrEnum):
+    """How draft tokens are proposed (vLLM's speculative_config method). none: no speculative decoding. ngram:
+    prompt lookup (no lookahead slots). draft: a separate draft model (vLLM draft_model: k lookahead slots and one
+    extra budget slot per scheduled request). eagle, mtp: a draft head on the target's hidden states (k lookahead
+    slots; mtp as single-module MTP, the eagle family)."""
+
+    NONE = "none"
+    NGRAM = "ngram"
+    DRAFT = "draft"
+    EAGLE = "eagle"
+    MTP = "mtp"
+
+
+class Speculative(_Strict):
+    """Speculative decoding (docs/speculative.md): every running request that decoded in the step it was last
+    scheduled holds ``num_tokens`` draft tokens, scheduled with its next decode (counted in the token budget), the
+    drafter's lookahead slots allocated with them; the environment accepts 0..num_tokens of them, and the rejected
+    ones are rolled back."""
+
+    method: SpecMethod = SpecMethod.NONE
+    """The drafter; none keeps every other rule exactly as without this section."""
+    num_tokens: Annotated[int, Field(ge=0, le=64)] = 0
+    """Draft tokens per step (vLLM num_speculative_tokens): 0 with method none, 1..64 otherwise."""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Speculative:
+        if self.method is SpecMethod.NONE and self.num_tokens:
+            raise _fail("num_tokens", self.num_tokens, "0 when method is none")
+        if self.method is not SpecMethod.NONE and not self.num_tokens:
+            raise _fail("num_tokens", 0, f">= 1 when method is {self.method.value}")
+        return self
+
+    @property
+    def enabled(self) -> bool:
+        return self.method is not SpecMethod.NONE
+
+    @property
+    def lookahead_slots(self) -> int:
+        """KV slots allocated past the scheduled tokens (vLLM VllmConfig.num_lookahead_tokens)."""
+        return 0 if self.method in (SpecMethod.NONE, SpecMethod.NGRAM) else self.num_tokens
+
+    @property
+    def budget_slots(self) -> int:
+        """Extra token-budget slots each scheduled request takes (vLLM max_num_new_slots_for_drafting)."""
+        return 1 if self.method is SpecMethod.DRAFT else 0
+
+
 # ----------------------------------------------------------------------------------------- scheduler family
 class Scheduler(StrEnum):
     """Whose scheduling rules the step follows. vllm: the rule sections above (vLLM, and the servers mapped onto
@@ -511,6 +559,8 @@ class Policy(_Strict):
     """Whose scheduling rules the step follows: vllm (the sections above) or sglang (SGLang's own rules)."""
     sglang: SGLang = Field(default_factory=SGLang)
     """SGLang's knobs, read when scheduler is sglang."""
+    speculative: Speculative = Field(default_factory=Speculative)
+    """Speculative decoding: draft tokens and their lookahead slots (off by default)."""
 
     @model_validator(mode="after")
     def _consistent(self) -> Policy:
@@ -558,12 +608,39 @@ class Policy(_Strict):
             changed = next(k for k, v in self.sglang.model_dump().items() if v != SGLang.model_fields[k].default)
             raise _fail(f"sglang.{changed}", _shown(getattr(self.sglang, changed)),
                         "its default unless scheduler is sglang (the vllm rules do not read the sglang section)")
+        if self.speculative.enabled:
+            self._speculative_consistent()
         con = self.connector
         if con.loads and b.phase_mode is PhaseMode.MIXED:
             raise _fail("connector.kind", con.kind.value, "none or prefill_node when batch.phase_mode is mixed (the "
                         "mixed pass has no holders' scan; loads are modelled for the decode_first, prefill_first "
                         "and static passes)")
         return self
+
+    def _speculative_consistent(self) -> None:
+        """Speculative decoding is modelled for vLLM's rules without prefix caching or a KV connector (refused by
+        name otherwise), and its drafts must fit max_model_len and the step budget (vLLM refuses the latter)."""
+        spec, b = self.speculative, self.batch
+        method = spec.method.value
+        for path, value, allowed, why in (
+                ("scheduler", self.scheduler.value, "vllm", "SGLang's speculative rules are not modelled yet"),
+                ("kv.prefix_caching.enabled", self.kv.prefix_caching.enabled, False,
+                 "caching the accepted drafts' blocks and padded resumed decodes are not modelled yet"),
+                ("connector.kind", self.connector.kind.value, "none",
+                 "a load's deferred lookahead slots are not modelled yet"),
+                ("kv.allocation", self.kv.allocation.value, "on_demand",
+                 "lookahead slots under full reservation are not modelled yet")):
+            if value != allowed:
+                raise _fail(path, _shown(value), f"{_shown(allowed)} when speculative.method is {method} ({why})")
+        if spec.num_tokens + 2 > self.max_model_len:
+            raise _fail("speculative.num_tokens", spec.num_tokens,
+                        f"<= max_model_len - 2 = {self.max_model_len - 2} (a decode verifying its drafts needs one "
+                        "token of context, the drafts and the sampled token within max_model_len)")
+        slots = max(spec.lookahead_slots, spec.budget_slots)
+        if b.max_num_batched_tokens <= slots:
+            raise _fail("batch.max_num_batched_tokens", b.max_num_batched_tokens,
+                        f"> {slots} (the lookahead slots of speculative.method {method} with num_tokens "
+                        f"{spec.num_tokens}: vLLM refuses a budget that cannot schedule a token beside them)")
 
     def _sglang_consistent(self) -> None:
         for path, default in SGLANG_UNREAD:

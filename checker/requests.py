@@ -58,6 +58,10 @@ class RequestSpec:
     # The client asks to ignore EOS (a fixed-length request, as benchmark clients send): read by SGLang's rules
     # only (checker.semantics.sglang: its estimates take it at its full max output).
     ignore_eos: bool = False
+    # Speculative decoding (policy.speculative; ignored without it): how many draft tokens the verifier accepts in
+    # the request's successive steps that verify drafts (each clamped to the drafts scheduled; past the end, or
+    # empty: none accepted). checker.semantics.speculative reads it.
+    accepted: tuple[int, ...] = ()
 
 
 # A prompt identity, as the explicit-state searches choose it (checker/verify/explicit.py, checker/liveness): None

@@ -15,6 +15,9 @@ from checker.errors import InputError, Problem
 from invariants.catalogue import CATALOGUE, Invariant
 
 ENTRY_POINT_GROUP = "batchcheck.invariants"
+# invariant name -> the --invariant-module it was loaded from, as given (a counterexample of it records this, so
+# that replay and report load it again); entry-point invariants load by themselves and are not listed
+ORIGINS: dict[str, str] = {}
 
 
 def _import(spec: str) -> ModuleType:
@@ -50,7 +53,22 @@ def register(found: object, source: str) -> list[str]:
 
 def load_module(spec: str) -> list[str]:
     module = _import(spec)
-    return register(getattr(module, "INVARIANTS", None), spec)
+    names = register(getattr(module, "INVARIANTS", None), spec)
+    ORIGINS.update(dict.fromkeys(names, spec))
+    return names
+
+
+def load_recorded(name: str, spec: str, source: str) -> None:
+    """Load the module a counterexample of user invariant ``name`` recorded (``source``: that file), unless the
+    invariant is in the catalogue already (an --invariant-module given with replay or report comes first)."""
+    if name in CATALOGUE:
+        return
+    try:
+        load_module(spec)
+    except InputError as exc:
+        raise InputError(Problem("property.module", spec, f"{exc.problems[0].expected}: the module of user invariant "
+                                 f"{name}, recorded when it was found (give it with --invariant-module)"),
+                         source) from None
 
 
 def load_entry_points() -> list[str]:

@@ -111,10 +111,11 @@ def write_together(files: list[tuple[Path, str | bytes]], flag: str) -> None:
         raise
 
 
-def write_report(counterexample: str | Path, out_dir: str | Path = "reports", html: bool = False) -> ReportFiles:
+def write_report(counterexample: str | Path, out_dir: str | Path = "reports", html: bool = False,
+                 invariant_modules: list[str] | None = None) -> ReportFiles:
     """Replay a counterexample on the engine and write ``<name>.md`` and ``<name>.png`` into ``out_dir`` (with
     ``html``, also ``<name>.html``: the same content and an interactive timeline, one static file)."""
-    r = replay_for_report(counterexample)
+    r = replay_for_report(counterexample, invariant_modules)
     timeline = counterexample_timeline(r)
     png = render_png(timeline)
     p = r.doc.property

@@ -55,6 +55,7 @@ class CexProperty(_Open):
     name: Annotated[str, Field(min_length=1)]
     params: dict[str, int] = {}
     statement: str | None = None
+    module: str | None = None  # a user invariant's --invariant-module, as given when it was found
     spec: Property | None = None
     observed: float | None = None
     allowed: float | None = None
@@ -155,10 +156,21 @@ def _inconsistent(field: str, value: object, expected: str) -> PydanticCustomErr
     return PydanticCustomError("consistency", "", {"field": field, "value": value, "expected": expected})
 
 
-def load_counterexample(path: str | Path) -> tuple[dict[str, Any], CounterexampleDoc]:
-    """The raw document (for the replay functions) and its validated sections. InputError on bad input."""
+def load_counterexample(path: str | Path, invariant_modules: list[str] | None = None
+                        ) -> tuple[dict[str, Any], CounterexampleDoc]:
+    """The raw document (for the replay functions) and its validated sections. InputError on bad input.
+    A user invariant's module is loaded first: ``invariant_modules`` (--invariant-module), then the one the
+    file records (``property.module``)."""
     from checker.loading import load_document
+    from invariants.catalogue import CATALOGUE
+    from invariants.plugins import ORIGINS, load_module, load_recorded
 
+    for module in invariant_modules or []:
+        if not any(m == module and n in CATALOGUE for n, m in ORIGINS.items()):  # loaded once per process
+            load_module(module)
     doc = cex.load(path)
+    prop = doc["property"]
+    if prop.get("kind") == "invariant" and isinstance(prop.get("module"), str) and isinstance(prop.get("name"), str):
+        load_recorded(prop["name"], prop["module"], str(path))
     _, lines = load_document(path)
     return doc, validate(CounterexampleDoc, doc, str(path), lines)

@@ -143,9 +143,10 @@ def _replay_slo(path: Path, raw: dict, doc: CounterexampleDoc) -> ReplayedCounte
                                   slo.prop.name, statement, slo.violated, verdict, None, None, slo.table)
 
 
-def replay_for_report(path: str | Path) -> ReplayedCounterexample:
-    """Load, validate and replay a counterexample file. InputError (exit 2) on a bad file."""
-    raw, doc = load_counterexample(path)
+def replay_for_report(path: str | Path, invariant_modules: list[str] | None = None) -> ReplayedCounterexample:
+    """Load, validate and replay a counterexample file (a user invariant's module loaded first: the
+    ``invariant_modules`` given, else the one the file records). InputError (exit 2) on a bad file."""
+    raw, doc = load_counterexample(path, invariant_modules)
     if doc.is_slo:
         return _replay_slo(Path(path), raw, doc)
     return _replay_invariant(Path(path), doc)

@@ -11,7 +11,7 @@ from checker.exitcodes import ExitCode
 def _report(args: argparse.Namespace) -> int:
     from checker.api import run_report
 
-    files = run_report(args.counterexample, args.out, args.html)
+    files = run_report(args.counterexample, args.out, args.html, args.invariant_module)
     if args.json:
         print(json.dumps({"counterexample": str(args.counterexample), "markdown": str(files.markdown),
                           "png": str(files.png), "html": None if files.html is None else str(files.html),
@@ -35,5 +35,7 @@ def register(verbs) -> None:
     p.add_argument("--out", default="reports", metavar="DIR", help="where the report goes (default reports/)")
     p.add_argument("--html", action="store_true", help="also NAME.html: the report and an interactive timeline "
                    "(hover an iteration, click a request), one static file")
+    p.add_argument("--invariant-module", action="append", metavar="MODULE", help="load user invariants (default: "
+                   "the module the counterexample records)")
     p.add_argument("--json", action="store_true", help="print the files written and the replay's verdict as JSON")
     p.set_defaults(run=_report)

@@ -228,8 +228,7 @@ def import_vllm(args: list[str], config: str | None, machine: Machine, version: 
         if arg is not None and arg.value > 1:
             refuse_later(refuse(arg, "1: the policy model is one engine running one batch at a time (pipeline "
                                 "stages and data-parallel engines are not modelled)"))
-    for name, why in (("speculative-config", "speculative decoding (draft tokens per step) is not modelled"),
-                      ("scheduler-cls", "a custom scheduler class cannot be imported")):
+    for name, why in (("scheduler-cls", "a custom scheduler class cannot be imported"),):
         arg = given.take(name)
         if arg is not None and arg.value is not False:
             raise refuse(arg, f"no {arg.shown}: {why}")
@@ -237,6 +236,7 @@ def import_vllm(args: list[str], config: str | None, machine: Machine, version: 
     _unsupported_new(given, draft)
     _prefix_caching(given, draft, era)
     _connector(given, draft)
+    _speculative(given, draft)
 
     # --- queue and preemption
     policy_arg = given.take("scheduling-policy")
@@ -455,6 +455,39 @@ def _connector(given: Given, draft: Draft) -> None:
                  "finished_recving arrives, a pinned request's when finished_sending arrives")
     draft.assume("connector.max_load_steps", 4, "not a vLLM setting: the longest transfer verification lets the "
                  "environment choose")
+
+
+# --speculative-config methods the policy model has: vLLM's name -> speculative.method (docs/speculative.md)
+SPEC_METHODS = {"ngram": "ngram", "draft_model": "draft", "eagle": "eagle", "eagle3": "eagle", "mtp": "mtp"}
+
+
+def _speculative(given: Given, draft: Draft) -> None:
+    """--speculative-config (a JSON object: method, num_speculative_tokens) onto policy.speculative."""
+    config = given.take("speculative-config")
+    if config is None or config.value is False:
+        return
+    example = '{"method": "eagle", "num_speculative_tokens": 3}'
+    try:
+        data = parse_json(str(config.value), config.source or "--speculative-config", config.line)
+    except json.JSONDecodeError:
+        raise refuse(config, f"a JSON object, e.g. {example}") from None
+    if not isinstance(data, dict):
+        raise refuse(config, f"a JSON object, e.g. {example}")
+    method = data.get("method")
+    if method is None and data.get("model") is not None:
+        method = "draft_model"  # vLLM: a draft model named without a method
+    if method not in SPEC_METHODS:
+        raise config.error(f"method one of {', '.join(SPEC_METHODS)} (the drafters whose scheduling the model has; "
+                           f"{method} is not modelled)")
+    k = data.get("num_speculative_tokens")
+    if k.__class__ is not int or not 1 <= k <= 64:
+        raise config.error(f"num_speculative_tokens a whole number from 1 to 64 (it is {k})")
+    for key in ("parallel_drafting", "num_speculative_tokens_per_batch_size"):
+        if data.get(key):
+            raise config.error(f"no {key} (it changes the drafting slots per step: not modelled)")
+    why = f"--speculative-config method {method}"
+    draft.set("speculative.method", SPEC_METHODS[method], why)
+    draft.set("speculative.num_tokens", k, why + f", num_speculative_tokens {k}")
 
 
 def _budgets(given: Given, draft: Draft, era: str, label: str, machine: Machine, usage: str | None,

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from checker.policy import Allocation
+from checker.semantics import speculative
 from checker.semantics.state import Request, SchedulerState
 
 FULL_RESERVATION = Allocation.FULL_RESERVATION  # bound once: an Enum class attribute costs ~0.2 us per use
@@ -33,7 +34,10 @@ def target_blocks(s: SchedulerState, r: Request, n: int) -> int:
     """Blocks the request must hold to compute n more tokens."""
     kv = s.policy.kv
     size = kv.block_size
-    need = blocks_for(r.num_computed + n, size)
+    tokens = r.num_computed + n
+    if n and s.spec is not None:  # the drafter's lookahead slots come with the scheduled tokens
+        tokens = speculative.lookahead_tokens(s, r, tokens)
+    need = blocks_for(tokens, size)
     if kv.allocation is FULL_RESERVATION:
         need = max(need, blocks_for(max_context(s, r), size))
     return need

@@ -181,6 +181,8 @@ class SchedulerState:
         self.pool = BlockPool(kv.num_blocks, kv.block_size, cache.chained_hashes) if cache.enabled else None
         # SGLang's scheduler state (policy.scheduler sglang; checker.semantics.sglang), None under the vLLM rules
         self.sglang = SGLangState(policy.sglang.init_ratio) if policy.scheduler is Scheduler.SGLANG else None
+        # Speculative decoding's drafts (policy.speculative; checker.semantics.speculative), None when it is off
+        self.spec = _spec_state(policy) if policy.speculative.enabled else None
 
     def copy(self) -> SchedulerState:
         """An independent state (requests copied; the policy shared), for stepping one state several ways."""
@@ -196,6 +198,7 @@ class SchedulerState:
         c.tenant_counters = list(self.tenant_counters)
         c.pool = None if self.pool is None else self.pool.copy()
         c.sglang = None if self.sglang is None else self.sglang.copy()
+        c.spec = None if self.spec is None else self.spec.copy()
         return c
 
     def take_seq(self) -> int:
@@ -207,4 +210,11 @@ class SchedulerState:
         """Per-request fields plus the globals (conformance and determinism tests compare these)."""
         snap = (tuple(r.snapshot() for r in self.requests), self.kv_used, self.swap_used,
                 self.next_seq, self.step, tuple(self.tenant_counters))
-        return snap if self.sglang is None else snap + (self.sglang.snapshot(),)
+        snap = snap if self.sglang is None else snap + (self.sglang.snapshot(),)
+        return snap if self.spec is None else snap + (self.spec.snapshot(),)
+
+
+def _spec_state(policy: Policy):
+    from checker.semantics.speculative import SpecState  # it imports this module
+
+    return SpecState(policy)

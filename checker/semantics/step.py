@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from checker.errors import InternalError
 from checker.policy import HeadOfLine, PhaseMode, PreemptMode, QueueOrder
-from checker.semantics import kv, sglang, transfer
+from checker.semantics import kv, sglang, speculative, transfer
 from checker.semantics.decision import DecisionBuilder, StepDecision
 from checker.semantics.order import enqueue, key_function, norm_priority, pick_victim, sort_waiting, victim_key
 from checker.semantics.state import PAST_TRANSFER, Reason, Request, SchedulerState, Status
@@ -35,22 +35,26 @@ STRICT = HeadOfLine.STRICT
 
 class Budget:
     """Tokens left in this step, prefill tokens left under the prefill share cap, and this step's
-    per-request cap on new tokens (the long-prefill threshold as it applies to this step; 0: none)."""
+    per-request cap on new tokens (the long-prefill threshold as it applies to this step; 0: none). ``slot``:
+    extra budget each scheduled request takes (speculative decoding's drafting slots; 0 otherwise): ``tokens``
+    then starts one slot short, so that it is what the next request may still take (vLLM's input_budget -
+    draft_slots)."""
 
-    __slots__ = ("tokens", "prefill", "threshold")
+    __slots__ = ("tokens", "prefill", "threshold", "slot")
 
-    def __init__(self, tokens: int, prefill: int, threshold: int):
-        self.tokens = tokens
+    def __init__(self, tokens: int, prefill: int, threshold: int, slot: int = 0):
+        self.tokens = tokens - slot
         self.prefill = prefill
         self.threshold = threshold
+        self.slot = slot
 
     def charge(self, n: int, prefill: bool) -> None:
-        self.tokens -= n
+        self.tokens -= n + self.slot
         if prefill:
             self.prefill -= n
 
     def refund(self, n: int, prefill: bool) -> None:
-        self.tokens += n
+        self.tokens += n + self.slot
         if prefill:
             self.prefill += n
 
@@ -85,7 +89,8 @@ def step_schedule(s: SchedulerState, now_us: int, out: DecisionBuilder) -> StepD
     else:
         sort_waiting(s, now_us)
         batch = s.policy.batch
-        budget = Budget(batch.max_num_batched_tokens, batch.prefill_token_cap, step_threshold(s))
+        budget = Budget(batch.max_num_batched_tokens, batch.prefill_token_cap, step_threshold(s),
+                        0 if s.spec is None else s.spec.slot)
         _schedule(s, budget, now_us, out)
         decision = _decide(s, now_us, out, _compute(s, out))
     s.step += 1
@@ -231,13 +236,15 @@ def num_new_tokens(s: SchedulerState, r: Request, budget: Budget) -> int:
     budget and (for prefill) the prefill cap; 0 if chunking is off and the gap does not fit."""
     chunking = s.policy.chunking
     gap = r.prompt_len + r.num_generated - r.num_computed
-    n = min(gap, budget.tokens)
+    n = min(gap if s.spec is None else speculative.wanted(s, r, gap), budget.tokens)
     if budget.threshold:
         n = min(n, budget.threshold)
     if r.in_prefill:
         n = min(n, budget.prefill)
     if n < gap and not chunking.enabled:
         return 0
+    if s.spec is not None:
+        n = speculative.cap_len(s, r, n)
     return max(n, 0)
 
 
@@ -254,6 +261,7 @@ def _running_pass(s: SchedulerState, budget: Budget, out: DecisionBuilder, prefi
     block_size = s.policy.kv.block_size
     capacity = s.policy.kv.num_blocks if s.policy.kv.check_allocation else None
     pool = s.pool  # block identity (prefix caching): a decode's block comes from the pool and is cached when full
+    plain = s.spec is None  # with speculative decoding a decode schedules its drafts too: the general path
     i = 0
     while i < len(running) and budget.tokens > 0:
         r = running[i]
@@ -261,7 +269,7 @@ def _running_pass(s: SchedulerState, budget: Budget, out: DecisionBuilder, prefi
             i += 1
             continue
         computed = r.num_computed
-        if r.num_generated and computed + 1 == r.prompt_len + r.num_generated:  # a decode
+        if plain and r.num_generated and computed + 1 == r.prompt_len + r.num_generated:  # a decode
             if prefill_only:
                 i += 1
                 continue
@@ -323,6 +331,8 @@ def _preempt(s: SchedulerState, victim: Request, budget: Budget, out: DecisionBu
     tokens, grown = out.unschedule(victim)
     if tokens:
         budget.refund(tokens, victim.in_prefill)
+    if s.spec is not None:
+        speculative.drop(s, victim)
     s.running.remove(victim)
     victim.num_preemptions += 1
     out.preempted.append(victim.rid)
@@ -411,6 +421,10 @@ def _try_admit(s: SchedulerState, r: Request, budget: Budget, out: DecisionBuild
                 r.num_computed = 0
             return False
         n = num_new_tokens(s, r, budget)
+        if n and s.spec is not None:  # uniform-decode padding (vLLM pad_spec_decode)
+            n = speculative.pad(s, r, n, budget.tokens, out.scheduled, out.admitted)
+            if n < 0:
+                return False
         if n and len(s.running) < max_seqs and kv.can_admit(s, r, n, hit):
             _admit(s, r, n, hit, budget, out)
             return True
@@ -483,10 +497,24 @@ def _compute(s: SchedulerState, out: DecisionBuilder) -> tuple[int, int, int, in
     prefill_tokens = decode_seqs = prefill_attention = decode_kv = 0
     by_rid = s.requests
     produced = out.produced
+    spec = s.spec
     for rid, n in out.scheduled.items():
         r = by_rid[rid]
         computed, generated = r.num_computed, r.num_generated
         total = r.prompt_len + generated
+        if spec is not None and n > total - computed:  # a decode verifying drafts (checker.semantics.speculative)
+            drafts = n - (total - computed)
+            decode_seqs += 1
+            decode_kv += total
+            prefill_tokens += drafts  # the verified positions are priced as the step's prefill tokens
+            prefill_attention += drafts * (computed + n)
+            m, done = speculative.verify(s, r, drafts)
+            produced.append(rid)
+            if fair:
+                s.tenant_counters[r.tenant] += weights.output_weight * m
+            if done:
+                _finish(s, r, out)
+            continue
         if generated and computed + 1 == total:  # a decode: one token, always closing the gap
             decode_seqs += 1
             decode_kv += total
@@ -512,6 +540,8 @@ def _compute(s: SchedulerState, out: DecisionBuilder) -> tuple[int, int, int, in
                 _finish(s, r, out)
     if out.finished:
         s.running = [r for r in s.running if r.status is RUNNING]
+    if spec is not None:
+        speculative.propose(s, out.scheduled, produced)
     if s.holding and p.connector.enabled:
         transfer.report_phase(s, out)
     return prefill_tokens, decode_seqs, prefill_attention, decode_kv

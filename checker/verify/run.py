@@ -175,8 +175,12 @@ def save_counterexample(policy: Policy, policy_file: str | None, inv: Invariant,
     """Write an invariant counterexample to ``out_dir`` (nothing when it is None); its path."""
     if out_dir is None:
         return None
-    doc = cex.build(policy, policy_file, {"kind": "invariant", "name": inv.name, "params": {**inv.defaults, **params},
-                                          "statement": inv.statement},
+    from invariants.plugins import ORIGINS
+
+    prop = {"kind": "invariant", "name": inv.name, "params": {**inv.defaults, **params}, "statement": inv.statement}
+    if ORIGINS.get(inv.name) is not None:  # a user invariant: replay and report load its module again
+        prop["module"] = ORIGINS[inv.name]
+    doc = cex.build(policy, policy_file, prop,
                     {"verdict": Verdict.VIOLATED.value, "minimal": minimal,
                      "minimality": "fewest requests, then fewest iterations" if minimal else not_minimal_why,
                      **verdict_extra},
