@@ -227,6 +227,7 @@ def _verify(args: argparse.Namespace) -> int:
                              f"--arrivals-per-step, "
                              f"--set, --max-states, --jobs)")
         args.requests = 2 if args.requests is None else args.requests
+        args.out = "counterexamples" if args.out is None else args.out
         return liveness_cli.run(args)
     given = [name for name in liveness_cli.INSTANCE_OPTIONS if getattr(args, name) != parser.get_default(name)]
     if given:
@@ -247,9 +248,10 @@ def _verify(args: argparse.Namespace) -> int:
                       "anyway: the solver uses only the workload's length ranges, priorities and tenants)")
             return ExitCode.VIOLATED
 
+    out, proof_dir = verify_dirs(args.out, args.proof_dir)
     env, results = run_verify(args.policy, args.invariant, args.requests, args.depth, args.timeout, args.workload,
-                              args.out, args.prompt_range, args.output_range, not args.no_cancellations, args.step_ms,
-                              args.unbounded, args.proof_dir, args.invariant_module, terminal_progress(),
+                              out, args.prompt_range, args.output_range, not args.no_cancellations, args.step_ms,
+                              args.unbounded, proof_dir, args.invariant_module, terminal_progress(),
                               cache_method=args.cache_method)
     terminal_progress.clear()
     code = overall_exit(results)
@@ -263,6 +265,15 @@ def _verify(args: argparse.Namespace) -> int:
         for r in results:
             print(r.line())
     return code
+
+
+def verify_dirs(out: str | None, proof_dir: str | None) -> tuple[str, str]:
+    """verify's counterexample and certificate folders: --out DIR (default counterexamples/) and --proof-dir,
+    whose default is DIR/proofs/ when --out is given (so that a run with --out writes nothing elsewhere), else
+    proofs/ (as before)."""
+    if proof_dir is None:
+        proof_dir = os.path.join(out, "proofs") if out is not None else "proofs"
+    return out if out is not None else "counterexamples", proof_dir
 
 
 def _replay(args: argparse.Namespace) -> int:
@@ -511,11 +522,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--step-ms", type=STEP_MS, default=10.0, metavar="MS", help="clock: ms per iteration (default 10)")
     p.add_argument("--unbounded", action="store_true",
                    help="after the bounded check, try to prove the invariant for any number of iterations (induction)")
-    p.add_argument("--proof-dir", default="proofs", metavar="DIR", help="where proof certificates go (default proofs/)")
+    p.add_argument("--proof-dir", metavar="DIR", help="where proof certificates go (default: DIR/proofs/ with --out "
+                   "DIR, else proofs/)")
     p.add_argument("--cache-method", choices=("explicit", "z3"), default="explicit",
                    help="a policy with prefix caching: explicit-state search on the engine (default) or z3 bounded "
                         "model checking with the block pool (small pools)")
-    p.add_argument("--out", default="counterexamples", metavar="DIR", help="where counterexamples go (default counterexamples/)")
+    p.add_argument("--out", metavar="DIR", help="where counterexamples go (default counterexamples/), and "
+                   "certificates under DIR/proofs/ unless --proof-dir")
     p.add_argument("--json", action="store_true")
     from checker.commands import liveness as liveness_cli  # the liveness verb's instance options, defined once
 
