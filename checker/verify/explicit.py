@@ -229,7 +229,7 @@ _FAST_REQ = ("status", "reason", "num_computed", "num_generated", "blocks", "swa
              "requeue_seq", "num_preemptions", "release_step", "block_ids", "num_cached_blocks", "transfer_step")
 _FAST_POOL = ("uncached_free", "lru", "refs", "hash_of", "cached", "next_id", "evictions", "truth")
 _FAST_STATE = ("running", "waiting", "holding", "holders", "loads_in_flight", "kv_used", "swap_used", "next_seq",
-               "step", "tenant_counters", "sglang")
+               "step", "tenant_counters", "sglang", "spec")
 _FAST = set(_REQ_FIELDS) == set(_FAST_REQ) and set(_POOL_FIELDS) == set(_FAST_POOL)
 _TERMINAL = (Status.FINISHED, Status.REJECTED, Status.CANCELLED)
 
@@ -285,7 +285,7 @@ def fast_fingerprint(s: SchedulerState, forget: frozenset[int] = frozenset()) ->
     rest = (tuple([r.rid for r in s.running]), tuple([r.rid for r in s.waiting]),
             tuple([r.rid for r in s.holding]), tuple([r.rid for r in s.holders]), s.loads_in_flight, s.kv_used,
             s.swap_used, s.next_seq, s.step, tuple(s.tenant_counters),
-            None if s.sglang is None else s.sglang.snapshot())
+            None if s.sglang is None else s.sglang.snapshot(), None if s.spec is None else s.spec.snapshot())
     p = s.pool
     if p is None:
         return reqs, rest, None
