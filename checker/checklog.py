@@ -905,6 +905,9 @@ class _Frames:
 #   cancelled     (cancellation_releases) the requests holding KV now that have been cancelled: only those can
 #                 fail (cancelled at the window's start, still holding now); the predicate reads their status
 #                 then and their blocks now, and gets exactly those (the status from status_since).
+#   fairness      (tenant_fairness) every request's frame, read by catalogue.TenantFairnessSteps: the least and
+#                 greatest service difference over the current backlogged stretch stand for every earlier
+#                 start the predicate compares (constant time a step and pair; was the whole history a step).
 # The first step evaluates every request, so each request's initial state is checked once.
 INCREMENTAL: dict[Callable, str] = {
     catalogue.kv_never_overcommitted: "globals",
@@ -917,6 +920,7 @@ INCREMENTAL: dict[Callable, str] = {
     catalogue.request_conservation: "conservation",
     catalogue.bounded_preemptions: "preempted",
     catalogue.cancellation_releases: "cancelled",
+    catalogue.tenant_fairness: "fairness",
 }
 
 # Invariants that look back a bounded number of steps: how many (from their parameters), and which
@@ -944,8 +948,8 @@ WINDOW: dict[Callable, tuple[Callable[[dict[str, int]], int], str]] = {
     catalogue.finished_releases: (lambda p: p["steps"], "holding"),
     catalogue.no_hold_and_wait: (lambda p: p["steps"], "holding"),
 }
-# Anything else (tenant_fairness compares every earlier step; user invariants) runs on whole frames of
-# every request, all kept: the old path, memory growing with the log.
+# Anything else (user invariants) runs on whole frames of every request, all kept: the old path, memory
+# growing with the log.
 
 
 @dataclass
@@ -1171,6 +1175,16 @@ class Incremental:
                 ctx = self._windowed[support, w] = self._frames_back(t, w, self._support(support, w))
             return bool(check(IntOps, ctx, t, **full))
         return window
+
+    def _fairness(self, inv: Invariant, full: dict[str, int]) -> Callable[[int], bool]:
+        steps, obs = catalogue.TenantFairnessSteps(**full), self.obs
+        frames = _Frames(0, [None])  # type: ignore[list-item]
+        ctx = _context(self.policy, self.params, frames)
+
+        def check(t: int) -> bool:
+            frames.base, frames.frames[0] = t, self._restricted(range(obs.n), obs.kv_used)
+            return steps.holds(IntOps, ctx, t)
+        return check
 
     def _whole(self, inv: Invariant, full: dict[str, int]) -> Callable[[int], bool]:
         check = inv.check

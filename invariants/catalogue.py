@@ -378,6 +378,44 @@ def tenant_fairness(o: Any, ctx: TraceContext, t: int, bound: int = 1000, tenant
     return o.and_(*clauses) if clauses else True
 
 
+class TenantFairnessSteps:
+    """tenant_fairness evaluated step by step on concrete frames (check-log), in constant time a step and pair:
+    the same verdict as ``tenant_fairness(IntOps, ctx, t)`` on the whole history, which compares every earlier
+    start (quadratic in the steps, times the requests). With D(j) the service difference S_a(j) - S_b(j) at
+    step j (``_service``), the clause for a start s is |D(t) - D(s)| <= bound when a and b are both backlogged
+    at every step s..t (``_backlogged``); those starts are the steps of the current stretch before t, so the
+    invariant holds at t iff D(t) is within ``bound`` of the least and the greatest D over them. ``holds`` must
+    see every step, in order, from the first (tests/unit/test_checklog_stream.py compares the two)."""
+
+    def __init__(self, bound: int = 1000, tenants: int = 2, w_in: int = 1, w_out: int = 2):
+        self.bound, self.w_in, self.w_out = bound, w_in, w_out
+        self.pairs = [(a, b) for a in range(tenants) for b in range(a + 1, tenants)]
+        self.stretch: dict[tuple[int, int], tuple[int, int] | None] = dict.fromkeys(self.pairs)  # (least, greatest D)
+
+    def holds(self, o: Any, ctx: TraceContext, t: int) -> bool:
+        """The verdict at step t; ``ctx.frames[t]`` is that step's frame (earlier frames are not read)."""
+        ok = True
+        tenants = {x for pair in self.pairs for x in pair}
+        backlogged = {x: bool(_backlogged(o, ctx, t, x)) for x in tenants}
+        service: dict[int, int] = {}
+        for a, b in self.pairs:
+            if not (backlogged[a] and backlogged[b]):
+                self.stretch[a, b] = None
+                continue
+            for x in (a, b):
+                if x not in service:
+                    service[x] = int(_service(o, ctx, t, x, self.w_in, self.w_out))
+            d = service[a] - service[b]
+            seen = self.stretch[a, b]
+            if seen is None:
+                self.stretch[a, b] = (d, d)
+                continue
+            least, greatest = seen
+            ok = ok and d - least <= self.bound and greatest - d <= self.bound
+            self.stretch[a, b] = (min(least, d), max(greatest, d))
+        return ok
+
+
 def _two_tenants_backlogged(o: Any, ctx: TraceContext, t: int, tenants: int = 2, **_: int) -> Term:
     return o.or_(*(o.and_(_backlogged(o, ctx, t, a), _backlogged(o, ctx, t, b))
                    for a in range(tenants) for b in range(a + 1, tenants)))

@@ -17,6 +17,8 @@ def _fleet(args: argparse.Namespace) -> int:
         raise UsageError("--search and --replay exclude each other (a search saves what --replay runs)")
     if args.replay and (args.workload or args.trace or args.limit):
         raise UsageError("--replay runs the counterexample's own requests: no --workload, --trace or --limit")
+    if args.property and not args.search:
+        raise UsageError("--property chooses what --search looks for: add --search")
     if args.search and args.trace:
         raise UsageError("--search draws requests from a workload's classes: --workload FILE, not --trace")
     out = Path(args.out) if args.out else None
@@ -24,7 +26,7 @@ def _fleet(args: argparse.Namespace) -> int:
         from checker.api import fleet_search
 
         results = fleet_search(args.fleet, args.workload, args.max_examples, args.time_budget, args.seed,
-                               args.max_requests, out)
+                               args.max_requests, out, args.property)
         code = ExitCode.VIOLATED if any(r.violated for r in results) else ExitCode.OK
         if args.json:
             print(json.dumps({"fleet": args.fleet, "mode": "search", "results": [r.as_json() for r in results],
@@ -73,6 +75,8 @@ def register(verbs) -> None:
                    help="only the first N requests")
     p.add_argument("--search", action="store_true", help="search arrivals and faults for a violation (Hypothesis)")
     p.add_argument("--replay", metavar="FILE", help="run a saved fleet counterexample again")
+    p.add_argument("--property", action="append", metavar="NAME",
+                   help="--search: only this property (repeatable; default all of the fleet's)")
     p.add_argument("--max-examples", type=EXAMPLES, default=100, metavar="N",
                    help="--search: examples per property (default 100)")
     p.add_argument("--time-budget", type=SECONDS, default=60.0, metavar="S",

@@ -16,7 +16,7 @@ def us(ms: float) -> int:
 @dataclass(frozen=True)
 class FaultEvent:
     t_us: int
-    what: str  # "lost", "detected", "recovered", "view_lost", "view_back"
+    what: str  # "lost", "detected", "recovered", "slow" (a window starts), "view_lost", "view_back"
     replica: int
     fault: int  # index into the fleet's faults
 
@@ -30,6 +30,8 @@ def fault_events(faults: list[Fault], replica_index: dict[str, int]) -> list[Fau
             events.append(FaultEvent(us(f.at_ms + f.detect_ms), "detected", r, i))
             if f.recover_after_ms is not None:
                 events.append(FaultEvent(us(f.at_ms + f.recover_after_ms), "recovered", r, i))
+        elif isinstance(f, SlowFault):  # the window itself is read by SlowWindows; this marks its start
+            events.append(FaultEvent(us(f.start_ms), "slow", r, i))
         elif isinstance(f, ViewLostFault):
             events.append(FaultEvent(us(f.start_ms), "view_lost", r, i))
             events.append(FaultEvent(us(f.end_ms), "view_back", r, i))

@@ -150,8 +150,9 @@ def search(fleet: LoadedFleet, workload: str | Path, max_examples: int = 100, ti
 
 def fleet_search(fleet: str | Path, workload: str | Path | None = None, max_examples: int = 100,
                  time_budget_s: float = 60.0, seed: int = 0, max_requests: int = 20,
-                 out_dir: Path | None = None) -> list[SearchResult]:
-    """``search`` on a fleet file, over the classes of ``workload`` (default: the workload the fleet names)."""
+                 out_dir: Path | None = None, only: list[str] | None = None) -> list[SearchResult]:
+    """``search`` on a fleet file, over the classes of ``workload`` (default: the workload the fleet names), for
+    its properties (or those named in ``only``)."""
     from checker.errors import InputError, Problem
     from checker.fleet.spec import check_classes, load_fleet
 
@@ -161,4 +162,8 @@ def fleet_search(fleet: str | Path, workload: str | Path | None = None, max_exam
         raise InputError(Problem("--workload", "<none>", "a workload (its classes and length ranges are what the "
                                  "search draws from), or a workload: in the fleet file"))
     check_classes(loaded, [c.name for c in load_model(Workload, workload).classes])
-    return search(loaded, workload, max_examples, time_budget_s, seed, max_requests, out_dir)
+    known = [p.name for p in fleet_properties(loaded)]
+    for name in only or []:
+        if name not in known:
+            raise InputError(Problem("--property", name, "a property of the fleet: " + ", ".join(known)))
+    return search(loaded, workload, max_examples, time_budget_s, seed, max_requests, out_dir, only)

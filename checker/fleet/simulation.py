@@ -329,6 +329,8 @@ class _Run:
         elif e.what == "view_lost":
             self.fault_times.append((e.fault, t))
             self.router.frozen[node.index] = t
+        elif e.what == "slow":
+            self.fault_times.append((e.fault, t))
         else:
             self.router.frozen.pop(node.index, None)
 

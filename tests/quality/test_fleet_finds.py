@@ -1,0 +1,77 @@
+"""A planted fleet find: clients that retry a failure at once, with no jitter and no budget, amplify a lost
+replica's load past the fleet's retry-amplification bound (spec/fleets/lost_replica_retry_storm.yaml). The fleet
+search finds it and shrinks it to one request sent to a replica lost and not yet noticed, retried at once; the
+minimal trace is checked in (counterexamples/fleet/) and replays VIOLATED; the fix (backoff with jitter and retry
+budgets, lost_replica_retry_budget.yaml) holds on it, on the whole workload, and on the search's examples."""
+
+from __future__ import annotations
+
+from checker.cli import main
+from checker.fleet.run import replay_fleet, run_fleet
+from checker.fleet.search import fleet_search
+from tests.helpers import ROOT
+
+FLEETS = ROOT / "spec" / "fleets"
+STORM, FIX = FLEETS / "lost_replica_retry_storm.yaml", FLEETS / "lost_replica_retry_budget.yaml"
+CEX = ROOT / "counterexamples" / "fleet" / "lost_replica_retry_storm__retry_amplification__66ea7d27.json"
+# short requests (the search's examples run in milliseconds), with the classes the fleet's SLO file names
+SHORT = """name: short_chat
+seed: 1
+duration_s: 5
+classes:
+  - name: interactive
+    arrival: {process: poisson, rate_per_s: 20}
+    prompt_tokens: {dist: uniform, low: 16, high: 200}
+    output_tokens: {dist: uniform, low: 2, high: 20}
+  - name: background
+    arrival: {process: poisson, rate_per_s: 2}
+    prompt_tokens: {dist: uniform, low: 100, high: 400}
+    output_tokens: {dist: uniform, low: 2, high: 20}
+"""
+
+
+def verdict(run, name: str) -> str:
+    return next(f.verdict for f in run.findings if f.prop.name == name)
+
+
+def test_the_checked_in_minimal_storm_replays_violated_and_the_fix_holds_on_it(capsys):
+    storm = replay_fleet(STORM, CEX)
+    assert verdict(storm, "retry_amplification") == "VIOLATED"
+    assert storm.summary["offered"] == {"unique_requests": 1, "attempts": 2, "first": 1, "retry": 1, "reroute": 0,
+                                        "retry_amplification": 2.0}
+    [rec] = storm.result.records
+    first, retry = (storm.result.attempts[a] for a in rec.attempts)
+    assert (first.replica, first.outcome, retry.sent_us, retry.replica) == (0, "replica_lost", 0, 1)
+    fixed = replay_fleet(FIX, CEX)
+    assert verdict(fixed, "retry_amplification") == "HOLDS"
+    # the price of the budget: with one request sent, 4 % of it allows no retry, and the request is lost
+    assert fixed.summary["overall"]["lost_by_reason"] == {"replica_lost": 1}
+    assert main(["fleet", str(STORM), "--replay", str(CEX)]) == 1
+    assert main(["fleet", str(FIX), "--replay", str(CEX)]) == 1  # interactive_lost: its one request is lost
+    capsys.readouterr()
+
+
+def test_on_the_workload_the_storm_passes_the_bound_and_the_fix_does_not():
+    storm, fixed = run_fleet(STORM, limit=120), run_fleet(FIX, limit=120)
+    assert storm.summary["offered"]["retry_amplification"] > 1.05 >= fixed.summary["offered"]["retry_amplification"]
+    assert storm.summary["offered"]["retry"] > 4 * fixed.summary["offered"]["retry"]
+
+
+def short_workload(tmp_path):
+    workload = tmp_path / "short.yaml"
+    workload.write_text(SHORT)
+    return workload
+
+
+def test_the_search_finds_the_storm_and_shrinks_it(tmp_path):
+    [found] = fleet_search(STORM, short_workload(tmp_path), max_examples=60, time_budget_s=120, max_requests=3,
+                           only=["retry_amplification"], out_dir=tmp_path)
+    assert found.violated and len(found.requests.specs) == 1 and len(found.faults) == 1
+    assert found.faults[0].kind == "lost" and found.outcome.observed == 2.0
+    assert found.counterexample is not None and found.counterexample.exists()
+
+
+def test_the_search_finds_no_storm_in_the_fix(tmp_path):
+    [clean] = fleet_search(FIX, short_workload(tmp_path), max_examples=25, time_budget_s=120, max_requests=6,
+                           only=["retry_amplification"])
+    assert not clean.violated and clean.examples > 0
