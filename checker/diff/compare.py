@@ -107,8 +107,8 @@ HELD = (Verdict.HOLDS_UP_TO, Verdict.PROVED, Verdict.VACUOUS)
 class Pair:
     old: Policy
     new: Policy
-    old_file: str
-    new_file: str
+    old_file: str | None  # None: a Policy object (no file; counterexamples record its whole spec)
+    new_file: str | None
 
     @property
     def identical(self) -> bool:
@@ -131,7 +131,7 @@ def _from_counterexample(checked: Checked, keeps: Policy, env: Environment) -> S
                 f"{checked.requests} request(s), fails at iteration {checked.violation_step}")
 
 
-def _product_side(keeps: Policy, breaks: Policy, breaks_file: str, inv: Invariant, params: dict[str, int],
+def _product_side(keeps: Policy, breaks: Policy, breaks_file: str | None, inv: Invariant, params: dict[str, int],
                   env: Environment, timeout_s: float, out_dir: Path | None, progress) -> tuple[bool | None, Side | None, str]:
     from checker.diff.product import witness
 
@@ -162,7 +162,7 @@ def diff_invariant(pair: Pair, inv: Invariant, params: dict[str, int], env: Envi
     result = PropertyDiff("invariant", label, old.verdict.value, new.verdict.value, Change.UNKNOWN)
 
     def direction(breaks: Checked, keeps: Checked, keeps_policy: Policy, breaks_policy: Policy,
-                  breaks_file: str) -> tuple[bool | None, Side | None]:
+                  breaks_file: str | None) -> tuple[bool | None, Side | None]:
         if breaks.verdict in HELD:
             return False, None
         if breaks.verdict is Verdict.VIOLATED and keeps.verdict in HELD:

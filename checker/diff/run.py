@@ -12,7 +12,7 @@ from checker.diff.compare import Change, Pair, PropertyDiff, diff_invariant, dif
 from checker.errors import InputError, Problem, UsageError
 from checker.exitcodes import ExitCode
 from checker.fuzz.slo import load_slo, slo_file_for
-from checker.inputfiles import load_policy
+from checker.inputfiles import PolicyInput, load_policy, policy_source
 from checker.loading import load_document, load_model
 from checker.policy import Policy
 from checker.profile import load_profile
@@ -35,8 +35,8 @@ class AuditPair:
 class DiffReport:
     old: Policy
     new: Policy
-    old_file: str
-    new_file: str
+    old_file: str | None  # None: a Policy object
+    new_file: str | None
     env: Environment | None
     properties: list[PropertyDiff]
     audit: AuditPair | None = None
@@ -103,12 +103,14 @@ class DiffReport:
             lines.append("  audit NEW: " + self.audit.new.replace("\n", " "))
         if self.regressions:
             first = next((p for p in self.regressions if p.new_worse and p.new_worse.path), None)
+            old_file, new_file = (f or f"<{p.name}: a Policy object>" for f, p in ((self.old_file, self.old),
+                                                                                   (self.new_file, self.new)))
             if first is not None and first.kind == "invariant":
                 lines.append(f"  replay: batchcheck replay {first.new_worse.path} (NEW fails); "
-                             f"batchcheck replay {first.new_worse.path} --policy {self.old_file} (OLD holds)")
+                             f"batchcheck replay {first.new_worse.path} --policy {old_file} (OLD holds)")
             elif first is not None:
-                lines.append(f"  replay: batchcheck simulate {self.new_file} --trace {first.new_worse.path}  and the same "
-                             f"with {self.old_file}")
+                lines.append(f"  replay: batchcheck simulate {new_file} --trace {first.new_worse.path}  and the same "
+                             f"with {old_file}")
         lines.append(f"  [{self.seconds:.1f} s]")
         return "\n".join(lines)
 
@@ -136,7 +138,7 @@ def changed_fields(old: Policy, new: Policy) -> list[str]:
     return out
 
 
-def run_diff(old: str | Path, new: str | Path, workload: str | Path | None = None, slo: str | Path | None = None,
+def run_diff(old: PolicyInput, new: PolicyInput, workload: str | Path | None = None, slo: str | Path | None = None,
              invariants: list[str] | None = None, requests: int = 3, depth: int = 5, timeout_s: float = 60.0,
              profile: str | Path | None = None, threshold: float = 0.2, min_delta: float = 1.0,
              max_examples: int = 100, fuzz_budget_s: float = 60.0, seed: int = 0,
@@ -144,16 +146,18 @@ def run_diff(old: str | Path, new: str | Path, workload: str | Path | None = Non
              output: tuple[int, int] | None = None, unbounded: bool = False, slo_properties: list[str] | None = None,
              audit: bool = True, slo_must_violate: bool = False, progress=None) -> DiffReport:
     """What a policy change breaks: invariant verdicts side by side with witnesses each way (z3), SLO
-    regression witnesses on generated traces (when a workload has an SLO file), and the audit of both."""
+    regression witnesses on generated traces (when a workload has an SLO file), and the audit of both. OLD and
+    NEW: policy files or Policy objects."""
     started = time.monotonic()
-    pair = Pair(load_policy(old), load_policy(new), str(old), str(new))
+    pair = Pair(load_policy(old), load_policy(new), policy_source(old), policy_source(new))
     if pair.old.name == pair.new.name:
         pair.new = pair.new.model_copy(update={"name": f"{pair.new.name} (new)"})
     if pair.old.kv.block_size != pair.new.kv.block_size:  # pools and KV figures in different units
-        _, lines = load_document(new)
+        line = None if pair.new_file is None else load_document(new)[1]().get(("kv", "block_size"))
         raise InputError(Problem("kv.block_size", pair.new.kv.block_size,
-                                 f"the same KV block size as OLD {old} ({pair.old.kv.block_size} tokens per block) to "
-                                 "compare their pools", lines().get(("kv", "block_size"))), str(new))
+                                 f"the same KV block size as OLD {pair.old_file or pair.old.name} "
+                                 f"({pair.old.kv.block_size} tokens per block) to compare their pools", line),
+                         pair.new_file or f"NEW ({pair.new.name})")
     if not 0 <= threshold <= 100:
         raise InputError(Problem("--threshold", threshold, "a relative increase between 0 and 100 (0.2 = 20 %)"))
     if workload is None and (slo is not None or slo_properties):
@@ -179,5 +183,5 @@ def run_diff(old: str | Path, new: str | Path, workload: str | Path | None = Non
     if workload is not None and audit:
         a, b = (run_derived_audit(p, workload, profile) for p in (old, new))
         audit_pair = AuditPair(a.text(), b.text(), a.decision, b.decision)
-    return DiffReport(pair.old, pair.new, str(old), str(new), env, props, audit_pair,
+    return DiffReport(pair.old, pair.new, pair.old_file, pair.new_file, env, props, audit_pair,
                       changed_fields(pair.old, pair.new), time.monotonic() - started)

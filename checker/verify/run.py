@@ -12,7 +12,7 @@ from pathlib import Path
 from checker.errors import InputError, InternalError, Problem
 from checker.exitcodes import ExitCode
 from checker.fileio import safe_name
-from checker.inputfiles import load_policy
+from checker.inputfiles import PolicyInput, load_policy, policy_source
 from checker.loading import load_model
 from checker.policy import Policy, Scheduler
 from checker.requests import RequestSpec
@@ -301,20 +301,21 @@ def overall_exit(results: list[Checked]) -> ExitCode:
     return ExitCode.OK
 
 
-def run_verify(policy: str | Path, invariants: list[str] | None = None, requests: int = 3, depth: int = 5,
+def run_verify(policy: PolicyInput, invariants: list[str] | None = None, requests: int = 3, depth: int = 5,
                timeout_s: float = 60.0, workload: str | Path | None = None, out_dir: str | Path | None = "counterexamples",
                prompt: tuple[int, int] | None = None, output: tuple[int, int] | None = None,
                cancellations: bool = True, step_ms: float = 10.0, unbounded: bool = False,
                proof_dir: str | Path | None = "proofs", invariant_modules: list[str] | None = None,
                progress=None, cache_method: str = DEFAULT_CACHE_METHOD):
-    """Check invariants of a policy with z3 (bounded model checking); a policy with prefix caching by
+    """Check invariants of a policy (a file, or a Policy object) with z3 (bounded model checking); a policy with
+    prefix caching by
     ``cache_method``: "explicit", explicit-state search on the engine (checker/verify/explicit.py), or "z3", z3
     bounded model checking with the block pool (checker/verify/cache_bmc.py), both over the same finite domains;
     returns (environment, results)."""
     load_entry_points()
     for module in invariant_modules or []:
         load_module(module)
-    pol = load_policy(policy)
+    pol, source = load_policy(policy), policy_source(policy)  # a Policy object: no file (its spec is recorded)
     chosen = [parse_invariant(text) for text in (invariants or DEFAULT_INVARIANTS)]
     wl = load_model(Workload, workload) if workload is not None else None
     env = default_environment(pol, requests, depth, wl, prompt, output, cancellations, round(step_ms * 1000))
@@ -334,8 +335,8 @@ def run_verify(policy: str | Path, invariants: list[str] | None = None, requests
                 raise InputError(Problem("--unbounded", True, "no proof method covers the prefix cache yet: a "
                                          "bounded check only (drop --unbounded)"))
             env = cache_bmc.domain_environment(pol, env, [inv for inv, _ in chosen])
-            return env, cache_bmc.check_many(pol, str(policy), chosen, env, timeout_s, out, progress)
+            return env, cache_bmc.check_many(pol, source, chosen, env, timeout_s, out, progress)
         # one explicit-state search on the engine for all of them (explicit.py)
-        return env, explicit.check_many(pol, str(policy), chosen, env, timeout_s, out, unbounded, progress)
-    return env, [check_one(pol, str(policy), inv, params, env, timeout_s, out, unbounded, proofs, progress)
+        return env, explicit.check_many(pol, source, chosen, env, timeout_s, out, unbounded, progress)
+    return env, [check_one(pol, source, inv, params, env, timeout_s, out, unbounded, proofs, progress)
                  for inv, params in chosen]
