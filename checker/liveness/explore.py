@@ -446,6 +446,10 @@ def explore(policy: Policy, env: LivenessEnv, max_states: int = DEFAULT_MAX_STAT
     state; a time limit cuts wherever the clock says)."""
     if policy.scheduler is Scheduler.SGLANG:
         _sglang_supported(policy)
+    if policy.speculative.enabled:  # its drafts are not in the canonical key (checker/liveness/canon.py)
+        raise InputError(Problem("speculative.method", policy.speculative.method.value, "none for the liveness "
+                                 "explorer: speculative decoding's drafts and the verifier's choices are not in its "
+                                 "canonical states yet; simulate, fuzz and check-log run the engine with it"))
     started = time.monotonic()
     env = instance_env(policy, env)
     canon = make_canon(policy, env)

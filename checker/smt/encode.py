@@ -137,6 +137,16 @@ def require_vllm_rules(policy: Policy) -> None:
                                  "simulate, fuzz and check-log run the engine"))
 
 
+def require_no_speculative(policy: Policy) -> None:
+    """Speculative decoding (checker/semantics/speculative.py: drafts, lookahead slots, the verifier's choice) has no
+    z3 terms yet: refuse (exit 2) rather than check a scheduler without it."""
+    spec = policy.speculative
+    if spec.enabled:
+        raise InputError(Problem("speculative.method", spec.method.value, "none for the z3 encoding: speculative "
+                                 "decoding (draft tokens, lookahead slots, accepted drafts) is not encoded in z3 yet; "
+                                 "simulate, fuzz and check-log run the engine with it"))
+
+
 def require_connector_state(policy: Policy, state: SlotState) -> None:
     """A KV connector needs its slot fields in the state (the bounded unrolling has them); a proof's symbolic
     state (induction) does not: refuse (exit 2) rather than prove a different system."""
@@ -163,6 +173,7 @@ class SymbolicStep:
     def __init__(self, ops, policy: Policy, params: list[SlotParams], state: SlotState, now_us: Term,
                  cancels: list[Term]):
         require_vllm_rules(policy)
+        require_no_speculative(policy)
         if state.pool is None:
             require_encodable(policy)  # a caching policy needs the pool in the state
         require_connector_state(policy, state)

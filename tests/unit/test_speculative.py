@@ -1,0 +1,164 @@
+"""Speculative decoding (policy.speculative; checker/semantics/speculative.py): hand-traced steps, the policy's
+consistency checks and default, the importer's mapping and refusals, and the z3 encoding's and the liveness
+explorer's refusals by name."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from checker.cli import main
+from checker.errors import InputError
+from checker.importers import import_policy
+from checker.policy import Policy
+from checker.requests import RequestSpec
+from checker.semantics.state import SchedulerState, Status
+from checker.semantics.step import step
+from checker.verify.counterexample import policy_hash
+
+BASE = {"max_model_len": 1000, "kv": {"num_blocks": 20, "block_size": 16},
+        "batch": {"max_num_batched_tokens": 64, "max_num_seqs": 4}}
+
+
+def policy(method: str = "eagle", k: int = 3, **extra) -> Policy:
+    return Policy(**{**BASE, **extra, "speculative": {"method": method, "num_tokens": k}})
+
+
+def run(p: Policy, specs: list[RequestSpec], steps: int) -> list[tuple]:
+    s = SchedulerState(p, specs)
+    out = []
+    for j in range(steps):
+        d = step(s, [r for r in s.requests if r.arrival_us == j * 1000], [], j * 1000)
+        out.append((dict(d.scheduled), [(r.num_computed, r.num_generated, r.blocks) for r in s.requests],
+                    list(d.finished), d.kv_blocks_used))
+    return out
+
+
+def test_one_request_hand_traced():
+    """A 30-token prompt, 7 output tokens, eagle k=3 (3 lookahead slots), the verifier accepting 3, 0, 1."""
+    spec = RequestSpec(rid=0, arrival_us=0, prompt_len=30, output_len=7, max_output=7, accepted=(3, 0, 1))
+    steps = run(policy(), [spec], 4)
+    # step 0: the prompt (no drafts in a request's first step); blocks for 30 + 3 lookahead = 33 tokens: 3
+    assert steps[0] == ({0: 30}, [(30, 1, 3)], [], 3)
+    # step 1: 1 + 3 drafts, all accepted: 4 output tokens; 34 + 3 lookahead = 37 tokens: still 3 blocks
+    assert steps[1] == ({0: 4}, [(34, 5, 3)], [], 3)
+    # step 2: 1 + 3 drafts, none accepted: the 3 rolled back, 1 token
+    assert steps[2] == ({0: 4}, [(35, 6, 3)], [], 3)
+    # step 3: 1 accepted (2 tokens), trimmed to the one the request still has: it finishes, its blocks freed
+    assert steps[3] == ({0: 4}, [(36, 7, 0)], [0], 0)
+
+
+def test_ngram_has_no_lookahead_and_draft_model_takes_a_budget_slot():
+    spec = RequestSpec(rid=0, arrival_us=0, prompt_len=32, output_len=9, max_output=9, accepted=(4,))
+    # ngram: 32 prompt tokens fill 2 blocks exactly, no lookahead slot; the decode 1 + 4 needs a third block
+    ngram = run(policy("ngram", 4), [spec], 2)
+    assert ngram[0][1] == [(32, 1, 2)] and ngram[1] == ({0: 5}, [(37, 6, 3)], [], 3)
+    # eagle: 32 + 4 lookahead = 36 tokens: 3 blocks from the first step on
+    assert run(policy("eagle", 4), [spec], 1)[0][1] == [(32, 1, 3)]
+    # draft (vLLM draft_model): one extra budget slot per scheduled request: a 64-token budget leaves 63 for one
+    long = RequestSpec(rid=0, arrival_us=0, prompt_len=200, output_len=2, max_output=2)
+    assert run(policy("draft", 2, kv={"num_blocks": 40, "block_size": 16}), [long], 1)[0][0] == {0: 63}
+
+
+def test_a_second_request_gets_drafts_after_its_first_step_and_the_budget_cuts_them():
+    a = RequestSpec(rid=0, arrival_us=0, prompt_len=40, output_len=20, max_output=20, accepted=(3, 3, 3))
+    b = RequestSpec(rid=1, arrival_us=1000, prompt_len=61, output_len=20, max_output=20, accepted=(0, 0))
+    steps = run(policy("ngram", 3), [a, b], 3)
+    assert steps[0][0] == {0: 40}
+    assert steps[1][0] == {0: 4, 1: 60}  # b's first chunk (the budget's 60 left): no drafts, and it samples nothing
+    assert steps[2][0] == {0: 4, 1: 1}  # the prompt's last token: still no drafts (its last step was a chunk)
+    cut = run(policy("ngram", 3, batch={"max_num_batched_tokens": 42, "max_num_seqs": 2}), [a, b], 2)
+    assert cut[1][0] == {0: 4, 1: 38}
+
+
+def test_default_section_leaves_the_hash_and_the_step_unchanged():
+    plain = Policy(**BASE)
+    explicit = Policy(**BASE, speculative={"method": "none", "num_tokens": 0})
+    assert policy_hash(plain) == policy_hash(explicit)
+    assert SchedulerState(explicit, []).spec is None
+    assert policy_hash(policy()) != policy_hash(plain)
+
+
+@pytest.mark.parametrize("extra, field, fragment", [
+    ({"speculative": {"method": "none", "num_tokens": 2}}, "speculative.num_tokens", "0 when method is none"),
+    ({"speculative": {"method": "eagle", "num_tokens": 0}}, "speculative.num_tokens", ">= 1 when method is eagle"),
+    ({"speculative": {"method": "eagle", "num_tokens": 3}, "max_model_len": 4}, "speculative.num_tokens",
+     "<= max_model_len - 2 = 2"),
+    ({"speculative": {"method": "eagle", "num_tokens": 3}, "kv": {"num_blocks": 20, "block_size": 16,
+                                                                  "prefix_caching": {"enabled": True}}},
+     "kv.prefix_caching.enabled", "not modelled yet"),
+    ({"speculative": {"method": "draft", "num_tokens": 3}, "connector": {"kind": "offload"}}, "connector.kind",
+     "not modelled yet"),
+])
+def test_contradictory_settings_are_located(extra, field, fragment):
+    with pytest.raises(Exception) as info:
+        Policy(**{**BASE, **extra})
+    text = str(info.value)
+    assert field.split(".")[-1] in text and fragment in text
+
+
+def _imported(config: str) -> Policy:
+    return import_policy("vllm", ["--max-model-len", "8192", "--num-gpu-blocks-override", "90",
+                                  "--no-enable-prefix-caching", "--speculative-config", config], name="x").policy
+
+
+def test_import_vllm_speculative_config():
+    for method, ours, lookahead in (("ngram", "ngram", 0), ("eagle", "eagle", 3), ("eagle3", "eagle", 3),
+                                    ("draft_model", "draft", 3), ("mtp", "mtp", 3)):
+        spec = _imported(json.dumps({"method": method, "num_speculative_tokens": 3})).speculative
+        assert (spec.method.value, spec.num_tokens, spec.lookahead_slots) == (ours, 3, lookahead)
+
+
+@pytest.mark.parametrize("config, fragment", [
+    ('{"method": "medusa", "num_speculative_tokens": 3}', "medusa is not modelled"),
+    ('{"method": "eagle"}', "num_speculative_tokens a whole number from 1 to 64"),
+    ('{"method": "eagle", "num_speculative_tokens": 3, "parallel_drafting": true}', "parallel_drafting"),
+    ("not json", "a JSON object"),
+])
+def test_import_vllm_refuses_by_name(config, fragment):
+    with pytest.raises(InputError) as info:
+        _imported(config)
+    assert fragment in str(info.value)
+
+
+def test_import_sglang_refuses_speculative_flags_by_name():
+    with pytest.raises(InputError) as info:
+        import_policy("sglang", ["--context-length", "8192", "--speculative-algorithm", "EAGLE"], name="x")
+    assert "--speculative-algorithm" in str(info.value) and "speculative decoding" in str(info.value)
+
+
+def _spec_policy_file(tmp_path) -> str:
+    path = tmp_path / "spec.yaml"
+    path.write_text(json.dumps({**BASE, "speculative": {"method": "eagle", "num_tokens": 2}}))
+    return str(path)
+
+
+def test_verify_refuses_speculative_by_name(tmp_path, capsys):
+    code = main(["verify", _spec_policy_file(tmp_path), "--depth", "2", "--requests", "1"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "speculative.method" in err and "not encoded in z3 yet" in err
+
+
+def test_liveness_refuses_speculative_by_name(tmp_path, capsys):
+    code = main(["liveness", _spec_policy_file(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "speculative.method" in err and "liveness explorer" in err
+
+
+def test_simulate_runs_a_speculative_policy(tmp_path):
+    """The engine with speculative on: every request finishes, in no more steps than without drafts."""
+    specs = [RequestSpec(rid=i, arrival_us=0, prompt_len=20 + i, output_len=12, max_output=12, accepted=(2,) * 12)
+             for i in range(3)]
+    on = run(policy("eagle", 2), specs, 12)
+    assert all(s.status is Status.FINISHED for s in _final(policy("eagle", 2), specs, 12))
+    assert sum(len(f) for _, _, f, _ in on) == 3
+
+
+def _final(p: Policy, specs: list[RequestSpec], steps: int):
+    s = SchedulerState(p, specs)
+    for j in range(steps):
+        step(s, [r for r in s.requests if r.arrival_us == j * 1000], [], j * 1000)
+    return s.requests
