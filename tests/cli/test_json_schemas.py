@@ -182,13 +182,18 @@ def test_every_schema_is_tested_here():
     assert {p.name.removesuffix(".schema.json") for p in SCHEMAS.glob("*.schema.json")} == tested
 
 
-def test_fleet(capsys, tmp_path):
-    from tests.quality.test_fleet_finds import CEX, SHORT, STORM
+def test_fleet(capsys):
+    from tests.quality.test_fleet_finds import CEX, STORM
 
     doc = output(capsys, "fleet", str(STORM), "--limit", "10", "--json")
     check("fleet", doc)
     assert doc["faults"][0]["kind"] == "lost" and doc["mode"] == "run"
     check("fleet", output(capsys, "fleet", str(STORM), "--replay", str(CEX), "--json"))
+
+
+def test_fleet_search(capsys, tmp_path):
+    from tests.quality.test_fleet_finds import SHORT, STORM
+
     (tmp_path / "short.yaml").write_text(SHORT)
     doc = output(capsys, "fleet", str(STORM), "--search", "--workload", str(tmp_path / "short.yaml"), "--property",
                  "retry_amplification", "--max-examples", "3", "--max-requests", "2", "--json")
