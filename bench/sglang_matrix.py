@@ -2,7 +2,8 @@
 
 For each case of tests/sglang_logs.py: the policy `batchcheck import sglang --rules sglang` makes from the driver's
 flags, compared with the step log step by step (check-log's reference comparison: scheduled tokens, preemptions
-and finishes of every step; the free blocks counted too). By default on the kept logs of tests/data/sglang/ (no
+and finishes of every step; the free blocks counted too, and with the radix cache the tree's evictable and protected
+tokens). By default on the kept logs of tests/data/sglang/ (no
 venv needed); with --fresh the traces are generated again (--seed K shifts every case's seed, for new traces) and
 driven through the real scheduler in the SGLang venv (tools/sglang_setup.sh; BATCHCHECK_SGLANG_VENV). Prints the
 table in markdown, the first divergence of a log as a comment under its row.
@@ -50,14 +51,15 @@ def main(argv: list[str] | None = None) -> int:
     else:
         paths = {c.name: L.kept(c.name, folder) for c in cases}
     table = AgreementTable(["log", "steps", "retractions", "priority preemptions", "aborts", "steps agree",
-                            "share", "free blocks agree", "first divergence"])
+                            "share", "free blocks agree", "radix tree agrees", "first divergence"])
     table.header()
     for case in cases:
         trace, log = paths[case.name]
         stats = L.log_stats(log)
         conf = L.compare(trace, log, case.driver_flags(), case.name)
         table.row(case.name, [case.name, conf.steps, stats["retractions"], stats["preemptions"], stats["aborts"],
-                              conf.agreeing, share(conf), conf.free_blocks_agreeing, first(conf)], conf)
+                              conf.agreeing, share(conf), conf.free_blocks_agreeing,
+                              "-" if conf.tree_agreeing is None else conf.tree_agreeing, first(conf)], conf)
     table.footer()
     return 0
 

@@ -65,17 +65,24 @@ CHECK_LOG_INVARIANTS = ("kv_never_overcommitted", "token_budget", "seq_cap", "re
 # exist (under kv.prefix_caching.enabled they would fail on a correct server, and an aborted request's blocks
 # are taken as freed at once): not checked there.
 CACHE_BLIND = ("request_conservation", "cancellation_releases")
-# (policy -> the rule applies, what the policy has, why a log cannot show per-request blocks then). A KV connector
-# too: requests hold blocks while loading and after finishing, and a log line does not say how many.
+# (policy -> the rule applies, the invariants it blinds, what the policy has, why a log cannot show per-request
+# blocks then). A KV connector too: requests hold blocks while loading and after finishing, and a log line does not
+# say how many. SGLang's radix cache: a request's first chunk starts after its cached prefix, which the record does
+# not give, so neither its blocks nor whether its prompt was computed (prompt_fully_computed) can be read.
 _BLIND_RULES = (
-    (lambda p, held: p.kv.prefix_caching.enabled, "kv.prefix_caching.enabled",
+    (lambda p, held: p.kv.prefix_caching.enabled, CACHE_BLIND, "kv.prefix_caching.enabled",
      "a log does not say how many tokens each cache hit gave a request or which blocks requests share",
      "prefix caching", "a log shows no cache hits or shared blocks; --conformance compares the engine, which models "
      "the cache"),
-    (lambda p, held: p.connector.enabled and not held, "connector.kind other than none",
+    (lambda p, held: p.connector.enabled and not held, CACHE_BLIND, "connector.kind other than none",
      "a log does not say how many blocks a loading, loaded or pinned request holds",
      "a KV connector", "a log does not say how many blocks a loading, loaded or pinned request holds; --conformance "
      "compares the engine, which models them"),
+    (lambda p, held: p.scheduler is Scheduler.SGLANG and p.sglang.radix_cache,
+     (*CACHE_BLIND, "prompt_fully_computed"), "sglang.radix_cache true",
+     "an SGLang step record does not say how many tokens each radix-cache hit gave a request or which pages the "
+     "tree shares", "SGLang's radix cache", "a record shows no cache hits; --conformance compares the engine, which "
+     "models the tree, its evictable and protected tokens included"),
 )
 MAX_NOTES = 5  # notes kept (the CLI prints them); the count of all is kept too
 
@@ -129,6 +136,9 @@ class LogStep(NamedTuple):  # a tuple: one is built per log line
     loading: list[int] | None = None
     # An SGLang record with all four pool counts (IDENTITY_KEYS), for its memory identity; None otherwise.
     pool_counts: tuple[int, int, int, int] | None = None
+    # An SGLang record's chunked request (the one request left mid-prefill: () if none); None: the line does not
+    # say (not an SGLang record). See taken_as_prefilled.
+    chunked: tuple[int, ...] | None = None
     # A speculative-decoding log (tests/vllm_spec_driver.py): how many of each request's scheduled drafts the
     # verifier accepted (the environment's choice the engine is fed under --conformance); None: the line does not say.
     accepted: dict[int, int] | None = None
@@ -278,7 +288,11 @@ def parse_step(rec: Any, line_no: int, arrivals: Arrivals, source: str, page: in
         if isinstance(rec, dict) and "free_blocks" not in rec and "available_tokens" in rec:
             entry = parse_step(sglang_record(rec, line_no, source, page), line_no, arrivals, source)
             counts = tuple(rec.get(k) for k in IDENTITY_KEYS)
-            return entry._replace(pool_counts=counts) if all(c.__class__ is int for c in counts) else entry
+            if all(c.__class__ is int for c in counts):
+                entry = entry._replace(pool_counts=counts)
+            if "chunked" in rec:
+                entry = entry._replace(chunked=_sglang_chunked(rec["chunked"], line_no, arrivals, source))
+            return entry
         missing = [k for k in LOG_KEYS if not isinstance(rec, dict) or k not in rec]
         raise InputError(Problem(missing[0], "<missing>", "the keys " + ", ".join(LOG_KEYS), line_no), source) from None
     index = arrivals.index
@@ -318,7 +332,7 @@ def parse_step(rec: Any, line_no: int, arrivals: Arrivals, source: str, page: in
     raw_accepted = rec.get("accepted")
     accepted = None if raw_accepted is None else _accepted(raw_accepted, line_no, arrivals, source)
     return _new_tuple(LogStep, (k, scheduled, lists[0], lists[1], lists[2], running, waiting, free, line_no, held,
-                                loading, None, accepted))
+                                loading, None, None, accepted))
 
 
 def _accepted(raw: Any, line_no: int, arrivals: Arrivals, source: str) -> dict[int, int]:
@@ -337,6 +351,24 @@ def _accepted(raw: Any, line_no: int, arrivals: Arrivals, source: str) -> dict[i
 
 
 SGLANG_KEYS = ("retracted", "available_tokens", "evictable_tokens")
+
+
+def _sglang_chunked(raw: Any, line_no: int, arrivals: Arrivals, source: str) -> tuple[int, ...]:
+    if raw is None:
+        return ()
+    r = arrivals.rid(raw)
+    if r is None:
+        raise InputError(Problem("chunked", raw, "null or the id of a request of the arrivals", line_no), source)
+    return (r,)
+
+
+def taken_as_prefilled(entry: LogStep, r: int) -> bool:
+    """An SGLang record keeps at most one request mid-prefill (its chunked request): any other request the step gave
+    fewer tokens than the rest of its prompt, and that it neither retracted nor aborted, SGLang takes as prefilled
+    (it samples a token after it and never computes the rest: the truncation of docs/semantics.md, SGLang's rules).
+    False on a line that does not say (vLLM logs, where several requests may be mid-prefill)."""
+    chunked = entry.chunked
+    return chunked is not None and r not in chunked and r not in entry.preempted and r not in entry.aborted
 
 
 def sglang_record(rec: dict, line_no: int, source: str, page: int) -> dict:
@@ -598,7 +630,7 @@ class Observed:
         specs = arrivals.specs
         self.n = len(specs)
         self.slots = [_initial_slot() for _ in specs]
-        self.prompt = [s.prompt_len for s in specs]
+        self.prompt = [s.prompt_len for s in specs]  # as the scheduler takes it (SGLang's truncation shortens one)
         self.specs = specs
         self.loading: set[int] = set()  # a connector log's requests loading after the last step
         self.arrival_us = [s.arrival_us for s in specs]  # specs are in arrival order (load_arrivals)
@@ -728,6 +760,10 @@ class Observed:
             if t > s["blocks"] * size:  # blocks is 0 or blocks_for(computed before): it grows only past them
                 blocks(r, s, blocks_for(t, size))
             if c >= prompt[r] + g:
+                s["num_generated"] = g + 1
+                produce(r)
+            elif entry.chunked is not None and taken_as_prefilled(entry, r):
+                prompt[r] = c - g  # its prompt, as the scheduler now takes it, ends here (as the engine's)
                 s["num_generated"] = g + 1
                 produce(r)
         for r in late:
@@ -902,6 +938,7 @@ class _Frames:
 #                 blocks of the others (each request's own conditions read only its own fields, which
 #                 held when they last changed; the sum is the same; no pool, so no shared blocks);
 #   preempted     the requests preempted in the step (the count only grows there);
+#   produced      the requests that produced a token in the step (every other one holds trivially);
 #   cancelled     (cancellation_releases) the requests holding KV now that have been cancelled: only those can
 #                 fail (cancelled at the window's start, still holding now); the predicate reads their status
 #                 then and their blocks now, and gets exactly those (the status from status_since).
@@ -918,7 +955,9 @@ INCREMENTAL: dict[Callable, str] = {
     catalogue.scheduled_requests_run: "served",
     catalogue.seq_cap: "running",
     catalogue.request_conservation: "conservation",
+    catalogue.sglang_memory_identity: "globals",  # a log frame has no tree: true there (IdentityNotes checks the log)
     catalogue.bounded_preemptions: "preempted",
+    catalogue.prompt_fully_computed: "produced",
     catalogue.cancellation_releases: "cancelled",
     catalogue.tenant_fairness: "fairness",
 }
@@ -1068,6 +1107,14 @@ class Incremental:
                 ok = seen[key] = holds(rids, t, self._restricted(rids, obs.kv_used))
                 _bound(seen)
             return ok
+        return check
+
+    def _produced(self, inv: Invariant, full: dict[str, int]) -> Callable[[int], bool]:
+        holds, obs = self._evaluator(inv, full), self.obs
+
+        def check(t: int) -> bool:
+            rids = sorted(obs.produced)
+            return not rids or holds(rids, t, self._restricted(rids, obs.kv_used))
         return check
 
     def _served(self, inv: Invariant, full: dict[str, int]) -> Callable[[int], bool]:
@@ -1287,6 +1334,13 @@ def context_lines(arrivals: Arrivals, entry: LogStep, slots, live: list[int], ca
         status = slots[r]["status"]
         if n and status not in (RUNNING, FINISHED):
             context.append(f"request {ids[r]}: scheduled {n} tokens in this step, {Status(status).name} after it")
+    specs = arrivals.specs
+    for r in entry.scheduled:
+        slot = slots[r]
+        if slot["num_generated"] and slot["num_computed"] + 1 < specs[r].prompt_len + slot["num_generated"]:
+            context.append(f"request {ids[r]}: {slot['num_generated']} output token(s) after {slot['num_computed']} "
+                           f"computed tokens of a {specs[r].prompt_len}-token prompt (taken as prefilled: the "
+                           f"record's chunked request is {ids[entry.chunked[0]] if entry.chunked else 'none'})")
     return context
 
 
@@ -1300,6 +1354,8 @@ class Conformance:
     # steps whose free-block count matches too: the reference path counts them; the streaming one cannot (a
     # fast-forwarded stretch has no per-step pool), so it is not part of the comparison of two results
     free_blocks_agreeing: int | None = field(default=None, compare=False)
+    # SGLang's radix cache (reference path): steps whose evictable and protected tokens match the record's too
+    tree_agreeing: int | None = field(default=None, compare=False)
 
     @property
     def share(self) -> float:
@@ -1472,6 +1528,8 @@ def default_invariants(policy: Policy) -> list[str]:
     names = [f"{name}:steps={lag}" if name == "cancellation_releases" else name for name in CHECK_LOG_INVARIANTS]
     if con.pins:
         names.append(f"finished_releases:steps={deadline or con.max_load_steps + 1}")
+    if policy.scheduler is Scheduler.SGLANG:  # its records name the chunked request: a truncated prompt shows
+        names.append("prompt_fully_computed")
     return names
 
 
@@ -1501,10 +1559,10 @@ def run_check_log(policy: PolicyInput, log: str | Path, arrivals: str | Path, in
     names = list(invariants or default_invariants(pol))
     cache_note = None
     held = pol.connector.enabled and _says_what_is_held(log)
-    for blind_under, what, why, under, because in _BLIND_RULES:
+    for blind_under, blinded, what, why, under, because in _BLIND_RULES:
         if not blind_under(pol, held):
             continue
-        blind = [text for text in names if text.split(":", 1)[0] in CACHE_BLIND]
+        blind = [text for text in names if text.split(":", 1)[0] in blinded]
         if blind and invariants:
             raise InputError(Problem("--invariant", blind[0], f"an invariant a log can show under a policy with {what}: "
                                      f"{why}, so the blocks each request holds are unknown (use --conformance: the "
@@ -1551,6 +1609,7 @@ def observed_frames(policy: Policy, arrivals: Arrivals, log: list[LogStep]) -> t
     seq = 1
     frames: list[Frame] = []
     notes: list[str] = []
+    prompt = [s.prompt_len for s in specs]  # as the scheduler takes it (SGLang's truncation shortens one)
 
     def preempt(r: int) -> None:
         nonlocal seq
@@ -1590,7 +1649,11 @@ def observed_frames(policy: Policy, arrivals: Arrivals, log: list[LogStep]) -> t
                 seq += 1
             slot["num_computed"] += n
             slot["blocks"] = blocks_for(slot["num_computed"], size)
-            if slot["num_computed"] >= specs[r].prompt_len + slot["num_generated"]:
+            if slot["num_computed"] >= prompt[r] + slot["num_generated"]:
+                slot["num_generated"] += 1
+                produced[r] = True
+            elif taken_as_prefilled(entry, r):
+                prompt[r] = slot["num_computed"] - slot["num_generated"]
                 slot["num_generated"] += 1
                 produced[r] = True
         for r in entry.preempted:
@@ -1654,17 +1717,20 @@ def conformance(policy: Policy, arrivals: Arrivals, log: list[LogStep]) -> Confo
     first = log[0].step
     replay = replay_fixed_clock(policy, with_accepted(arrivals.specs, log, policy), first + len(log), STEP_US, 1)
     agreeing, free_agreeing, divergence, detail = 0, 0, None, ""
+    tree_agreeing = 0 if policy.scheduler is Scheduler.SGLANG and policy.sglang.radix_cache else None
     for entry in log:
         d = replay.decisions[entry.step]
         ours = (dict(d.scheduled), sorted(d.preempted), sorted(d.finished))
         theirs = (entry.scheduled, sorted(entry.preempted), sorted(entry.finished))
         free_agreeing += d.kv_blocks_free == entry.free_blocks
+        if tree_agreeing is not None and entry.pool_counts is not None:
+            tree_agreeing += replay.frames[entry.step].radix == entry.pool_counts[1:3]
         if ours == theirs:
             agreeing += 1
         elif divergence is None:
             divergence = entry.step
             detail = divergence_detail(arrivals.ids, entry, ours)
-    return Conformance(len(log), agreeing, divergence, detail, free_agreeing)
+    return Conformance(len(log), agreeing, divergence, detail, free_agreeing, tree_agreeing)
 
 
 def with_accepted(specs: list[RequestSpec], log: list[LogStep], policy: Policy) -> list[RequestSpec]:

@@ -43,10 +43,11 @@ from __future__ import annotations
 from checker.policy import HeadOfLine, PhaseMode, QueueOrder
 from checker.profile import Profile
 from checker.semantics.blockpool import NO_PARENT, BlockPool
-from checker.semantics.decision import StepDecision
+from checker.semantics.decision import DecisionBuilder, StepDecision
 from checker.semantics.kv import blocks_for
 from checker.semantics.order import key_function, time_varying
-from checker.semantics.state import Request, SchedulerState
+from checker.semantics.state import Request, SchedulerState, Status
+from checker.semantics.step import _finish as finish_request  # the one definition of a finish
 
 
 # Passes that try waiting requests before (some of) the step's decodes take and cache their blocks: the
@@ -84,9 +85,10 @@ def _sglang_quiet(s: SchedulerState) -> bool:
     request is chunked or marked aborted, the next step's filters keep batch_is_full, and no prefill batch is
     tried (nobody waits, or batch_is_full holds without priority preemption). The stretch stops before a
     finish and before the decode whose pages are not free (a retraction), as under the vLLM rules; each of
-    its steps decays the new-token ratio (apply_stretch)."""
+    its steps decays the new-token ratio (apply_stretch). Not with the radix cache: its decodes evict the tree when
+    the free pages run short of a page per request, which the stretch's closed form does not do."""
     g = s.sglang
-    if g.chunked is not None or g.shrunk or g.remade or g.aborting:
+    if g.chunked is not None or g.shrunk or g.remade or g.aborting or g.tree is not None:
         return False
     if s.waiting and not (g.batch_is_full and not s.policy.preempts_on_inversion):
         return False
@@ -112,14 +114,16 @@ def joins_behind_head(s: SchedulerState, r: Request) -> bool:
 
 
 def stretch_durations(s: SchedulerState, profile: Profile, start_us: int, horizon_us: int | None,
-                      max_steps: int) -> list[int]:
+                      max_steps: int, finish: bool = False) -> list[int]:
     """Durations of the quiet decode steps that follow, each starting before horizon_us, while no
     request reaches its last token, the pool has the blocks the decodes need and (with prefix caching)
-    the prefix-cache hits of the waiting requests the step would try stay as they are."""
+    the prefix-cache hits of the waiting requests the step would try stay as they are.
+
+    ``finish`` (``may_finish_in_stretch``): the step in which the first requests reach their last token may
+    be the stretch's last step (the stretch then has the length returned by ``finishing_step``)."""
     p = s.policy
     running = s.running
-    max_len = p.max_model_len
-    k = min(min(r.output_len, max_len - r.prompt_len) - r.num_generated for r in running) - 1
+    k = finishing_step(s) - (0 if finish else 1)
     k = min(k, max_steps)
     if k <= 0:
         return []
@@ -150,6 +154,36 @@ def stretch_durations(s: SchedulerState, profile: Profile, start_us: int, horizo
                     hi = mid
             del durations[lo:]
     return durations
+
+
+def finishing_step(s: SchedulerState) -> int:
+    """The first of the next decode steps (1, 2, ...) in which some running request reaches its last token
+    (its output length, or the model's context: what _compute finishes after a decode)."""
+    max_len = s.policy.max_model_len
+    return min(min(r.output_len, max_len - r.prompt_len) - r.num_generated for r in s.running)
+
+
+def may_finish_in_stretch(s: SchedulerState) -> bool:
+    """Whether a stretch may end with the step in which requests finish (finish_stretch): under the vLLM rules,
+    without pinning finished requests' blocks (a connector's prefill node). That step's waiting pass runs before
+    its decodes finish (the complete phase), so it sees the blocked queue the other steps of the stretch see; the
+    finishes change the batch and the pool for the step after it, which the engine steps plainly."""
+    return s.sglang is None and not s.policy.connector.pins
+
+
+def finish_stretch(s: SchedulerState) -> list[Request]:
+    """After the stretch's last step applied (apply_stretch), finish the requests that reached their last token
+    in it, in the order the step served them (as _compute does: status, reason, KV freed); return them."""
+    max_len = s.policy.max_model_len
+    served = s.running
+    if s.policy.batch.phase_mode is PhaseMode.MIXED:
+        served = sorted(served, key=key_function(s, 0))
+    out = DecisionBuilder()
+    done = [r for r in served if r.num_generated >= r.output_len or r.prompt_len + r.num_generated >= max_len]
+    for r in done:
+        finish_request(s, r, out)
+    s.running = [r for r in s.running if r.status is Status.RUNNING]
+    return done
 
 
 def apply_stretch(s: SchedulerState, k: int) -> None:

@@ -27,6 +27,8 @@ class Frame:
     now_us: Term  # when the step started
     counters: tuple[Term, ...] = ()  # per tenant (tenant_fair)
     pool: PoolFacts | None = None  # with block identity (prefix caching): the pool as the block tables show it
+    # Under SGLang's rules with the radix cache: the tree's (evictable, protected) tokens after the step; else None
+    radix: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -43,7 +45,10 @@ class TraceContext:
 
 
 def params_from_engine(s: SchedulerState) -> tuple[SlotParams, ...]:
-    return tuple(SlotParams(r.arrival_us, r.prompt_len, r.output_len, r.max_output, r.priority, r.tenant)
+    """The slots' parameters as the environment gave them: the prompt length is the request's own (a scheduler
+    that takes a prompt as shorter, SGLang's truncation, changes what the engine computes, not the request), as
+    check-log reads them from its arrivals."""
+    return tuple(SlotParams(r.arrival_us, r.spec.prompt_len, r.output_len, r.max_output, r.priority, r.tenant)
                  for r in s.requests)
 
 
@@ -57,4 +62,5 @@ def frame_from_engine(s: SchedulerState, d: StepDecision) -> Frame:
         produced=tuple(r.rid in produced for r in s.requests),
         preempted=tuple(r.rid in preempted for r in s.requests),
         kv_used=s.kv_used, now_us=d.now_us, counters=tuple(s.tenant_counters),
-        pool=None if s.pool is None else s.pool.facts(s.requests))
+        pool=None if s.pool is None else s.pool.facts(s.requests),
+        radix=None if s.sglang is None or s.sglang.tree is None else (s.sglang.tree.evictable, s.sglang.tree.protected))

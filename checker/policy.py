@@ -446,12 +446,15 @@ class Scheduler(StrEnum):
 
 class SGLangQueue(StrEnum):
     """SGLang's --schedule-policy values the rules model: fcfs (the queue in entry order; by priority, then entry,
-    with priority scheduling) and lof (longest output first: by max_new_tokens, descending). The cache-aware ones
-    (lpm, dfs-weight) need the radix cache, which is not modelled yet; SGLang itself runs fcfs for them when the
-    cache is disabled."""
+    with priority scheduling), lof (longest output first: by max_new_tokens, descending), and the cache-aware lpm
+    (longest cached prefix first; fcfs while more than 128 requests wait) and dfs-weight (a depth-first walk of the
+    radix tree, heaviest subtree first). The cache-aware ones need sglang.radix_cache (SGLang itself runs fcfs for
+    them when the cache is disabled: say fcfs)."""
 
     FCFS = "fcfs"
     LOF = "lof"
+    LPM = "lpm"
+    DFS_WEIGHT = "dfs-weight"
 
 
 class SGLang(_Strict):
@@ -471,7 +474,9 @@ class SGLang(_Strict):
     mixed_chunk: bool = False
     """--enable-mixed-chunk: the running requests decode inside a prefill batch when their next pages fit."""
     radix_cache: bool = False
-    """The radix (prefix) cache. Only false is modelled yet (--disable-radix-cache)."""
+    """The radix (prefix) cache (SGLang's default; false is --disable-radix-cache): finished and prefilled requests'
+    page-aligned tokens stay in a radix tree, later requests start from their longest cached prefix, and unlocked
+    leaves are evicted least recently used first when the pool runs short (checker/semantics/radix.py)."""
     init_new_token_ratio: Annotated[float, Field(gt=0.0, le=1.0)] = 0.7
     """SGLANG_INIT_NEW_TOKEN_RATIO."""
     min_new_token_ratio_factor: Annotated[float, Field(ge=0.0, le=1.0)] = 0.14
@@ -487,9 +492,9 @@ class SGLang(_Strict):
 
     @model_validator(mode="after")
     def _modelled(self) -> SGLang:
-        if self.radix_cache:
-            raise _fail("radix_cache", "true", "false: the SGLang rules model the disabled radix cache only "
-                        "(--disable-radix-cache); the cache's eviction and prefix matches are not modelled yet")
+        if self.schedule_policy in (SGLangQueue.LPM, SGLangQueue.DFS_WEIGHT) and not self.radix_cache:
+            raise _fail("schedule_policy", self.schedule_policy.value, "fcfs or lof when radix_cache is false (SGLang "
+                        "runs a cache-aware policy as fcfs when the radix cache is disabled: say fcfs)")
         return self
 
     @property

@@ -98,6 +98,18 @@ def _something_runs(o: Any, ctx: TraceContext, t: int) -> Term:
     return _any_slot(o, ctx, lambda i: ctx.frames[t].slots[i]["status"] == int(Status.RUNNING))
 
 
+def prompt_fully_computed(o: Any, ctx: TraceContext, t: int) -> Term:
+    """A request that produces an output token in a step has computed its whole prompt and every earlier output
+    token by the end of that step (no token is sampled after a truncated prompt)."""
+    frame = ctx.frames[t]
+    return _all_slots(o, ctx, lambda i: o.or_(o.not_(frame.produced[i]), frame.slots[i]["num_computed"] + 1
+                                              >= ctx.params[i].prompt_len + frame.slots[i]["num_generated"]))
+
+
+def _something_produced(o: Any, ctx: TraceContext, t: int) -> Term:
+    return _any_slot(o, ctx, lambda i: o.and_(ctx.frames[t].produced[i]))
+
+
 def request_conservation(o: Any, ctx: TraceContext, t: int) -> Term:
     """Each request is in exactly one state and holds KV only where that state allows; the KV in use is
     the sum of what requests hold (none lost or duplicated)."""
@@ -116,7 +128,30 @@ def request_conservation(o: Any, ctx: TraceContext, t: int) -> Term:
                       o.or_(o.or_(*held), s["blocks"] == 0), s["blocks"] >= 0,
                       o.or_(s["status"] == int(Status.SWAPPED), s["swapped_blocks"] == 0))
     shared = frame.pool.shared if frame.pool is not None else 0  # a block several requests list is used once
-    return o.and_(_all_slots(o, ctx, ok), frame.kv_used == sum_terms([s["blocks"] for s in frame.slots]) - shared)
+    # SGLang's radix cache: the tree's protected pages are in use beyond what the requests hold themselves
+    tree = frame.radix[1] // ctx.policy.kv.block_size if frame.radix is not None else 0
+    return o.and_(_all_slots(o, ctx, ok),
+                  frame.kv_used == sum_terms([s["blocks"] for s in frame.slots]) - shared + tree)
+
+
+def sglang_memory_identity(o: Any, ctx: TraceContext, t: int) -> Term:
+    """Under SGLang's rules with the radix cache, SGLang's memory identity: the pool's available, evictable,
+    protected and held tokens make up the pool (available: free pages outside the tree, never negative; evictable
+    and protected: the radix tree's tokens with lock count 0 and above; held: the pages requests hold beyond the
+    tree's)."""
+    frame = ctx.frames[t]
+    if frame.radix is None:
+        return True
+    page, pool = ctx.policy.kv.block_size, ctx.policy.kv.num_blocks
+    evictable, protected = frame.radix
+    available = (pool - frame.kv_used) * page - evictable
+    held = sum_terms([s["blocks"] for s in frame.slots]) * page
+    return o.and_(available >= 0, available + evictable + protected + held == pool * page)
+
+
+def _tree_holds_kv(o: Any, ctx: TraceContext, t: int) -> Term:
+    radix = ctx.frames[t].radix
+    return radix is not None and radix[0] + radix[1] > 0
 
 
 def _arrived(o: Any, ctx: TraceContext, t: int) -> Term:
@@ -462,6 +497,8 @@ CATALOGUE: dict[str, Invariant] = {inv.name: inv for inv in (
     invariant(seq_cap, _something_runs),
     invariant(scheduled_requests_run, _tokens_scheduled),
     invariant(request_conservation, _arrived),
+    invariant(sglang_memory_identity, _tree_holds_kv),
+    invariant(prompt_fully_computed, _something_produced),
     invariant(block_pool_conservation, _blocks_cached),
     invariant(no_referenced_block_reused, _blocks_cached),
     invariant(hit_only_on_identical_chain, _blocks_shared),

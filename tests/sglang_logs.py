@@ -127,9 +127,13 @@ class Case:
     ignore_eos: float = 0.0  # share of requests with ignore_eos (fixed-length requests, as benchmark clients send)
     note: str = ""
     extra: dict = field(default_factory=dict, compare=False)
+    radix: bool = False  # the radix cache on (SGLang's default); off: the driver gets --disable-radix-cache
+    shared: float = 0.0  # share of requests whose prompt shares a prefix (prefix_group, or hash_ids chains)
+    groups: int = 4  # prefix groups (or hash-id chains) the sharing requests draw from
+    hash_block: int = 0  # > 0: shared prefixes as Mooncake hash_ids of this many tokens (a chain's first ids)
 
     def driver_flags(self) -> list[str]:
-        return [*self.flags, "--disable-radix-cache"]
+        return [*self.flags] if self.radix else [*self.flags, "--disable-radix-cache"]
 
 
 def make_trace(case: Case) -> list[dict]:
@@ -147,8 +151,23 @@ def make_trace(case: Case) -> list[dict]:
             row["abort_step"] = int(step) + rng.randint(0, 40)
         if case.ignore_eos:
             row["ignore_eos"] = rng.random() < case.ignore_eos
+        if case.shared and rng.random() < case.shared:
+            _share_prefix(case, rng, row, i)
         rows.append(row)
     return rows
+
+
+def _share_prefix(case: Case, rng: random.Random, row: dict, i: int) -> None:
+    """A shared prompt prefix: a prefix group (two prompts of a group share their common length), or with hash_block
+    the first 1..all ids of one of the chains (then ids of the request's own)."""
+    group = rng.randrange(case.groups)
+    if not case.hash_block:
+        row["prefix_group"] = group
+        return
+    n = -(-row["prompt_tokens"] // case.hash_block)
+    depth = rng.randint(1, n)
+    row["hash_block_tokens"] = case.hash_block
+    row["hash_ids"] = [group * 1000 + j for j in range(depth)] + [100_000 + i * 100 + j for j in range(n - depth)]
 
 
 CASES = [
@@ -187,6 +206,23 @@ CASES = [
                                           "--enable-priority-scheduling"), seed=9, requests=150,
          priorities=(15, 24, 35, 38, 39, 40), aborts=0.1, ignore_eos=0.5,
          note="half the requests ignore_eos (add_one_req_ignore_eos, ratio 1), mixed chunk, priority, aborts"),
+    # the radix cache on (SGLang's default): shared prefixes, evictions
+    Case("radix_fcfs_p1", ("--page-size", "1", "--pool-tokens", "1400", "--max-running-requests", "24",
+                           "--chunked-prefill-size", "512", "--new-token-ratio-decay-steps", "150"), seed=11,
+         requests=160, aborts=0.1, radix=True, shared=0.7,
+         note="radix cache, page 1, fcfs, prefix groups, KV pressure (evictions, retractions), aborts"),
+    Case("radix_lpm_p4", ("--page-size", "4", "--pool-tokens", "1600", "--max-running-requests", "16",
+                          "--chunked-prefill-size", "256", "--schedule-policy", "lpm"), seed=12, requests=160,
+         radix=True, shared=0.7, groups=5, note="radix cache, page 4, lpm, prefix groups"),
+    Case("radix_dfs_p16", ("--page-size", "16", "--pool-tokens", "2000", "--max-running-requests", "32",
+                           "--chunked-prefill-size", "512", "--schedule-policy", "dfs-weight",
+                           "--init-new-token-ratio", "0.4"), seed=13, requests=170, gap=2.5, radix=True,
+         shared=0.8, hash_block=32, note="radix cache, page 16, dfs-weight, hash_ids chains, a low initial ratio"),
+    Case("radix_lof_mixed_priority_p4", ("--page-size", "4", "--pool-tokens", "1500", "--max-running-requests", "12",
+                                         "--chunked-prefill-size", "256", "--schedule-policy", "lof",
+                                         "--enable-mixed-chunk", "--enable-priority-scheduling"), seed=14,
+         requests=150, priorities=(0, 5, 10, 20, 30), aborts=0.1, radix=True, shared=0.6, hash_block=16,
+         note="radix cache, lof, mixed chunk, priority preemption, hash_ids chains, aborts"),
 ]
 CASE = {c.name: c for c in CASES}
 

@@ -17,6 +17,7 @@ INVARIANT_FIELDS: dict[str, tuple[str, ...]] = {
     "seq_cap": ("batch.max_num_seqs",),
     "scheduled_requests_run": ("preemption.triggers", "preemption.victim"),
     "request_conservation": ("kv.allocation", "kv.num_blocks"),
+    "sglang_memory_identity": ("sglang.radix_cache", "kv.num_blocks"),
     "block_pool_conservation": ("kv.prefix_caching", "kv.num_blocks"),
     "no_referenced_block_reused": ("kv.prefix_caching", "kv.num_blocks"),
     "hit_only_on_identical_chain": ("kv.prefix_caching",),

@@ -456,8 +456,8 @@ RATIO_ENV = {
     "SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION": ("clip_max_new_tokens", 4096, lambda v: 1 <= v <= 10_000_000,
                                               "an integer >= 1 and <= 10000000"),
 }
-RADIX_REFUSAL = "the radix cache is not modelled yet by the sglang rules: pass --disable-radix-cache"
 CACHE_AWARE = ("lpm", "dfs-weight", "hrrn")
+RADIX_ORDERS = ("lpm", "dfs-weight")  # the cache-aware orders the sglang rules model (with the radix cache)
 
 
 def import_sglang_rules(args: list[str], machine: Machine) -> Draft:
@@ -471,7 +471,7 @@ def import_sglang_rules(args: list[str], machine: Machine) -> Draft:
                             "model's config, which batchcheck does not have")
     draft.set("scheduler", "sglang", "--rules sglang: SGLang's own loop, prefill adder, ratio and retraction")
     _refusals(given, draft, sglang_rules=True)
-    _rules_radix(given, draft)
+    radix = _rules_radix(given, draft)
 
     # --- the loop: the rules model event_loop_normal
     overlap_off = given.take("disable-overlap-schedule")
@@ -494,7 +494,7 @@ def import_sglang_rules(args: list[str], machine: Machine) -> Draft:
                           f"({total} tokens) at arrival; the policy model leaves them waiting at the head")
 
     # --- the queue: --schedule-policy and priority scheduling
-    priority = _rules_queue(given, draft)
+    priority = _rules_queue(given, draft, radix)
 
     # --- budgets
     chunk = _chunk(given, draft, machine)
@@ -569,19 +569,30 @@ def import_sglang_rules(args: list[str], machine: Machine) -> Draft:
     return draft
 
 
-def _rules_radix(given: Given, draft: Draft) -> None:
+def _rules_radix(given: Given, draft: Draft) -> bool:
+    """--disable-radix-cache -> sglang.radix_cache (on by default); --radix-eviction-policy: lru only. Whether the
+    cache is on."""
     radix_off = given.take("disable-radix-cache")
     eviction = given.take("radix-eviction-policy")
+    if radix_off is not None and radix_off.value:
+        draft.set("sglang.radix_cache", False, radix_off.shown)
+        if eviction is not None:
+            draft.ignore(eviction, "no effect with --disable-radix-cache")
+        return False
     if radix_off is None:
-        raise UsageError(f"--rules sglang: SGLang's radix cache is on by default, and {RADIX_REFUSAL}")
-    if not radix_off.value:
-        raise refuse(radix_off, f"true: {RADIX_REFUSAL}")
-    draft.set("sglang.radix_cache", False, radix_off.shown)
-    if eviction is not None:
-        draft.ignore(eviction, "no effect with --disable-radix-cache")
+        draft.assume("sglang.radix_cache", True, "--disable-radix-cache not given: SGLang's radix cache is on by "
+                     "default")
+    else:
+        draft.set("sglang.radix_cache", True, radix_off.shown)
+    if eviction is None:
+        draft.assume_input("--radix-eviction-policy", "lru", "SGLang's default")
+    elif eviction.value.lower() != "lru":
+        raise refuse(eviction, "lru (the sglang rules evict the radix tree's least recently used leaves first), or "
+                     "--disable-radix-cache")
+    return True
 
 
-def _rules_queue(given: Given, draft: Draft) -> bool:
+def _rules_queue(given: Given, draft: Draft, radix: bool) -> bool:
     """--schedule-policy -> sglang.schedule_policy; priority scheduling -> queue.order and its polarity."""
     enable = given.take("enable-priority-scheduling")
     priority = enable is not None and enable.value
@@ -590,8 +601,11 @@ def _rules_queue(given: Given, draft: Draft) -> bool:
     name = "fcfs" if policy is None else policy.value
     if policy is None:
         draft.assume("sglang.schedule_policy", "fcfs", "--schedule-policy not given: SGLang's default")
-    elif name in ("fcfs", "lof"):
+    elif name in ("fcfs", "lof") or (radix and name in RADIX_ORDERS):
         draft.set("sglang.schedule_policy", name, policy.shown)
+    elif radix and name in ("hrrn", "shortest-prefill-first"):
+        raise refuse(policy, "fcfs, lof, lpm or dfs-weight with the radix cache: the sglang rules do not model "
+                     f"{name}'s order")
     elif name in CACHE_AWARE:
         draft.set("sglang.schedule_policy", "fcfs", f"{policy.note()}: fcfs without the radix cache")
         draft.approximate("sglang.schedule_policy", "fcfs", f"--schedule-policy {name} is cache-aware: SGLang "

@@ -15,7 +15,14 @@ One step is one iteration of SGLang's normal event loop (``get_next_batch_to_run
 The prefill adder admits against a float budget: free tokens minus, for each running request, its clipped
 remaining output times the new-token ratio, minus for each admitted request its page-ceiled extend, one page and
 its clipped max_new_tokens. Allocation is page-granular (kv.block_size is the page): a request holds
-ceil(tokens / page) pages. The radix cache is not modelled (policy.sglang.radix_cache is false).
+ceil(tokens / page) pages.
+
+With the radix cache (policy.sglang.radix_cache; checker.semantics.radix) the free tokens the adder sees include the
+tree's evictable ones; a waiting request starts from its longest cached page-aligned prefix (locked while it runs:
+``r.blocks`` counts only the pages it holds beyond the tree's); prefilled requests (the chunked one at the next
+step's start), finished and aborted ones insert their page-aligned tokens; allocation, decode and retraction evict
+the shortfall from the tree, least recently used leaves first; and the cache-aware queue orders lpm and dfs-weight
+read the tree (docs/semantics.md, "SGLang's radix cache").
 """
 
 from __future__ import annotations
@@ -24,11 +31,19 @@ from collections.abc import Callable
 from enum import IntEnum
 
 from checker.policy import Polarity, Policy, QueueOrder, SGLangQueue, Victim
+from checker.requests import GREEDY_OUTPUT_TOKEN, TOKEN_ID_SPAN
 from checker.semantics import kv
 from checker.semantics.decision import DecisionBuilder
+from checker.semantics.radix import Node
 from checker.semantics.state import Reason, Request, SchedulerState, SGLangState, Status
 
-WAITING, RUNNING, CANCELLED = Status.WAITING, Status.RUNNING, Status.CANCELLED
+WAITING, RUNNING, CANCELLED, FINISHED = Status.WAITING, Status.RUNNING, Status.CANCELLED, Status.FINISHED
+# SGLang's WAITING_QUEUE_PREFIX_MATCH_MAX (lpm runs as fcfs above it; the waiting-prefix refresh touches this many),
+# IN_BATCH_PREFIX_CACHING_CHECK_THRESHOLD / _DEPRIORITIZE_THRESHOLD, WAITING_PREFIX_REFRESH_INTERVAL.
+PREFIX_MATCH_MAX = 128
+IN_BATCH_CHECK = 32
+IN_BATCH_DEPRIORITIZE = 32
+REFRESH_INTERVAL = 32
 
 
 def enter_queue(s: SchedulerState, r: Request) -> None:
@@ -49,7 +64,7 @@ class Adder:
     """One prefill pass's budgets (PrefillAdder and PrefillBudget): tokens are floats where SGLang's are."""
 
     __slots__ = ("s", "page", "clip", "ratio", "rem_input", "rem_chunk", "total_offset", "current_offset",
-                 "can_run", "new_chunked", "preempted", "batch", "req_states")
+                 "can_run", "new_chunked", "preempted", "batch", "req_states", "hits")
 
     def __init__(self, s: SchedulerState, batch: list[Request], mixed_rows: int):
         p = s.policy
@@ -67,6 +82,7 @@ class Adder:
         self.preempted: list[Request] = []
         self.batch = batch  # the running batch (priority preemption shrinks it in place)
         self.req_states: list[tuple[float, int]] | None = None  # add_one_req_ignore_eos's simulation, once built
+        self.hits: dict[int, tuple[int, Node]] = {}  # radix cache: an admitted request's (prefix, locked node)
 
     def ratio_of(self, r: Request) -> float:
         """The new-token ratio SGLang applies to a request: 1.0 for a fixed-length one (ignore_eos)."""
@@ -77,7 +93,8 @@ class Adder:
         return min(r.max_output - r.num_generated, self.clip) * self.ratio_of(r)
 
     def available(self) -> int:
-        """Free tokens: free pages times the page (the allocator's available_size; no tree, nothing evictable)."""
+        """Free tokens: free pages times the page (the allocator's available_size; with the radix cache, plus the
+        tree's evictable tokens, PrefillBudget._available_and_evictable, which kv.free_blocks counts free)."""
         return kv.free_blocks(self.s) * self.page
 
     def remaining_total(self) -> float:
@@ -119,12 +136,33 @@ class Adder:
         return truncated
 
     def add_one(self, r: Request) -> Verdict:
-        """add_one_req, the radix cache disabled (no prefix)."""
-        if r.spec.ignore_eos:
-            return self.add_one_ignore_eos(r)
+        """add_one_req. With the radix cache, init_next_round_input matches the request (at most all its tokens but
+        the last) and the matched node is locked while it is checked (its tokens protected, no longer evictable) and
+        from its admission on."""
+        g = self.s.sglang
+        tree = g.tree
+        if tree is None:
+            if r.spec.ignore_eos:
+                return self.add_one_ignore_eos(r)
+            g.fill[r.rid] = r.prompt_len + r.num_generated  # init_next_round_input
+            return self._add_one(r, 0)
+        fill = r.prompt_len + r.num_generated
+        g.fill[r.rid] = fill
+        prefix, node = tree.match(fill_tokens(self.s, r), fill - 1)
+        g.prefix[r.rid] = prefix
+        lock(self.s, node)  # _lock_node, for the check
+        admitted = len(self.can_run)
+        verdict = self._add_one(r, prefix)
+        if len(self.can_run) > admitted:
+            lock(self.s, node)  # _commit_prefill_admission: req.lock
+            self.hits[r.rid] = (prefix, node)
+        unlock_node(self.s, node)
+        return verdict
+
+    def _add_one(self, r: Request, prefix: int) -> Verdict:
+        """add_one_req's budget checks and commit, for a request whose first prefix tokens are cached."""
         max_new = min(max(r.max_output - r.num_generated, 0), self.clip)
-        extend = r.prompt_len + r.num_generated
-        self.s.sglang.fill[r.rid] = extend  # init_next_round_input
+        extend = r.prompt_len + r.num_generated - prefix
         if not extend + max_new + self.page < self.remaining_total():  # PrefillBudget.check_prefill
             return Verdict.NO_TOKEN
         whole = self.ceil_page(extend)
@@ -217,6 +255,8 @@ IGNORE_EOS_RESERVE_TOKENS = 1
 def schedule(s: SchedulerState, out: DecisionBuilder) -> None:
     """get_next_batch_to_run and the batch's allocation; the shared phase 6 computes the rows."""
     g = s.sglang
+    if g.tree is not None and g.chunked is not None:
+        checkpoint(s, s.requests[g.chunked], False)  # stash_chunked_request: its chunks so far join the tree
     if g.shrunk:
         g.batch_is_full = False
     formed = _prefill(s, g, out)
@@ -280,19 +320,32 @@ def _prefill(s: SchedulerState, g: SGLangState, out: DecisionBuilder) -> bool:
         enter_queue(s, v)
     if adder.new_chunked is not None:
         g.chunked = adder.new_chunked.rid
+    tree = g.tree
+    page = p.kv.block_size
+    if tree is not None:
+        for rid, (prefix, node) in adder.hits.items():  # the cached prefix counts as computed, the node stays locked
+            r = s.requests[rid]
+            r.num_computed = prefix
+            g.protected[rid] = prefix
+            g.node[rid] = node
+        # prepare_for_extend's allocation evicts its shortfall first (paged: a page more per request)
+        evict_for(s, sum([n for _, n in adder.can_run]) + (len(adder.can_run) * page if page > 1 else 0))
+        g.extend_rows = admitted
     rows = []
     for r, n in adder.can_run:
         if r.status is not RUNNING:
             r.status = RUNNING
             r.admitted_seq = s.take_seq()
             out.admitted.append(r.rid)
-        out.schedule(r, n, kv.allocate(s, r, n))
+        out.schedule(r, n, kv.allocate(s, r, n) if tree is None else grow(s, r, n))
         if r.rid != g.chunked:
             rows.append(r)
     decoding = mixed and bool(batch) and decode_fits(s, batch)
     if decoding:
+        if tree is not None:
+            evict_for(s, len(batch) * page)  # prepare_for_decode: a page per request, assumed
         for r in batch:
-            out.schedule(r, 1, kv.allocate(s, r, 1))
+            out.schedule(r, 1, kv.allocate(s, r, 1) if tree is None else grow(s, r, 1))
             g.fill[r.rid] = r.prompt_len + r.num_generated  # refresh_fill_ids
         order = rows + batch  # mix_with_running: the mixed batch is the next running batch
     else:
@@ -305,18 +358,74 @@ def _prefill(s: SchedulerState, g: SGLangState, out: DecisionBuilder) -> bool:
 
 
 def _sort_queue(s: SchedulerState, g: SGLangState) -> None:
-    """SchedulePolicy.calc_priority for fcfs and lof (stable sorts of the queue in place)."""
+    """SchedulePolicy.calc_priority (stable sorts of the queue in place): fcfs (by priority, then entry, with priority
+    scheduling), lof, and with the radix cache lpm (fcfs, priority ignored, while more than 128 wait) and dfs-weight;
+    then, under a cache-agnostic order with the cache, every 32nd call touches the first 128 waiting requests'
+    prefixes, the head last (_touch_waiting_prefixes)."""
     p = s.policy
+    policy = p.sglang.schedule_policy
     priority = p.queue.order is QueueOrder.PRIORITY
     sign = 1 if p.queue.priority_polarity is Polarity.LOWER_FIRST else -1
     entry = g.entry
-    if p.sglang.schedule_policy is SGLangQueue.LOF:
+    aware = policy is SGLangQueue.DFS_WEIGHT or (policy is SGLangQueue.LPM and len(s.waiting) <= PREFIX_MATCH_MAX)
+    if aware:
+        _sort_cache_aware(s, g, policy)
+        return
+    if policy is SGLangQueue.LOF:
         if priority:
             s.waiting.sort(key=lambda r: (r.priority * sign, -r.max_output))
         else:
             s.waiting.sort(key=lambda r: -r.max_output)
-    elif priority:
+    elif priority and policy is SGLangQueue.FCFS:  # an lpm queue that fell back is not priority-sorted
         s.waiting.sort(key=lambda r: (r.priority * sign, entry[r.rid]))
+    tree = g.tree
+    if tree is not None and s.waiting:
+        calls = g.refreshes
+        g.refreshes = calls + 1
+        if calls % REFRESH_INTERVAL == 0:
+            for r in reversed(s.waiting[:PREFIX_MATCH_MAX]):
+                tree.match(fill_tokens(s, r))
+
+
+def _sort_cache_aware(s: SchedulerState, g: SGLangState, policy: SGLangQueue) -> None:
+    """_compute_prefix_matches, then lpm's or dfs-weight's order. Each waiting request is matched against the tree
+    (all its tokens); one whose match is at most 32 tokens is also matched against the requests before it in this
+    pass that were not deprioritized: sharing 32 tokens or more with one deprioritizes it (lpm sorts it last)."""
+    tree = g.tree
+    seen: list[tuple] = []
+    deprioritized: set[int] = set()
+    matched: dict[int, int] = {}
+    ends: list[Node] = []
+    for r in s.waiting:
+        tokens = fill_tokens(s, r)
+        prefix, node = tree.match(tokens)
+        g.prefix[r.rid] = prefix
+        matched[r.rid] = min(prefix, len(tokens) - 1)  # num_matched_prefix_tokens
+        ends.append(node)
+        if prefix <= IN_BATCH_CHECK:
+            if max([_common_prefix(tokens, t) for t in seen], default=0) >= IN_BATCH_DEPRIORITIZE:
+                deprioritized.add(r.rid)
+            else:
+                seen.append(tokens)
+    if policy is SGLangQueue.LPM:
+        s.waiting.sort(key=lambda r: float("inf") if r.rid in deprioritized else -matched[r.rid])
+    else:
+        order = tree.dfs_weight_order(ends)
+        s.waiting = [s.waiting[i] for i in order]
+
+
+def _common_prefix(a: tuple, b: tuple) -> int:
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 def _preempt_to_schedule(s: SchedulerState, g: SGLangState, adder: Adder, batch: list[Request], r: Request,
@@ -328,7 +437,7 @@ def _preempt_to_schedule(s: SchedulerState, g: SGLangState, adder: Adder, batch:
     entry = g.entry
     candidates = sorted((x for x in batch if x not in adder.preempted),
                         key=lambda x: (x.priority * -sign, -entry[x.rid]))
-    needed = g.fill.get(r.rid, 0) + min(r.max_output, adder.clip) - adder.remaining_total()
+    needed = g.fill.get(r.rid, 0) - g.prefix.get(r.rid, 0) + min(r.max_output, adder.clip) - adder.remaining_total()
     chosen = []
     for x in candidates:
         if (r.priority - x.priority) * -sign > p.preemption.priority_inversion_threshold:
@@ -341,18 +450,24 @@ def _preempt_to_schedule(s: SchedulerState, g: SGLangState, adder: Adder, batch:
     if not chosen or needed > 0:
         return False
     victims = [x for x in batch if x in chosen]
-    for x in victims:
+    for i, x in enumerate(victims):
         adder.total_offset -= adder.reservation(x)
-        _release(s, x, out)
+        _release(s, x, out, len(batch) - i - 1)
     batch[:] = [x for x in batch if x not in chosen]
     adder.preempted.extend(victims)
     return True
 
 
-def _release(s: SchedulerState, r: Request, out: DecisionBuilder) -> None:
-    """release_req: the KV goes back (not cached), the request keeps its output and recomputes it later."""
+def _release(s: SchedulerState, r: Request, out: DecisionBuilder, remaining: int) -> None:
+    """release_req: the KV goes back (not cached; with the radix cache its node unlocked, then the tree evicted down to
+    remaining x retract_decode_steps free tokens), the request keeps its output and recomputes it later."""
     s.running.remove(r)
     kv.free(s, r)
+    g = s.sglang
+    if g.tree is not None:
+        unlock(s, r)
+        g.prefix[r.rid] = 0
+        evict_for(s, remaining * s.policy.sglang.retract_decode_steps)
     r.num_computed = 0
     r.status = WAITING
     r.num_preemptions += 1
@@ -361,8 +476,13 @@ def _release(s: SchedulerState, r: Request, out: DecisionBuilder) -> None:
 
 # ----------------------------------------------------------------------------------------- decode
 def decode_fits(s: SchedulerState, batch: list[Request]) -> bool:
-    """check_decode_mem: a page for each request whose KV ends on a page boundary."""
-    return kv.free_blocks(s) >= pages_to_decode(s, batch)
+    """check_decode_mem: a page for each request whose KV ends on a page boundary (with the radix cache, the shortfall
+    is evicted from the tree first)."""
+    if s.sglang.tree is None:
+        return kv.free_blocks(s) >= pages_to_decode(s, batch)
+    need = pages_to_decode(s, batch)
+    evict_for(s, need * s.policy.kv.block_size)
+    return available_pages(s) >= need
 
 
 def pages_to_decode(s: SchedulerState, batch: list[Request]) -> int:
@@ -374,7 +494,7 @@ def _decode(s: SchedulerState, g: SGLangState, batch: list[Request], out: Decisi
     """update_running_batch."""
     rules = s.policy.sglang
     initial = len(batch)
-    if kv.free_blocks(s) < pages_to_decode(s, batch):
+    if not decode_fits(s, batch):
         batch = _retract(s, g, batch, out)
         g.ratio = min(1.0, (sum(r.num_generated for r in batch) + rules.retract_decode_steps * len(batch))
                       / (sum(r.max_output for r in batch) + 1))
@@ -385,6 +505,8 @@ def _decode(s: SchedulerState, g: SGLangState, batch: list[Request], out: Decisi
     # prepare_for_decode: one token each, a new page where the KV ends on a page boundary (kv.allocate(s, r, 1),
     # inline: a running request holds exactly the pages of its computed tokens)
     page = s.policy.kv.block_size
+    if g.tree is not None:
+        evict_for(s, len(batch) * page)  # alloc_paged_token_slots_decode: a page per request, assumed
     scheduled, grown = out.scheduled, out.grown
     taken = 0
     for r in batch:
@@ -408,12 +530,14 @@ def _retract(s: SchedulerState, g: SGLangState, batch: list[Request], out: Decis
             break
         first = False
         victim = order.pop()
-        _release(s, victim, out)
+        _release(s, victim, out, len(order))
         retracted.append(victim)
     if len(order) <= 1 and not decode_fits(s, order):
         last = order.pop()
         s.running.remove(last)
         kv.free(s, last)
+        if g.tree is not None:
+            unlock(s, last)
         last.status, last.reason = CANCELLED, Reason.OUT_OF_MEMORY
         out.cancelled.append(last.rid)
         out.released.append(last.rid)
@@ -472,6 +596,8 @@ def abort_running(s: SchedulerState, r: Request, out: DecisionBuilder) -> bool:
     g = s.sglang
     if r.rid == g.chunked:
         g.chunked = None
+        if g.tree is not None:
+            unlock(s, r)  # released without caching (its last chunk was not stashed yet)
         return True
     g.aborting.add(r.rid)
     out.cancelled.append(r.rid)
@@ -482,6 +608,8 @@ def end_aborted(s: SchedulerState, out: DecisionBuilder) -> None:
     """After the rows are computed: a marked request that produced a token ends aborted (update_finish_state reads
     to_finish first), its KV freed."""
     g = s.sglang
+    if g.tree is not None:
+        cache_results(s, out)
     if not g.aborting:
         return
     for rid in out.produced:
@@ -505,3 +633,123 @@ def after_step(s: SchedulerState, out: DecisionBuilder) -> None:
     g.shrunk = g.remade or bool(out.finished) or any(rid in out.scheduled for rid in out.released) or (
         g.chunked is not None and g.chunked in out.scheduled)
     g.remade = False
+
+
+# ----------------------------------------------------------------------------------------- the radix cache
+def prompt_tokens(s: SchedulerState, r: Request) -> tuple:
+    """The prompt's token ids, from the request's prompt identity (checker.requests: the ids the harness gives it);
+    a request with its own tokens gets ids no other request has."""
+    g = s.sglang
+    tokens = g.tokens.get(r.rid)
+    if tokens is None:
+        n = r.spec.prompt_len
+        ids: list[int] = []
+        for first, length in r.spec.content or ():
+            ids.extend(range(first, first + length))
+        if len(ids) < n:
+            own = -(r.rid + 1) * TOKEN_ID_SPAN
+            ids.extend(range(own + len(ids), own + n))
+        tokens = g.tokens[r.rid] = tuple(ids[:n])
+    return tokens
+
+
+def fill_tokens(s: SchedulerState, r: Request) -> tuple:
+    """origin_input_ids + output_ids (every output token is the harness's one sampled id)."""
+    return prompt_tokens(s, r)[:r.prompt_len] + (GREEDY_OUTPUT_TOKEN,) * r.num_generated
+
+
+# With the radix cache s.kv_used counts the pages the requests hold beyond the tree's and the tree's protected pages:
+# the evictable pages count free (as vLLM's cached free blocks do), and SGLang's available_size is the free pages less
+# them. So locking, unlocking and inserting move s.kv_used by the change in protected pages; evicting does not.
+def available_pages(s: SchedulerState) -> int:
+    """The allocator's free pages (available_size / page): free blocks less the tree's evictable pages."""
+    return kv.free_blocks(s) - s.sglang.tree.evictable // s.policy.kv.block_size
+
+
+def evict_for(s: SchedulerState, tokens: int) -> None:
+    """evict_from_tree_cache: evict the tree until `tokens` are available (or nothing evictable is left)."""
+    short = tokens - available_pages(s) * s.policy.kv.block_size
+    if short > 0:
+        s.sglang.tree.evict(short)
+
+
+def lock(s: SchedulerState, node: Node) -> None:
+    tree = s.sglang.tree
+    before = tree.protected
+    tree.lock(node)
+    s.kv_used += (tree.protected - before) // s.policy.kv.block_size
+
+
+def unlock_node(s: SchedulerState, node: Node) -> None:
+    tree = s.sglang.tree
+    before = tree.protected
+    tree.unlock(node)
+    s.kv_used += (tree.protected - before) // s.policy.kv.block_size
+
+
+def grow(s: SchedulerState, r: Request, n: int) -> int:
+    """Pages for n more tokens of a request whose first pages may be the tree's: ceil((c + n) / P) - ceil(c / P)."""
+    page = s.policy.kv.block_size
+    c = r.num_computed
+    added = -(-(c + n) // page) - -(-c // page)
+    r.blocks += added
+    s.kv_used += added
+    return added
+
+
+def unlock(s: SchedulerState, r: Request) -> None:
+    g = s.sglang
+    node = g.node.pop(r.rid, None)
+    if node is not None:
+        unlock_node(s, node)
+    g.protected.pop(r.rid, None)
+
+
+def checkpoint(s: SchedulerState, r: Request, released: bool) -> None:
+    """checkpoint_into_tree of the request's computed tokens: their whole pages are inserted (those the tree already
+    holds beyond the request's protected prefix are freed as duplicates, the others become the tree's), the leaf is
+    split at the prompt's last whole page, and the request's lock moves to the node the insert ended on. released: it
+    ended (finished or aborted) and gives its KV back: nothing stays locked."""
+    g = s.sglang
+    tree = g.tree
+    page = s.policy.kv.block_size
+    up_to = r.num_computed
+    if up_to <= 0:
+        if released:
+            unlock(s, r)
+        return
+    protected = g.protected.get(r.rid, 0)
+    tokens = fill_tokens(s, r)
+    node = tree.insert(tokens, up_to, protected)[0]  # the new leaf is evictable: its pages count free
+    aligned = up_to // page * page
+    prompt = r.prompt_len // page * page
+    if 0 < prompt < aligned:
+        tree.insert(tokens, prompt, prompt)
+    if r.status is not FINISHED:  # (step._finish freed all a finished one held)
+        moved = (aligned - protected) // page  # the tree's now, or freed as duplicates
+        r.blocks -= moved
+        s.kv_used -= moved
+    unlock(s, r)
+    if not released:
+        lock(s, node)
+        g.node[r.rid] = node
+        g.protected[r.rid] = aligned
+
+
+def cache_results(s: SchedulerState, out: DecisionBuilder) -> None:
+    """The radix cache's part of processing a batch's result, row by row in batch order: a request that finished, or
+    whose abort takes effect, is released with its tokens cached; one that completed a prefill (not a decode row of a
+    mixed batch) is checkpointed. A middle chunk is stashed at the next step's start instead."""
+    g = s.sglang
+    extend = g.extend_rows
+    g.extend_rows = ()
+    produced = set(out.produced)
+    by_rid = s.requests
+    for rid in out.scheduled:
+        if rid not in produced:
+            continue
+        r = by_rid[rid]
+        if r.status is FINISHED or rid in g.aborting:
+            checkpoint(s, r, True)
+        elif rid in extend:
+            checkpoint(s, r, False)

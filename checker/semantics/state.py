@@ -7,6 +7,7 @@ from enum import IntEnum
 from checker.policy import Policy, Scheduler
 from checker.requests import RequestSpec
 from checker.semantics.blockpool import BlockPool
+from checker.semantics.radix import Node, Tree
 
 
 class Status(IntEnum):
@@ -128,9 +129,9 @@ class SGLangState:
     """What SGLang's scheduler keeps between iterations beyond the requests and the pool."""
 
     __slots__ = ("chunked", "batch_is_full", "ratio", "entry", "shrunk", "ran_batch", "aborting", "next_entry",
-                 "fill", "remade")
+                 "fill", "remade", "tree", "node", "protected", "prefix", "refreshes", "tokens", "extend_rows")
 
-    def __init__(self, init_ratio: float):
+    def __init__(self, init_ratio: float, radix_page: int | None = None):
         self.chunked: int | None = None  # rid of Scheduler.chunked_req (running, its prompt not yet complete)
         self.batch_is_full = False  # running_batch.batch_is_full
         self.ratio = init_ratio  # new_token_ratio_tracker.current
@@ -144,17 +145,40 @@ class SGLangState:
         # rid -> len(full_untruncated_fill_ids): prompt + output as of the request's last init_next_round_input (what
         # priority preemption reads for a waiting request; 0 before its first)
         self.fill: dict[int, int] = {}
+        # The radix cache (policy.sglang.radix_cache; checker.semantics.radix), None when it is disabled. node: rid ->
+        # the tree node a running request locks (req.lock); protected: rid -> its cache_protected_len (its first tokens
+        # that are the tree's); prefix: rid -> req.prefix_len as its last match left it (priority preemption reads it);
+        # refreshes: calc_priority calls (the waiting-prefix refresh runs every 32nd); tokens: rid -> its prompt's
+        # token ids (a function of its spec, shared between copies).
+        self.tree = None if radix_page is None else Tree(radix_page)
+        self.node: dict[int, Node] = {}
+        self.protected: dict[int, int] = {}
+        self.prefix: dict[int, int] = {}
+        self.refreshes = 0
+        self.tokens: dict[int, tuple] = {}
+        self.extend_rows: set[int] | tuple = ()  # within a step only: the rids of its prefill batch's extend rows
 
     def copy(self) -> SGLangState:
         c = SGLangState.__new__(SGLangState)
         c.chunked, c.batch_is_full, c.ratio = self.chunked, self.batch_is_full, self.ratio
         c.entry, c.next_entry, c.shrunk = dict(self.entry), self.next_entry, self.shrunk
         c.ran_batch, c.aborting, c.fill, c.remade = self.ran_batch, set(self.aborting), dict(self.fill), self.remade
+        c.protected, c.prefix = dict(self.protected), dict(self.prefix)
+        c.refreshes, c.tokens, c.extend_rows = self.refreshes, self.tokens, self.extend_rows
+        if self.tree is None:
+            c.tree, c.node = None, {}
+        else:
+            c.tree, by_id = self.tree.copy()
+            c.node = {rid: by_id[n.id] for rid, n in self.node.items()}
         return c
 
     def snapshot(self) -> tuple:
-        return (self.chunked, self.batch_is_full, self.ratio, tuple(sorted(self.entry.items())), self.next_entry,
+        snap = (self.chunked, self.batch_is_full, self.ratio, tuple(sorted(self.entry.items())), self.next_entry,
                 self.shrunk, self.ran_batch, tuple(sorted(self.aborting)), tuple(sorted(self.fill.items())), self.remade)
+        if self.tree is None:
+            return snap
+        return snap + (self.tree.snapshot(), tuple(sorted((rid, n.id) for rid, n in self.node.items())),
+                       tuple(sorted(self.protected.items())), tuple(sorted(self.prefix.items())), self.refreshes % 32)
 
 
 class SchedulerState:
@@ -180,7 +204,8 @@ class SchedulerState:
         cache = kv.prefix_caching
         self.pool = BlockPool(kv.num_blocks, kv.block_size, cache.chained_hashes) if cache.enabled else None
         # SGLang's scheduler state (policy.scheduler sglang; checker.semantics.sglang), None under the vLLM rules
-        self.sglang = SGLangState(policy.sglang.init_ratio) if policy.scheduler is Scheduler.SGLANG else None
+        self.sglang = (SGLangState(policy.sglang.init_ratio, kv.block_size if policy.sglang.radix_cache else None)
+                       if policy.scheduler is Scheduler.SGLANG else None)
         # Speculative decoding's drafts (policy.speculative; checker.semantics.speculative), None when it is off
         self.spec = _spec_state(policy) if policy.speculative.enabled else None
 

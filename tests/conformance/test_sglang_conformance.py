@@ -42,10 +42,19 @@ def test_every_step_of_a_kept_log_agrees_with_the_engine(name, tmp_path):
     assert result.share >= MIN_SHARE, _why(name, result)
     assert result.free_blocks_agreeing / result.steps >= MIN_SHARE, (
         f"{name}: free blocks agree on {result.free_blocks_agreeing}/{result.steps} steps")
+    if case.radix:  # the tree's evictable and protected tokens, step by step
+        assert result.tree_agreeing / result.steps >= MIN_SHARE, (
+            f"{name}: evictable and protected tokens agree on {result.tree_agreeing}/{result.steps} steps")
+    else:
+        assert result.tree_agreeing is None, name
+
+
+# SGLang 0.5.23's prompt truncation (two raw cuts in one pass, fixed-length requests): docs/semantics.md
+EXPECTED_VIOLATIONS = {"ignore_eos_mixed_priority_p4": ("prompt_fully_computed", 569)}
 
 
 @pytest.mark.parametrize("name", KEPT)
-def test_check_log_streams_a_kept_log_without_violation_and_agrees(name, tmp_path):
+def test_check_log_streams_a_kept_log_and_agrees(name, tmp_path):
     """What `batchcheck check-log POLICY LOG --arrivals TRACE --conformance` does: the streaming path (fast-forward
     on), with the policy's default invariants."""
     case = L.CASE[name]
@@ -55,12 +64,16 @@ def test_check_log_streams_a_kept_log_without_violation_and_agrees(name, tmp_pat
     assert result.conformance.share >= MIN_SHARE, _why(name, result.conformance)
     assert result.done == result.requests, name
     v = result.violation
+    if name in EXPECTED_VIOLATIONS:  # a real SGLang bug in the log, which check-log must name
+        assert (v.invariant, v.step) == EXPECTED_VIOLATIONS[name], name
+        return
     assert v is None, f"{name}: {v.invariant} violated at step {v.step} (log line {v.line}):\n" + "\n".join(v.context)
 
 
 def test_the_kept_logs_cover_the_rules():
     """Page sizes 1, 4 and 16; fcfs and lof; priority scheduling with preemption; mixed chunk; chunking off; aborts;
-    retractions under KV pressure; each log at least 500 steps; the radix cache off, the normal loop, no ignore_eos."""
+    retractions under KV pressure; each log at least 500 steps; the normal loop, no ignore_eos flag; the radix cache
+    off, and on in at least three (shared prefixes hit, the tree evicted, lpm and dfs-weight, retractions)."""
     stats, flags = {}, {}
     for case in L.CASES:
         records = [json.loads(line) for line in gzip.decompress(
@@ -71,7 +84,18 @@ def test_the_kept_logs_cover_the_rules():
         fl = case.driver_flags()
         flags[case.name] = {fl[i]: fl[i + 1] if i + 1 < len(fl) else None for i in range(len(fl))
                             if fl[i].startswith("--")}
-        assert "--disable-radix-cache" in fl and "--overlap" not in fl and "--ignore-eos" not in fl, case.name
+        assert ("--disable-radix-cache" in fl) != case.radix, case.name
+        assert "--overlap" not in fl and "--ignore-eos" not in fl, case.name
+        if case.radix:
+            evictable = [r["evictable_tokens"] for r in records]
+            stats[case.name]["evictions"] = sum(b < a for a, b in zip(evictable, evictable[1:]))
+            rows_by_id = {r["id"]: r for r in json.loads((L.DATA / f"{case.name}.trace.json").read_text())}
+            first_chunk: dict[str, int] = {}
+            for r in records:
+                for rid, n in r["scheduled"].items():
+                    first_chunk.setdefault(rid, n)
+            stats[case.name]["hits"] = sum(n < rows_by_id[rid]["prompt_tokens"] and n < 256
+                                           for rid, n in first_chunk.items())
         rows = json.loads((L.DATA / f"{case.name}.trace.json").read_text())
         assert 120 <= len(rows) <= 200, case.name
         assert all(20 <= r["prompt_tokens"] <= 400 and 4 <= r["output_tokens"] <= 120 for r in rows), case.name
@@ -88,6 +112,11 @@ def test_the_kept_logs_cover_the_rules():
     preempting = [n for n, f in flags.items() if "--enable-priority-scheduling" in f
                   and "--disable-priority-preemption" not in f]
     assert preempting and any(stats[n]["preempted"] > 0 for n in preempting), stats
+    radix = [c.name for c in L.CASES if c.radix]
+    assert len(radix) >= 3, radix
+    assert all(stats[n]["hits"] > 0 and stats[n]["evictions"] > 0 for n in radix), stats
+    assert any(stats[n]["retracted"] > 0 for n in radix), stats
+    assert {flags[n].get("--schedule-policy", "fcfs") for n in radix} >= {"lpm", "dfs-weight"}
 
 
 def test_the_imported_policies_follow_the_sglang_rules():

@@ -236,13 +236,33 @@ def test_every_known_option_is_mapped_ignored_or_refused(opt):
 
 
 # ----------------------------------------------------------------------------------------- refusals, exit 2
-def test_the_radix_cache_is_refused_by_name(capsys):
-    assert refused(capsys, base=["--context-length", "8192", "--max-total-tokens", "20000"]) == (
-        "--rules sglang: SGLang's radix cache is on by default, and the radix cache is not modelled yet by the "
-        "sglang rules: pass --disable-radix-cache")
-    assert refused(capsys, "--disable-radix-cache=false") == (
-        "--disable-radix-cache=False (expected true: the radix cache is not modelled yet by the sglang rules: pass "
-        "--disable-radix-cache)")
+NO_FLAG = [a for a in BASE if a != "--disable-radix-cache"]
+
+
+def test_the_radix_cache_is_on_by_default_with_an_assumed_line():
+    result = import_policy("sglang", NO_FLAG, rules="sglang")
+    assert result.policy.sglang.radix_cache is True
+    assert any("sglang.radix_cache" in line and "on by default" in line for line in result.assumed), result.assumed
+    assert any("--radix-eviction-policy" in line and "lru" in line for line in result.assumed), result.assumed
+    assert import_policy("sglang", [*NO_FLAG, "--disable-radix-cache=false"], rules="sglang").policy.sglang.radix_cache
+    assert rules().policy.sglang.radix_cache is False
+
+
+@pytest.mark.parametrize("name", ["lpm", "dfs-weight"])
+def test_the_cache_aware_orders_map_with_the_radix_cache(name):
+    result = import_policy("sglang", [*NO_FLAG, "--schedule-policy", name], rules="sglang")
+    assert result.policy.sglang.schedule_policy.value == name
+    assert result.policy.sglang.radix_cache is True
+    assert not any("schedule_policy" in line for line in result.approximated)
+
+
+def test_radix_refusals_name_the_flag(capsys):
+    assert refused(capsys, "--radix-eviction-policy", "lfu", base=NO_FLAG) == (
+        "--radix-eviction-policy='lfu' (expected lru (the sglang rules evict the radix tree's least recently used "
+        "leaves first), or --disable-radix-cache)")
+    assert refused(capsys, "--schedule-policy", "hrrn", base=NO_FLAG) == (
+        "--schedule-policy='hrrn' (expected fcfs, lof, lpm or dfs-weight with the radix cache: the sglang rules do "
+        "not model hrrn's order)")
 
 
 @pytest.mark.parametrize("args, message", [

@@ -159,9 +159,9 @@ def test_priority_preemption_frees_a_lower_priority_request():
     ("preemption", {"victim": "last_admitted"},
      "preemption.victim=last_admitted (expected fewest_generated when scheduler is sglang (--retraction-policy "
      "length or priority))"),
-    ("sglang", {"radix_cache": True},
-     "radix_cache=true (expected false: the SGLang rules model the disabled radix cache only "
-     "(--disable-radix-cache); the cache's eviction and prefix matches are not modelled yet)"),
+    ("sglang", {"schedule_policy": "lpm"},
+     "schedule_policy=lpm (expected fcfs or lof when radix_cache is false (SGLang runs a cache-aware policy as fcfs "
+     "when the radix cache is disabled: say fcfs))"),
 ])
 def test_contradictions_are_refused_with_the_field(field, value, message):
     with pytest.raises(ValidationError) as err:
@@ -238,6 +238,21 @@ def test_a_fixed_length_request_cut_after_another_cut_truncates_the_first():
     b = s.requests[2]
     assert (b.prompt_len, b.num_computed, b.num_generated) == (20, 20, 1)  # its first token after 20 of 50
     assert s.sglang.chunked == 3
+
+
+def test_prompt_fully_computed_names_the_truncation_on_the_engine():
+    """The invariant reads the request's own prompt (the slot's parameters), not the prompt as the scheduler took
+    it: it fails at the step that samples B's token after 20 of its 50 prompt tokens, and holds before it."""
+    from checker.verify.replay import first_violation, replay_fixed_clock
+    from invariants import CATALOGUE
+    pol = policy(kv={"num_blocks": 200}, batch={"max_num_batched_tokens": 64}, sglang={"mixed_chunk": True})
+    specs = [spec(0, 0, 8, 50), spec(1, 2, 40, 5), spec(2, 2, 50, 5),
+             RequestSpec(3, 2 * STEP, 30, 5, 5, ignore_eos=True)]
+    rp = replay_fixed_clock(pol, specs, 3, STEP)
+    assert first_violation(CATALOGUE["prompt_fully_computed"], {}, rp) == 2
+    assert [p.prompt_len for p in rp.ctx.params] == [8, 40, 50, 30]
+    without = [spec(0, 0, 8, 50), spec(1, 2, 40, 5), spec(2, 2, 50, 5)]  # no fixed-length cut: no truncation
+    assert first_violation(CATALOGUE["prompt_fully_computed"], {}, replay_fixed_clock(pol, without, 6, STEP)) is None
 
 
 def test_a_fixed_length_request_reserves_at_ratio_one():
