@@ -16,6 +16,7 @@ from checker.audit import AuditContract, AuditResult, AuditWorkload
 from checker.audit import run_derived_audit  # noqa: F401  (re-exported)
 from checker.engine import SimResult, simulate
 from checker.errors import InputError, Problem
+from checker.fleet.spec import Fleet
 from checker.fuzz.slo import SLOFile
 from checker.fuzz.slo import load_slo, slo_file_for  # noqa: F401  (re-exported)
 from checker.inputfiles import PolicyInput, load_policy
@@ -29,6 +30,7 @@ from checker.workload import Workload
 MODELS = {"policy": Policy, "workload": Workload, "trace": Trace, "profile": Profile}
 MODELS.update({"audit-contract": AuditContract, "audit-workload": AuditWorkload})  # batchcheck audit's records
 MODELS["slo"] = SLOFile
+MODELS["fleet"] = Fleet  # batchcheck fleet's file (docs/fleet.md)
 
 # Entry points re-exported from the check that owns each, imported on first use (see __getattr__).
 _ON_FIRST_USE = {"DEFAULT_INVARIANTS": "checker.verify.run", "run_verify": "checker.verify.run",
@@ -65,6 +67,8 @@ def guess_kind(path: str | Path, data: object) -> str:
             return "profile"
         if data.get("format") == "batchcheck-slo":
             return "slo"
+        if data.get("format") == "batchcheck-fleet":
+            return "fleet"
         if data.get("format") in ("batchcheck-audit-contract", "batchcheck-audit-workload"):
             return str(data["format"]).removeprefix("batchcheck-")
         if "classes" in data:

@@ -33,7 +33,7 @@ VERB_MODULES: list[str] = [
     "checker.commands.fleet",
 ]
 
-KINDS = ("policy", "workload", "trace", "profile", "audit-contract", "audit-workload", "slo")
+KINDS = ("policy", "workload", "trace", "profile", "audit-contract", "audit-workload", "slo", "fleet")
 
 
 def _schema(args: argparse.Namespace) -> int:
@@ -208,7 +208,7 @@ def _audit(args: argparse.Namespace) -> int:
 
 # verify's options that the bounded check reads and verify --liveness does not
 _BMC_ONLY = ("invariant", "invariant_module", "depth", "workload", "no_audit", "prompt_range", "output_range",
-             "no_cancellations", "unbounded", "proof_dir", "cache_method")
+             "no_cancellations", "unbounded", "proof_dir", "cache_method", "split_vacuous")
 
 
 def _verify(args: argparse.Namespace) -> int:
@@ -254,7 +254,7 @@ def _verify(args: argparse.Namespace) -> int:
                               args.unbounded, proof_dir, args.invariant_module, terminal_progress(),
                               cache_method=args.cache_method)
     terminal_progress.clear()
-    code = overall_exit(results)
+    code = overall_exit(results, args.split_vacuous)
     if args.json:
         print(json.dumps({"policy": args.policy, "environment": env.as_dict(), "assumptions": env.describe(),
                           "results": [r.as_dict() for r in results], "exit_code": int(code)}, indent=2))
@@ -522,6 +522,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--step-ms", type=STEP_MS, default=10.0, metavar="MS", help="clock: ms per iteration (default 10)")
     p.add_argument("--unbounded", action="store_true",
                    help="after the bounded check, try to prove the invariant for any number of iterations (induction)")
+    p.add_argument("--split-vacuous", action="store_true", help="exit 4 instead of 3 when the only undecided "
+                   "checks are VACUOUS ones whose situation is proved never to occur at any depth (those not "
+                   "reached within the bounds still exit 3)")
     p.add_argument("--proof-dir", metavar="DIR", help="where proof certificates go (default: DIR/proofs/ with --out "
                    "DIR, else proofs/)")
     p.add_argument("--cache-method", choices=("explicit", "z3"), default="explicit",

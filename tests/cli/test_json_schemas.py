@@ -176,7 +176,7 @@ def test_a_schema_rejects_output_that_drifted():
 
 def test_every_schema_is_tested_here():
     tested = {"simulate", "verify", "liveness", "check-metrics", "check-log", "recheck", "fuzz", "import", "audit",
-              "diff", "replay", "report", "ci",
+              "diff", "replay", "report", "ci", "fleet", "fleet-search",
               # tested in tests/cli/test_json_validate_calibrate.py
               "validate", "calibrate-measure", "calibrate-import-vidur", "calibrate-fit"}
     assert {p.name.removesuffix(".schema.json") for p in SCHEMAS.glob("*.schema.json")} == tested
