@@ -25,7 +25,7 @@ METHOD_NAMES = {"ngram": "ngram", "draft_model": "draft_model", "eagle": "eagle"
 Trace = list[dict]
 Job = tuple[Trace, list[str]]
 
-__all__ = ["absent_reason", "venv_python", "cases", "run_jobs", "import_args", "compare", "KEPT"]
+__all__ = ["absent_reason", "venv_python", "read_log", "cases", "run_jobs", "import_args", "compare", "KEPT"]
 
 
 def trace(n: int, seed: int, gap: float = 1.0, prompt: tuple[int, int] = (40, 500), output: tuple[int, int] = (4, 80),

@@ -1,0 +1,60 @@
+"""Conformance of the engine with the real vLLM 0.33 scheduler under speculative decoding, on generated traces.
+
+Each case of tests/vllm_spec_logs.py (a seeded trace, a method ngram / eagle / draft_model, k from 1 to 5, roomy
+pools and KV pressure): driven through the real scheduler with the fake drafter and verifier
+(tests/vllm_spec_driver.py), the policy imported with the same flags (`batchcheck import vllm ...
+--speculative-config ...`), and the engine compared with the log step by step (check-log --conformance, the
+log's accepted counts fed to the engine). Prints the agreement table in markdown (docs/check-log.md carries it).
+
+    python bench/vllm_spec_matrix.py [--keep DIR] [--kept]
+
+--kept compares the kept logs of tests/data/vllm_spec/ (no venv needed). Without it the venv is needed
+(BATCHCHECK_VLLM_VENV, default ~/.cache/vllm-scheduler/venv); it exits 0 with a message when it is absent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.conformance_table import AgreementTable, first, share  # noqa: E402
+from tests.vllm_spec_logs import KEPT, cases, compare, read_log, run_jobs, venv_python  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--keep", default=None, help="directory to keep traces and logs in")
+    ap.add_argument("--kept", action="store_true", help="compare the kept logs (tests/data/vllm_spec/)")
+    args = ap.parse_args(argv)
+    jobs = cases()
+    if args.kept:
+        folder = KEPT
+        logs = {name: read_log(folder / f"{name}.log.jsonl") for name in jobs}
+    else:
+        if venv_python() is None:
+            print("the vLLM venv is absent (see shared/tools/vllm-scheduler/README.md): nothing to compare")
+            return 0
+        folder = Path(args.keep) if args.keep else Path(tempfile.mkdtemp())
+        logs = run_jobs(jobs, keep=folder)
+    table = AgreementTable(["case", "method", "k", "steps", "preemptions", "drafts", "accepted", "steps agree",
+                            "share", "free blocks agree", "first divergence"])
+    table.header()
+    for name, (rows, fl) in jobs.items():
+        conf = compare(rows, fl, folder / f"{name}.log.jsonl", name, folder)
+        log = logs[name]
+        drafts = sum(sum(line["drafts"].values()) for line in log)
+        accepted = sum(sum(line["accepted"].values()) for line in log)
+        preemptions = sum(len(line["preempted"]) for line in log)
+        method, k = fl[fl.index("--spec-method") + 1], fl[fl.index("--num-speculative-tokens") + 1]
+        table.row(name, [name, method, k, conf.steps, preemptions, drafts, accepted, conf.agreeing, share(conf),
+                         conf.free_blocks_agreeing, first(conf)], conf)
+    table.footer()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
