@@ -15,7 +15,7 @@ from checker.fileio import safe_name, write_atomic
 from checker.fleet.spec import Fault, LoadedFleet
 from checker.fuzz.counterexample import request_set
 from checker.fuzz.slo import Outcome
-from checker.loading import load_model
+from checker.loading import load_document, validate
 from checker.traces import RequestSet
 from checker.verify import counterexample as verify_cex
 
@@ -54,7 +54,12 @@ def save_counterexample(fleet: LoadedFleet, prop_name: str, outcome: Outcome, re
 
 def load_counterexample(path: str | Path) -> tuple[FleetCounterexample, RequestSet]:
     """A saved fleet counterexample and its requests."""
-    cex = load_model(FleetCounterexample, path)
+    data, lines = load_document(path)
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        shown = data.get("format", "<missing>") if isinstance(data, dict) else "<not a mapping>"
+        raise InputError(Problem("format", shown, f"'{FORMAT}' (a fleet counterexample written by batchcheck fleet "
+                                 "--search --out)"), str(path))
+    cex = validate(FleetCounterexample, data, str(path), lines)
     try:
         rs = request_set({"requests": cex.requests})
     except (KeyError, TypeError, ValueError) as exc:

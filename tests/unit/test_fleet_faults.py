@@ -151,3 +151,17 @@ def test_rejections_retried_at_once_are_rejected_again_until_the_retries_or_budg
     storm.write_text(storm.read_text() + "global_retry_budget: {ratio: 0, min_retries: 3}\n")
     s = summarize_fleet(simulate_fleet(load_fleet(storm), rs))
     assert s["offered"]["retry"] == 3 and s["overall"]["retries_denied_by_budget"] == 2
+
+
+def test_a_lost_view_makes_the_router_send_everything_to_the_replica_it_thinks_idle(tmp_path):
+    rs = requests((1, 100, 300), (2, 100, 300), (3, 100, 300))
+    plain = fleet(tmp_path, "router: {strategy: least_outstanding}\n", count=2)
+    result = simulate_fleet(plain, rs)
+    assert [result.attempts[r.attempts[0]].replica for r in result.records] == [0, 1, 0]  # a tie at 1 each: r-0
+    blind = fleet(tmp_path, "router: {strategy: least_outstanding}\n"
+                            "faults:\n  - {kind: view_lost, replica: r-0, start_ms: 0, end_ms: 10}\n", count=2)
+    result = simulate_fleet(blind, rs)
+    assert [result.attempts[r.attempts[0]].replica for r in result.records] == [0, 0, 0]  # r-0 seen as at 0 ms: idle
+    stale = fleet(tmp_path, "router: {strategy: least_outstanding, staleness_ms: 5}\n", count=2)
+    result = simulate_fleet(stale, rs)
+    assert [result.attempts[r.attempts[0]].replica for r in result.records] == [0, 0, 0]  # no load seen before 5 ms

@@ -1,0 +1,71 @@
+"""The fleet verb: exit codes as docs/cli.md's table says (0 holds, 1 violated, 2 bad input), the shipped
+examples' effects, --out written, and a request left stuck on a replica reported as such."""
+
+from __future__ import annotations
+
+import json
+
+from checker.cli import main
+from checker.fleet.run import run_fleet
+from tests.helpers import POLICIES, ROOT, WORKLOADS
+
+FLEETS = ROOT / "spec" / "fleets"
+
+
+def test_round_robin_overloads_the_slow_replica_and_least_outstanding_does_not(capsys):
+    rr, lo = run_fleet(FLEETS / "mixed_round_robin.yaml", limit=200), run_fleet(FLEETS / "mixed_least_outstanding.yaml",
+                                                                              limit=200)
+    slow = [r["attempts"] for r in rr.summary["replicas"]], [r["attempts"] for r in lo.summary["replicas"]]
+    assert slow[0][2] >= 66 and slow[1][2] < slow[0][2] / 2  # round-robin: a third to the slow replica
+    p99 = [run.summary["by_class"]["interactive"]["ttft_ms"]["p99"] for run in (rr, lo)]
+    assert p99[0] > 3000 > p99[1]
+    assert [f.verdict for f in rr.findings if f.prop.name == "interactive_ttft_p99"] == ["VIOLATED"]
+    assert not lo.violated
+
+
+def test_exit_codes_and_out(capsys, tmp_path):
+    assert main(["fleet", "mixed_least_outstanding", "--limit", "40", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "HOLDS     interactive_ttft_p99" in out and f"written: {tmp_path / 'mixed_least_outstanding.fleet.json'}" in out
+    doc = json.loads((tmp_path / "mixed_least_outstanding.fleet.json").read_text())
+    assert doc["exit_code"] == 0 and doc["offered"]["unique_requests"] == 40
+    assert main(["fleet", str(FLEETS / "lost_replica_retry_storm.yaml"), "--limit", "120"]) == 1
+    assert "VIOLATED  retry_amplification" in capsys.readouterr().out
+
+
+def test_usage_errors_exit_2(capsys):
+    storm = str(FLEETS / "lost_replica_retry_storm.yaml")
+    cex = str(ROOT / "counterexamples" / "fleet" / "lost_replica_retry_storm__retry_amplification__66ea7d27.json")
+    for argv, message in (
+            (["--search", "--replay", cex], "--search and --replay exclude each other"),
+            (["--replay", cex, "--limit", "3"], "--replay runs the counterexample's own requests"),
+            (["--search", "--trace", "t.json"], "--search draws requests from a workload's classes"),
+            (["--property", "x"], "--property chooses what --search looks for: add --search"),
+            (["--search", "--property", "nope"], "--property='nope' (expected a property of the fleet: "
+                                                 "interactive_ttft_p99, background_ttft_p99, interactive_lost, "
+                                                 "retry_amplification, every_request_accounted)"),
+            (["--replay", str(FLEETS / "mixed_round_robin.yaml")],
+             f"{FLEETS / 'mixed_round_robin.yaml'}: format='batchcheck-fleet' (expected "
+             "'batchcheck-fleet-counterexample' (a fleet counterexample written by batchcheck fleet --search --out))")):
+        assert main(["fleet", storm, *argv]) == 2, argv
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err, (argv, err)
+
+
+def test_a_request_stuck_on_its_replica_is_reported_and_violates_accounting(tmp_path, capsys):
+    # vllm_v1 never rejects a request that cannot fit its pool: it sits at the head of the queue for ever
+    path = tmp_path / "fleet.yaml"
+    path.write_text(f"format: batchcheck-fleet\nreplicas:\n  - {{name: r, policy: {POLICIES / 'vllm_v1.yaml'}, "
+                    "set: ['kv.num_blocks=4']}\n")
+    trace = tmp_path / "trace.json"
+    trace.write_text(json.dumps({"format": "batchcheck-trace", "requests": [
+        {"arrival_ms": 0, "prompt_tokens": 200, "output_tokens": 4}]}))
+    assert main(["fleet", str(path), "--trace", str(trace)]) == 1
+    out = capsys.readouterr().out
+    assert "VIOLATED  every_request_accounted      observed 1 > allowed 0" in out and "lost: unfinished 1" in out
+
+
+def test_a_shipped_fleet_runs_by_name_with_a_workload_given(capsys):
+    assert main(["fleet", "mixed_least_outstanding", "--workload", str(WORKLOADS / "chat_mixed.yaml"), "--limit", "20",
+                 "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["offered"]["unique_requests"] == 20
