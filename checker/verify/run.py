@@ -56,6 +56,15 @@ class Checked:
     method: str = ""  # how a PROVED verdict was proved, when not by whole-step induction
     notes: list[str] = field(default_factory=list)
     specs: list[RequestSpec] = field(default_factory=list)  # the counterexample's requests (VIOLATED)
+    never_occurs: bool = False  # VACUOUS because its situation is proved never to occur, at any depth
+
+    @property
+    def vacuity(self) -> str | None:
+        """Why a VACUOUS verdict is vacuous: "never occurs at any depth" (the negation of its situation proved by
+        action-wise induction) or "not reached within the bounds" (N requests, K iterations); None otherwise."""
+        if self.verdict is not Verdict.VACUOUS:
+            return None
+        return "never occurs at any depth" if self.never_occurs else "not reached within the bounds"
 
     @property
     def label(self) -> str:
@@ -97,7 +106,8 @@ class Checked:
                 "depth": self.depth, "violation_iteration": self.violation_step,
                 "counterexample": str(self.counterexample) if self.counterexample else None,
                 "certificate": str(self.certificate) if self.certificate else None,
-                "seconds": round(self.seconds, 3), "notes": self.notes, "method": self.method or None}
+                "seconds": round(self.seconds, 3), "notes": self.notes, "method": self.method or None,
+                "vacuity": self.vacuity}
 
 
 # How verify checks a policy with prefix caching (both bounded, over the same finite domains; docs/prefix-caching.md)
@@ -218,7 +228,7 @@ def _try_actionwise(policy: Policy, inv: Invariant, params: dict[str, int], env:
 
         if actions.never_triggered(policy, inv, params, env, side_check_s()):
             return Checked(inv, params, Verdict.VACUOUS, env, time.monotonic() - started, depth=env.depth,
-                           notes=["action-wise induction proves its negation"])
+                           notes=["action-wise induction proves its negation"], never_occurs=True)
         reach = vacuity.search_within_depth(policy, inv, params, env, side_check_s())
         if reach.status == "unreachable":
             return Checked(inv, params, Verdict.VACUOUS, env, time.monotonic() - started, depth=env.depth)
@@ -293,9 +303,12 @@ def confirm_on_engine(policy: Policy, inv: Invariant, params: dict[str, int], en
     return step
 
 
-def overall_exit(results: list[Checked]) -> ExitCode:
-    codes = {EXIT[r.verdict] for r in results}
-    for code in (ExitCode.VIOLATED, ExitCode.INCONCLUSIVE):
+def overall_exit(results: list[Checked], split_vacuous: bool = False) -> ExitCode:
+    """1 on a violation, else 3 if a check is undecided (UNKNOWN, or VACUOUS), else 0. ``split_vacuous``
+    (verify --split-vacuous): a VACUOUS whose situation never occurs at any depth is decided, not undecided:
+    exit 4 (NEVER_OCCURS) when nothing is violated or undecided; one not reached within the bounds stays 3."""
+    codes = {ExitCode.NEVER_OCCURS if split_vacuous and r.never_occurs else EXIT[r.verdict] for r in results}
+    for code in (ExitCode.VIOLATED, ExitCode.INCONCLUSIVE, ExitCode.NEVER_OCCURS):
         if code in codes:
             return code
     return ExitCode.OK
