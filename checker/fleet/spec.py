@@ -312,17 +312,20 @@ class LoadedFleet:
 SLO_METRICS = ("ttft_ms", "e2e_ms")  # what the fleet measures per request, from its first arrival
 
 
-def _file(fleet_path: Path, value: str, kind: str) -> Path:
+def _file(fleet_path: Path, value: str, kind: str, field: str) -> Path:
+    """The file a fleet field names: relative to the fleet file, else a shipped example of that kind; an input
+    error naming the field when it is neither."""
     from checker.examples import is_bare_name, resolve
 
     here = fleet_path.parent / value
-    if here.exists():
+    if here.is_file():
         return here
-    if is_bare_name(value):
-        found = resolve(value, kind)
-        if found.exists():
-            return found
-    return here
+    found = resolve(value, kind) if is_bare_name(value) else here
+    if found.is_file():
+        return found
+    noun = "SLO" if kind == "slo" else kind
+    raise InputError(Problem(field, value, f"a {noun} file (relative to the fleet file) or a shipped {noun}'s name"),
+                     str(fleet_path))
 
 
 def load_fleet(path: str | Path) -> LoadedFleet:
@@ -338,16 +341,8 @@ def load_fleet(path: str | Path) -> LoadedFleet:
     for i, g in enumerate(spec.replicas):
         key = (g.policy, g.profile, tuple(g.set))
         if key not in loaded:
-            pol = _file(path, g.policy, "policy")
-            if not pol.is_file():
-                raise InputError(Problem(f"replicas[{i}].policy", g.policy, "a policy file (relative to the fleet "
-                                         "file) or a shipped policy's name"), source)
-            prof = None
-            if g.profile is not None:
-                prof = _file(path, g.profile, "profile")
-                if not prof.is_file():
-                    raise InputError(Problem(f"replicas[{i}].profile", g.profile, "a profile file (relative to the "
-                                             "fleet file) or a shipped profile's name"), source)
+            pol = _file(path, g.policy, "policy", f"replicas[{i}].policy")
+            prof = None if g.profile is None else _file(path, g.profile, "profile", f"replicas[{i}].profile")
             try:
                 policy = apply_overrides(load_policy(pol), g.set)
             except InputError as exc:
@@ -361,10 +356,7 @@ def load_fleet(path: str | Path) -> LoadedFleet:
     slo: list[Property] = []
     slo_source = None
     if spec.slo is not None:
-        slo_path = _file(path, spec.slo, "slo")
-        if not slo_path.is_file():
-            raise InputError(Problem("slo", spec.slo, "an SLO file (relative to the fleet file) or a shipped SLO's "
-                                     "name"), source)
+        slo_path = _file(path, spec.slo, "slo", "slo")
         slo_source = str(slo_path)
         for prop in load_model(SLOFile, slo_path).properties:
             if isinstance(prop, LatencyBound) and prop.metric in SLO_METRICS or isinstance(prop, RejectionRate):
@@ -373,13 +365,7 @@ def load_fleet(path: str | Path) -> LoadedFleet:
             what = prop.metric if isinstance(prop, LatencyBound) else prop.kind
             raise InputError(Problem(f"properties.{prop.name}", what, "a property the fleet measures: latency of "
                                      f"{' or '.join(SLO_METRICS)}, or rejection_rate"), slo_source)
-    workload = None
-    if spec.workload is not None:
-        wl = _file(path, spec.workload, "workload")
-        if not wl.is_file():
-            raise InputError(Problem("workload", spec.workload, "a workload file (relative to the fleet file) or a "
-                                     "shipped workload's name"), source)
-        workload = str(wl)
+    workload = None if spec.workload is None else str(_file(path, spec.workload, "workload", "workload"))
     return LoadedFleet(spec, source, replicas, slo, slo_source, workload)
 
 
