@@ -142,7 +142,19 @@ def _engine(result: SimResult) -> dict:
         "output_tokens_per_s": round(output_tokens / (span_us / 1e6), 1),
         "stuck_requests": len(result.stuck), "step_limit_hit": result.step_limit_hit,
         "livelock_suspected": result.livelock,
+        **({} if result.state.spec is None else {"speculative": _speculative(result, output_tokens)}),
     }
+
+
+def _speculative(result: SimResult, output_tokens: int) -> dict:
+    """Speculative decoding's totals (only with it on): drafts verified and accepted, the acceptance rate, output
+    tokens per row that verified drafts (1 + accepted), and output tokens per step that scheduled anything."""
+    spec = result.state.spec
+    rows = spec.steps_verified
+    return {"drafts": spec.drafted, "accepted": spec.accepted_total,
+            "acceptance_rate": round(spec.accepted_total / spec.drafted, 4) if spec.drafted else None,
+            "tokens_per_verifying_row": round((rows + spec.accepted_total) / rows, 3) if rows else None,
+            "output_tokens_per_step": round(output_tokens / result.steps, 3) if result.steps else None}
 
 
 def summarize(result: SimResult) -> dict:

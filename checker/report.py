@@ -67,6 +67,11 @@ def format_summary(summary: dict) -> str:
     if "prefix_cache" in summary["overall"]:
         out.append("prefix cache (first admissions; saved: prefill tokens of every admission)")
         out.append(_table([""] + CACHE_COLUMNS, [_cache_row(name, g) for name, g in _groups(summary)]))
+    spec = e.get("speculative")
+    if spec is not None:
+        out.append(f"speculative decoding: {spec['drafts']} drafts verified, {spec['accepted']} accepted "
+                   f"(acceptance {_pct(spec['acceptance_rate'])} %), {spec['tokens_per_verifying_row']} tokens per "
+                   f"verifying row, {spec['output_tokens_per_step']} output tokens per step")
     rejected = summary["overall"]["rejected_by_reason"]
     if rejected:
         out.append("rejected: " + ", ".join(f"{k} {v}" for k, v in rejected.items()))

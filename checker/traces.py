@@ -68,6 +68,9 @@ class TraceRequest(BaseModel):
     """On a prefill node: a request finishing in step t has its transfer confirmed in the output of step
     t + 1 + send_steps (the decode side learns of the finish a step later); null: never (its blocks stay
     pinned unless the release rule frees them)."""
+    accepted: list[Annotated[int, Field(ge=0, le=64)]] | None = None
+    """With speculative decoding (policy.speculative): drafts the verifier accepts in the request's successive
+    steps that verify drafts (each clamped to the drafts scheduled; past the end, or absent: none)."""
 
     @model_validator(mode="after")
     def _max_output(self) -> TraceRequest:
@@ -111,7 +114,7 @@ class Trace(BaseModel):
 
 def _build(rows: list[tuple], source: str) -> RequestSet:
     """rows: (arrival_ms, prompt, output, max_output, priority, tenant, class, cancel_after_ms[, content[,
-    (external_tokens, load_steps, send_steps)]])."""
+    (external_tokens, load_steps, send_steps)[, accepted]]])."""
     order = sorted(range(len(rows)), key=lambda i: (rows[i][0], i))
     tenants = sorted({r[5] for r in rows}) or ["default"]
     classes = sorted({r[6] for r in rows}) or ["default"]
@@ -126,14 +129,16 @@ def _build(rows: list[tuple], source: str) -> RequestSet:
             max_output=max_out or output, priority=prio, tenant=t_index[tenant], cls=c_index[cls],
             cancel_us=None if cancel is None else arrival_us + round(cancel * 1000),
             content=rows[i][8] if len(rows[i]) > 8 else None,
-            **(dict(zip(TRANSFER_FIELDS, rows[i][9])) if len(rows[i]) > 9 else {})))
+            **(dict(zip(TRANSFER_FIELDS, rows[i][9])) if len(rows[i]) > 9 else {}),
+            **({"accepted": rows[i][10]} if len(rows[i]) > 10 else {})))
     return RequestSet(specs, classes, tenants, source)
 
 
 def load_json_trace(path: str | Path) -> RequestSet:
     trace = load_model(Trace, path)
     rows = [(r.arrival_ms, r.prompt_tokens, r.output_tokens, r.max_output_tokens, r.priority, r.tenant,
-             r.class_, r.cancel_after_ms, r.content(i), r.transfer) for i, r in enumerate(trace.requests)]
+             r.class_, r.cancel_after_ms, r.content(i), r.transfer, tuple(r.accepted or ()))
+            for i, r in enumerate(trace.requests)]
     return _build(rows, str(path))
 
 
@@ -147,7 +152,7 @@ def dump_json_trace(rs: RequestSet) -> dict:
              "tenant": rs.tenant_names[s.tenant], "class": rs.class_names[s.cls],
              "cancel_after_ms": None if s.cancel_us is None else (s.cancel_us - s.arrival_us) / 1000,
              **({} if s.content is None else {"prompt_runs": [list(run) for run in s.content]}),
-             **transfer_fields(s)}
+             **transfer_fields(s), **({"accepted": list(s.accepted)} if s.accepted else {})}
             for s in rs.specs
         ],
     }

@@ -211,6 +211,28 @@ class ExternalKV(_Strict):
         return fields
 
 
+class Acceptance(_Strict):
+    """With speculative decoding (policy.speculative): how the verifier treats the class's drafts. Each of a
+    request's verifying steps accepts the drafts up to the first rejected one, each draft accepted with
+    probability ``rate`` (independently; the engine clamps the count to the drafts scheduled). Draws come from a
+    stream of their own, so the class's other draws are the same with or without this section."""
+
+    rate: Annotated[float, Field(ge=0, le=1)]
+    """Probability that a draft is accepted (given the ones before it were)."""
+    max_drafts: Annotated[int, Field(ge=1, le=64)] = 64
+    """Most drafts a step can accept (draws stop here; set it to the policy's speculative.num_tokens or more)."""
+
+    def draw(self, rng: random.Random, output: int) -> dict:
+        """The request's ``accepted`` list: one count per possible verifying step (at most its output length)."""
+        counts = []
+        for _ in range(output):
+            a = 0
+            while a < self.max_drafts and rng.random() < self.rate:
+                a += 1
+            counts.append(a)
+        return {"accepted": tuple(counts)}
+
+
 class RequestClass(_Strict):
     name: Annotated[str, Field(min_length=1)]
     priority: Annotated[int, Field(ge=-1_000_000, le=1_000_000)] = 0
@@ -229,6 +251,9 @@ class RequestClass(_Strict):
     """Requests are the turns of multi-turn conversations, each prompt extending the previous one."""
     external_kv: ExternalKV | None = None
     """With a KV connector: an external-hit fraction and the transfers' latency (ignored without one)."""
+    speculative_acceptance: Acceptance | None = None
+    """With speculative decoding: the verifier's acceptance of the class's drafts (ignored without it; absent: none
+    accepted)."""
 
     @model_validator(mode="after")
     def _consistent(self) -> RequestClass:
@@ -300,6 +325,8 @@ def generate(w: Workload, limit: int | None = None) -> list[RequestSpec]:
     for ci, c in enumerate(w.classes):
         rng = random.Random(f"{w.seed}/{ci}/{c.name}")
         external = None if c.external_kv is None else (c.external_kv, random.Random(f"{w.seed}/{ci}/{c.name}/external"))
+        accept = (None if c.speculative_acceptance is None
+                  else (c.speculative_acceptance, random.Random(f"{w.seed}/{ci}/{c.name}/accept")))
         stop = min(stop_all, c.stop_ms) if c.stop_ms is not None else stop_all
         times = c.arrival.times_ms(rng, c.start_ms, stop)
         if keep is not None and c.sessions is None and c.shared_prefix is None and len(times) > keep and \
@@ -310,7 +337,7 @@ def generate(w: Workload, limit: int | None = None) -> list[RequestSpec]:
                 prompt = c.prompt_tokens.sample(rng)
                 output = c.output_tokens.sample(rng)
                 rows.append((t, ci, prompt, output, c.max_output, c.priority, tenants[c.tenant],
-                             _cancel(c, rng, t), None, _transfer(external, prompt)))
+                             _cancel(c, rng, t), None, _transfer(external, prompt, accept, output)))
                 continue
             content: PromptContent = ()
             if c.shared_prefix is not None:
@@ -325,7 +352,7 @@ def generate(w: Workload, limit: int | None = None) -> list[RequestSpec]:
                 prompt = sum(n for _, n in content)
                 if arrival < stop:
                     rows.append((arrival, ci, prompt, output, c.max_output, c.priority, tenants[c.tenant],
-                                 _cancel(c, rng, arrival), content, _transfer(external, prompt)))
+                                 _cancel(c, rng, arrival), content, _transfer(external, prompt, accept, output)))
                 previous_output = output
     rows.sort(key=lambda row: (row[0], row[1]))
     if keep is not None:
@@ -338,8 +365,13 @@ def generate(w: Workload, limit: int | None = None) -> list[RequestSpec]:
     ]
 
 
-def _transfer(external: tuple[ExternalKV, random.Random] | None, prompt: int) -> dict:
-    return {} if external is None else external[0].draw(external[1], prompt)
+def _transfer(external: tuple[ExternalKV, random.Random] | None, prompt: int,
+              accept: tuple[Acceptance, random.Random] | None = None, output: int = 0) -> dict:
+    """A request's RequestSpec fields drawn by the class's connector and speculative sections (none without them)."""
+    fields = {} if external is None else external[0].draw(external[1], prompt)
+    if accept is not None:
+        fields.update(accept[0].draw(accept[1], output))
+    return fields
 
 
 def _cancel(c: RequestClass, rng: random.Random, t: float) -> float | None:

@@ -162,3 +162,47 @@ def _final(p: Policy, specs: list[RequestSpec], steps: int):
     for j in range(steps):
         step(s, [r for r in s.requests if r.arrival_us == j * 1000], [], j * 1000)
     return s.requests
+
+
+def test_trace_accepted_field_round_trips(tmp_path):
+    from checker.traces import dump_json_trace, load_json_trace
+
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"format": "batchcheck-trace", "requests": [
+        {"arrival_ms": 0, "prompt_tokens": 10, "output_tokens": 5, "accepted": [1, 2]},
+        {"arrival_ms": 1, "prompt_tokens": 10, "output_tokens": 5}]}))
+    rs = load_json_trace(path)
+    assert [s.accepted for s in rs.specs] == [(1, 2), ()]
+    rows = dump_json_trace(rs)["requests"]
+    assert rows[0]["accepted"] == [1, 2] and "accepted" not in rows[1]  # files without it stay as they were
+
+
+def test_workload_acceptance_draws_from_its_own_stream():
+    from checker.workload import Workload, generate
+
+    cls = {"name": "a", "arrival": {"process": "poisson", "rate_per_s": 3},
+           "prompt_tokens": {"dist": "uniform", "low": 10, "high": 90}, "output_tokens": {"dist": "fixed", "value": 6}}
+    plain = generate(Workload(seed=1, duration_s=5, classes=[cls]))
+    spec = generate(Workload(seed=1, duration_s=5, classes=[{**cls, "speculative_acceptance": {"rate": 0.7,
+                                                                                             "max_drafts": 4}}]))
+    assert [(s.arrival_us, s.prompt_len) for s in plain] == [(s.arrival_us, s.prompt_len) for s in spec]
+    assert all(s.accepted == () for s in plain)
+    assert all(len(s.accepted) == 6 and max(s.accepted) <= 4 for s in spec)
+    assert sum(map(sum, (s.accepted for s in spec))) > 0
+
+
+def test_simulate_reports_acceptance_only_when_on():
+    from checker.engine import simulate
+    from checker.metrics import summarize
+    from checker.profile import load_profile
+    from checker.traces import RequestSet
+
+    specs = [RequestSpec(rid=i, arrival_us=i * 1000, prompt_len=20, output_len=10, max_output=10,
+                         accepted=(2, 0, 1, 2, 2, 2, 2, 2, 2)) for i in range(4)]
+    rs = RequestSet(specs, ["default"], ["default"], "test")
+    from tests.helpers import ROOT
+    profile = load_profile(ROOT / "spec" / "profiles" / "default_linear.json")
+    on = summarize(simulate(policy("eagle", 2), rs, profile))["engine"]["speculative"]
+    assert on["drafts"] > 0 and 0 < on["acceptance_rate"] <= 1
+    assert on["tokens_per_verifying_row"] == round((on["accepted"] + on["drafts"] / 2) / (on["drafts"] / 2), 3)
+    assert "speculative" not in summarize(simulate(Policy(**BASE), rs, profile))["engine"]
