@@ -10,6 +10,7 @@ import pytest
 
 from checker import checklog as cl
 from checker.errors import InputError
+from checker.verify.run import parse_invariant
 from tests import sglang_logs as L
 
 NAME = "priority_low_first_p4"  # page 4, aborts (scheduled and aborted in one step), priority preemption
@@ -60,3 +61,39 @@ def test_a_malformed_record_is_refused_with_its_key_and_line(tmp_path, change, m
     with pytest.raises(InputError) as err:
         cl.load_log(log, cl.load_arrivals(trace), page=policy.kv.block_size)
     assert str(err.value) == f"{log}:4: {message}"
+
+
+TRUNCATED = "ignore_eos_mixed_priority_p4"  # the real scheduler's truncation at step 569
+
+
+def test_check_log_sees_the_truncation_on_the_real_log_in_both_paths(tmp_path):
+    """The record names its one chunked request: r126, given 248 tokens of its 367-token prompt beside the chunked
+    r127, is taken as prefilled (a token sampled after it); check-log flags prompt_fully_computed there by default
+    under SGLang's rules, on the streaming and the reference path, and the engine still agrees on every step."""
+    trace, log = L.kept(TRUNCATED, tmp_path)
+    policy = L.policy_for(L.CASE[TRUNCATED].driver_flags(), TRUNCATED)
+    assert "prompt_fully_computed" in cl.default_invariants(policy)
+    result = cl.run_check_log(policy, log, trace, None, True)
+    v = result.violation
+    assert (v.invariant, v.step, v.line) == ("prompt_fully_computed", 569, 570)
+    assert v.context[-1] == ("request r126: 1 output token(s) after 248 computed tokens of a 367-token prompt "
+                             "(taken as prefilled: the record's chunked request is r127)")
+    assert result.conformance.share == 1.0
+    arrivals = cl.load_arrivals(trace)
+    ref = cl.check_log(policy, arrivals, cl.load_log(log, arrivals, page=policy.kv.block_size),
+                       [parse_invariant("prompt_fully_computed")])
+    assert (ref[0].invariant, ref[0].step) == ("prompt_fully_computed", 569)
+
+
+def test_a_record_that_names_no_chunked_request_or_an_unknown_one(tmp_path):
+    trace, log = L.kept(TRUNCATED, tmp_path)
+    arrivals = cl.load_arrivals(trace)
+    policy = L.policy_for(L.CASE[TRUNCATED].driver_flags(), TRUNCATED)
+    records = [json.loads(x) for x in log.read_text().splitlines()]
+    steps = cl.load_log(log, arrivals, page=policy.kv.block_size)
+    assert steps[569].chunked == (arrivals.index["r127"],) and steps[570].chunked == ()
+    records[3]["chunked"] = "nobody"
+    log.write_text("".join(json.dumps(r) + "\n" for r in records))
+    with pytest.raises(InputError) as e:
+        cl.load_log(log, arrivals, page=policy.kv.block_size)
+    assert str(e.value) == f"{log}:4: chunked='nobody' (expected null or the id of a request of the arrivals)"

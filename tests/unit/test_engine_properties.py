@@ -25,7 +25,7 @@ def test_conservation_and_budgets_hold_after_every_step(sc):
     for k, (_, s, d) in enumerate(drive(sc, max_steps=60)):
         frames.append(frame_from_engine(s, d))
         ctx = TraceContext(sc.policy, params_from_engine(s), frames)
-        for name in ("request_conservation", "token_budget", "seq_cap"):
+        for name in ("request_conservation", "token_budget", "seq_cap", "prompt_fully_computed"):
             assert CATALOGUE[name].holds(IntOps, ctx, k), f"{name} broken at step {k}"
         if sc.policy.kv.check_allocation:
             assert CATALOGUE["kv_never_overcommitted"].holds(IntOps, ctx, k), f"KV over-committed at step {k}"
