@@ -15,7 +15,8 @@ connector.max_load_steps steps, a prefill node's send is confirmed 1 .. max_load
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 from checker.errors import InputError, Problem
 from checker.policy import Policy
@@ -43,6 +44,9 @@ class Environment:
     transfers_may_hang: bool = False
     loads: bool = False  # requests may load external KV (offload, decode_node, both)
     sends: bool = False  # finished requests wait for their send (prefill_node, both)
+    # Derived to fill the KV pool (pool_fill_environment): the blocks its engine probes try to hold at once (the
+    # pool less the invariant's headroom); 0 for an environment as given
+    fill_blocks: int = 0
 
     def describe(self) -> list[str]:
         return [
@@ -68,7 +72,93 @@ class Environment:
                 "priorities": list(self.priorities), "tenants": self.tenants,
                 "cancellations": self.cancellations, "step_us": self.step_us,
                 **({"connector": {"max_load_steps": self.max_load_steps, "transfers_may_hang": self.transfers_may_hang,
-                                  "loads": self.loads, "sends": self.sends}} if self.max_load_steps else {})}
+                                  "loads": self.loads, "sends": self.sends}} if self.max_load_steps else {}),
+                **({"fill_blocks": self.fill_blocks} if self.fill_blocks else {})}
+
+
+# The most request slots a derived pool-filling environment may have: the action-wise proof's cost grows with N
+# (about 3 s at 3 slots, 20 s at 5, 40 s at 8 on this project's loaded 2-core machine; docs/invariants.md)
+MAX_FILL_REQUESTS = 12
+# Slots tried beyond the least number that can hold the pool, while no engine probe fills it
+FILL_EXTRA_REQUESTS = 3
+# Blocks of decode growth per request beyond its share of the watermark that the pool-filling outputs allow for
+FILL_GROWTH_BLOCKS = 8
+
+
+@dataclass(frozen=True)
+class PoolFill:
+    """Can N requests of an environment hold the whole KV pool at once (kv_never_overcommitted's situation)?
+    A request holds at most the blocks of its longest context: prompt + declared max output (+ a drafter's
+    lookahead slots), capped at max_model_len (checker/semantics/kv.py); N requests hold at most N times that."""
+
+    requests: int
+    blocks: int  # blocks that must be held at once: the pool less the invariant's headroom
+    pool: int
+    per_request: int  # the most blocks one request of the environment can hold
+    why_per_request: str
+
+    @property
+    def least(self) -> int:
+        """The fewest requests that can hold ``blocks``."""
+        return max(1, -(-self.blocks // self.per_request))
+
+    @property
+    def can_fill(self) -> bool:
+        return self.requests * self.per_request >= self.blocks
+
+    def shortfall(self) -> str:
+        """Why the environment's requests cannot fill the pool."""
+        return (f"{self.requests} request(s) hold at most {self.requests * self.per_request:,} of the "
+                f"{self.blocks:,} blocks that fill the pool ({self.per_request:,} each: {self.why_per_request})")
+
+
+def pool_fill(policy: Policy, env: Environment, headroom: int = 0) -> PoolFill:
+    kv = policy.kv
+    spec = policy.speculative
+    lookahead = spec.lookahead_slots if spec.enabled else 0
+    tokens = min(policy.max_model_len, env.prompt[1] + env.max_output_cap + lookahead)
+    bound = (f"prompt + max output {'+ lookahead ' if lookahead else ''}<= {tokens:,} tokens"
+             + (" (max_model_len)" if tokens == policy.max_model_len else "") + f", block_size {kv.block_size}")
+    return PoolFill(env.requests, max(0, kv.num_blocks - headroom), kv.num_blocks,
+                    max(1, -(-tokens // kv.block_size)), bound)
+
+
+def fill_outputs(policy: Policy, requests: int) -> int:
+    """Output tokens long enough for the first of ``requests`` long prompts to still run when the last one's
+    prefill is done (the pool's tokens at the step's token budget), and then to grow each request by a few
+    blocks more than its share of the admission watermark (a pool is filled by decode growth beyond it)."""
+    kv = policy.kv
+    prefill_steps = -(-kv.num_blocks * kv.block_size // policy.batch.max_num_batched_tokens) + requests
+    return prefill_steps + (-(-kv.watermark_blocks // requests) + FILL_GROWTH_BLOCKS + 2) * kv.block_size
+
+
+
+def pool_fill_environment(policy: Policy, env: Environment, headroom: int, outputs_free: bool,
+                          fills: Callable[[Environment], bool]) -> tuple[Environment, str] | None:
+    """For the KV invariant, an environment whose requests can fill the pool when ``env``'s cannot: the least
+    number of slots that can hold it (more, up to FILL_EXTRA_REQUESTS, while no engine probe fills it: ``fills``)
+    and, where the output domain is the default one (``outputs_free``), outputs long enough to keep the first
+    requests running while the last are prefilled. Returns (environment, the abstraction stated with the verdict),
+    or None when ``env`` is kept: its requests can fill the pool, or no number of slots up to MAX_FILL_REQUESTS can
+    (the verdict then says why). The derived environment covers every behaviour of ``env`` (slots may arrive late or
+    never; the output domain only grows), so a verdict on it is a verdict on ``env`` too."""
+    need = pool_fill(policy, env, headroom)
+    if need.can_fill or need.least > MAX_FILL_REQUESTS:
+        return None
+    first = None
+    for n in range(need.least, min(MAX_FILL_REQUESTS, need.least + FILL_EXTRA_REQUESTS) + 1):
+        hi_o = max(env.output[1], fill_outputs(policy, n)) if outputs_free else env.output[1]
+        raised = replace(env, requests=n, output=(env.output[0], hi_o), max_output_cap=max(env.max_output_cap, hi_o),
+                         fill_blocks=need.blocks)
+        first = first or raised
+        if fills(raised):
+            break
+    else:
+        raised = first
+    outputs = (f"; outputs up to {raised.output[1]:,} tokens (was {env.output[1]:,}), so the first requests still run "
+               "when the last are prefilled" if raised.output != env.output else "")
+    return raised, (f"N raised from {env.requests} to {raised.requests} for this invariant: {need.shortfall()}"
+                    + outputs)
 
 
 def default_environment(policy: Policy, requests: int, depth: int, workload: Workload | None = None,

@@ -57,6 +57,7 @@ class Checked:
     notes: list[str] = field(default_factory=list)
     specs: list[RequestSpec] = field(default_factory=list)  # the counterexample's requests (VIOLATED)
     never_occurs: bool = False  # VACUOUS because its situation is proved never to occur, at any depth
+    abstraction: str = ""  # how the environment was changed for this invariant (or why not, and what to change)
 
     @property
     def vacuity(self) -> str | None:
@@ -98,6 +99,8 @@ class Checked:
                       "so nothing was checked")
         else:
             detail = f"timeout or solver unknown; no violation up to depth {self.depth} with {e.requests} requests"
+        if self.abstraction:
+            detail += f"; {self.abstraction}"
         return f"{self.verdict.value:<12} {self.label:<40} {detail}  [{self.seconds:.2f} s]"
 
     def as_dict(self) -> dict:
@@ -107,7 +110,7 @@ class Checked:
                 "counterexample": str(self.counterexample) if self.counterexample else None,
                 "certificate": str(self.certificate) if self.certificate else None,
                 "seconds": round(self.seconds, 3), "notes": self.notes, "method": self.method or None,
-                "vacuity": self.vacuity}
+                "vacuity": self.vacuity, **({"abstraction": self.abstraction} if self.abstraction else {})}
 
 
 # How verify checks a policy with prefix caching (both bounded, over the same finite domains; docs/prefix-caching.md)
@@ -200,6 +203,9 @@ def save_counterexample(policy: Policy, policy_file: str | None, inv: Invariant,
 
 # Seconds the action-wise proof may take before the bounded search and whole-step induction get the rest.
 ACTIONWISE_SHARE = 0.5
+# The same in an environment derived to fill the KV pool (more slots: the proof costs more, and a bounded search
+# of K iterations cannot fill the pool anyway)
+FILL_ACTIONWISE_SHARE = 0.85
 # How long each vacuity check of a proved invariant may take when no engine probe reached its situation:
 # proving its negation (action-wise), then z3's search within the depth (the proof stands either way; the
 # verdict then says that vacuity was not decided): this share of the timeout each.
@@ -218,7 +224,8 @@ def _try_actionwise(policy: Policy, inv: Invariant, params: dict[str, int], env:
     started = time.monotonic()
     if progress is not None:
         progress(f"{inv.name}: action-wise induction, {env.requests} request slots")
-    result = actions.prove(policy, inv, params, env, timeout_s * ACTIONWISE_SHARE)
+    share = FILL_ACTIONWISE_SHARE if env.fill_blocks else ACTIONWISE_SHARE
+    result = actions.prove(policy, inv, params, env, timeout_s * share)
     if result.status != "proved":
         return None
     how = vacuity.engine_witness(policy, inv, params, env)
@@ -351,5 +358,49 @@ def run_verify(policy: PolicyInput, invariants: list[str] | None = None, request
             return env, cache_bmc.check_many(pol, source, chosen, env, timeout_s, out, progress)
         # one explicit-state search on the engine for all of them (explicit.py)
         return env, explicit.check_many(pol, source, chosen, env, timeout_s, out, unbounded, progress)
-    return env, [check_one(pol, source, inv, params, env, timeout_s, out, unbounded, proofs, progress)
-                 for inv, params in chosen]
+    outputs_free = output is None and wl is None  # the output domain is the default one: it may be raised
+    return env, [check_filling_pool(pol, source, inv, params, env, timeout_s, out, unbounded, proofs, progress,
+                                    outputs_free) for inv, params in chosen]
+
+
+# Invariants whose situation is the KV pool filling up: checked in an environment whose requests can fill it
+POOL_INVARIANTS = ("kv_never_overcommitted",)
+
+
+def check_filling_pool(policy: Policy, policy_file: str | None, inv: Invariant, params: dict[str, int],
+                       env: Environment, timeout_s: float, out_dir: Path | None, unbounded: bool,
+                       proof_dir: Path | None, progress: Callable[[str], None] | None, outputs_free: bool) -> Checked:
+    """check_one, but the KV invariant with --unbounded is checked where N requests can fill the pool: when the
+    environment's N cannot (checker/verify/env.py pool_fill), N is raised to the least that can, with outputs long
+    enough (pool_fill_environment), and the verdict states it. The raised environment covers every behaviour of the
+    given one. Without --unbounded (a bounded search of K iterations cannot fill a real pool) and beyond
+    MAX_FILL_REQUESTS, the environment is kept and a VACUOUS verdict says why and what to change."""
+    from checker.verify import vacuity
+    from checker.verify.env import MAX_FILL_REQUESTS, pool_fill, pool_fill_environment
+
+    if inv.name not in POOL_INVARIANTS:
+        return check_one(policy, policy_file, inv, params, env, timeout_s, out_dir, unbounded, proof_dir, progress)
+    headroom = {**inv.defaults, **params}.get("headroom", 0)
+    need = pool_fill(policy, env, headroom)
+    if need.can_fill:
+        return check_one(policy, policy_file, inv, params, env, timeout_s, out_dir, unbounded, proof_dir, progress)
+    started = time.monotonic()
+    raised = None
+    if unbounded and need.least <= MAX_FILL_REQUESTS:
+        raised = pool_fill_environment(policy, env, headroom, outputs_free,
+                                       lambda e: vacuity.engine_witness(policy, inv, params, e) is not None)
+    if raised is None:
+        checked = check_one(policy, policy_file, inv, params, env, timeout_s, out_dir, unbounded, proof_dir, progress)
+        if checked.verdict is Verdict.VACUOUS:
+            todo = (f"--requests {need.least} --unbounded decides it" if need.least <= MAX_FILL_REQUESTS else
+                    f"{need.least} requests could fill it, more than the {MAX_FILL_REQUESTS} slots a proof is tried "
+                    "with: check a policy with a smaller pool, or --requests with a longer --prompt-range")
+            checked.abstraction = f"{need.shortfall()}: {todo}"
+        return checked
+    wider, why = raised
+    if progress is not None:
+        progress(f"{inv.name}: {why}")
+    checked = check_one(policy, policy_file, inv, params, wider, timeout_s, out_dir, unbounded, proof_dir, progress)
+    checked.abstraction = why
+    checked.seconds = time.monotonic() - started
+    return checked

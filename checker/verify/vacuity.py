@@ -47,6 +47,30 @@ def _probes(policy: Policy, env: Environment) -> list[list[RequestSpec]]:
     exact = [b * bs - reserved for b in shares]
     if all(lo_p <= p <= hi_p for p in exact):
         probes.append([spec(i, p) for i, p in enumerate(exact)])
+    return probes + _fill_probes(policy, env)
+
+
+def _fill_probes(policy: Policy, env: Environment) -> list[list[RequestSpec]]:
+    """In an environment derived to fill the KV pool (env.fill_blocks): every slot at once with the longest
+    outputs, prompts that hold the pool less a slack of g blocks once prefilled (g = 0, N, 2N, 4N, 8N, and the
+    admission watermark beyond each), so that decode growth, one block at a time, takes the slack; prompts end
+    1, 2, ... tokens short of a block (so requests cross a block boundary in different steps) or on one. Under
+    full reservation a request holds prompt + max output - 1 tokens from admission on, so the slack is 0."""
+    target = env.fill_blocks
+    if not target:
+        return []
+    n, bs, hi_o = env.requests, policy.kv.block_size, env.output[1]
+    lo_p, hi_p = env.prompt[0], min(env.prompt[1], policy.max_model_len - 1)  # (arrival's bound)
+    full = policy.kv.allocation is Allocation.FULL_RESERVATION
+    wm = policy.kv.watermark_blocks
+    probes = []
+    for g in (0,) if full else sorted({0, n, 2 * n, 4 * n, 8 * n} | {wm + g for g in (0, n, 2 * n, 4 * n, 8 * n)}):
+        shares = [(target - g) // n] * (n - 1) + [target - g - (target - g) // n * (n - 1)]
+        for stagger in (True, False):
+            prompts = [b * bs - (i % bs if stagger else 0) - (hi_o - 1 if full else 0) for i, b in enumerate(shares)]
+            if all(lo_p <= p <= hi_p for p in prompts):
+                probes.append([RequestSpec(i, 0, p, hi_o, max(env.max_output_cap, hi_o), min(env.priorities),
+                                           i % env.tenants) for i, p in enumerate(prompts)])
     return probes
 
 
