@@ -739,7 +739,8 @@ def main(argv: list[str] | None = None) -> int:
         if _catch_ctrl_c() and args.verb in SOLVING_VERBS:
             solver_ctrl_c_off()
         resolve_examples(args)
-        return int(run(args))
+        with terminal_progress.heartbeat(args.verb):  # progress lines in a CI log, for every verb
+            return int(run(args))
     except BatchcheckError as exc:
         print(f"batchcheck: error: {exc}", file=sys.stderr)
         return int(exc.exit_code)

@@ -4,9 +4,15 @@ in-process would otherwise change what later tests see (the documented catalogue
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from invariants.catalogue import CATALOGUE
+
+# No progress lines in the tests' captured stderr (a slow machine would add them to messages asserted word for
+# word); tests/cli/test_progress_lines.py turns them on.
+os.environ.setdefault("BATCHCHECK_PROGRESS", "off")
 
 
 @pytest.fixture(autouse=True)

@@ -1,11 +1,15 @@
-"""What the verbs' shells share (checker/cli.py and the modules of checker/commands): the one-line progress
-display and the argument types that more than one verb reads."""
+"""What the verbs' shells share (checker/cli.py and the modules of checker/commands): the progress display
+(one line on a terminal, plain lines in a CI log) and the argument types that more than one verb reads."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
-from collections.abc import Callable
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from checker.errors import NumberRange
@@ -68,18 +72,34 @@ def int_range(text: str) -> tuple[int, int]:
     return values
 
 
+def progress_lines_on() -> bool:
+    """Whether progress lines go to a non-terminal stderr (a CI log): yes unless BATCHCHECK_PROGRESS=off."""
+    return os.environ.get("BATCHCHECK_PROGRESS", "").strip().lower() != "off"
+
+
 class TerminalProgress:
-    """A one-line progress display on stderr, only when stderr is a terminal."""
+    """Progress on stderr. On a terminal: one line, redrawn in place. Otherwise (a CI log, a pipe): the
+    verbs' progress messages are kept, and :meth:`heartbeat` prints a plain line, ``batchcheck: VERB running
+    (T s): LATEST MESSAGE``, once a command has run LINE_AFTER_S seconds and then every LINE_EVERY_S seconds,
+    for every verb (one that reports no progress message gets the line without it). BATCHCHECK_PROGRESS=off
+    turns the lines off."""
+
+    LINE_AFTER_S = 5.0
+    LINE_EVERY_S = 10.0
 
     def __init__(self):
         self.started = 0.0
         self.shown = False
+        self.latest = ""
 
     def __call__(self):
-        import time
-
         if not sys.stderr.isatty():
-            return None
+            if not progress_lines_on():
+                return None
+
+            def note(message: str) -> None:  # printed by the heartbeat
+                self.latest = message
+            return note
         self.started = time.monotonic()
 
         def show(message: str) -> None:
@@ -92,6 +112,32 @@ class TerminalProgress:
         if self.shown:
             print("\r\033[K", end="", file=sys.stderr, flush=True)
             self.shown = False
+
+    @contextmanager
+    def heartbeat(self, verb: str) -> Iterator[None]:
+        """While the block runs, plain progress lines on a non-terminal stderr (nothing on a terminal, where
+        the one-line display is drawn, or with BATCHCHECK_PROGRESS=off)."""
+        if sys.stderr.isatty() or not progress_lines_on():
+            yield
+            return
+        stop, started = threading.Event(), time.monotonic()
+        self.latest = ""
+
+        def beat() -> None:
+            wait = self.LINE_AFTER_S
+            while not stop.wait(wait):
+                latest = f": {self.latest}" if self.latest else ""
+                print(f"batchcheck: {verb} running ({time.monotonic() - started:.0f} s){latest}", file=sys.stderr,
+                      flush=True)
+                wait = self.LINE_EVERY_S
+
+        thread = threading.Thread(target=beat, name="batchcheck-progress", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join(1.0)
 
 
 terminal_progress = TerminalProgress()
