@@ -32,10 +32,10 @@ def fleet_requests(fleet: LoadedFleet, workload: str | Path | None, trace: str |
                    limit: int | None = None, options: TraceOptions | None = None) -> RequestSet:
     """The requests: the command line's workload or trace, else the workload the fleet file names."""
     if workload is None and trace is None:
-        if fleet.workload is None:
-            raise InputError(Problem("--workload/--trace", "<none>", "one of them, or a workload: in the fleet file"),
-                             None)
-        workload = fleet.workload
+        if fleet.workload is None and fleet.trace is None:
+            raise InputError(Problem("--workload/--trace", "<none>", "one of them, or a workload: or trace: in the "
+                                     "fleet file"), None)
+        workload, trace = fleet.workload, fleet.trace
     requests = load_requests(workload=workload, trace=trace, limit=limit, options=options)
     check_classes(fleet, requests.class_names)
     return requests

@@ -234,6 +234,8 @@ class Fleet(_Strict):
     workload: str | None = None
     """The requests when the command line names none: a workload file (relative to the fleet file) or a shipped
     workload's name."""
+    trace: str | None = None
+    """Or a trace (relative to the fleet file): batchcheck JSON, Azure CSV or Mooncake JSONL."""
     slo: str | None = None
     """An SLO file (relative to the fleet file, or a shipped SLO's name): its latency (ttft_ms, e2e_ms) and
     rejection_rate properties, held across the fleet."""
@@ -276,6 +278,8 @@ class Fleet(_Strict):
                     raise _fail(f"clients.{i}.classes", cls, f"a class no other client sends (clients.{claimed[cls]} "
                                                              "sends it)")
                 claimed[cls] = i
+        if self.workload is not None and self.trace is not None:
+            raise _fail("trace", self.trace, "no trace when a workload is given (one source of requests)")
         return self
 
 
@@ -298,6 +302,7 @@ class LoadedFleet:
     slo: list[Property]  # the SLO file's properties (latency on ttft_ms / e2e_ms, rejection_rate)
     slo_source: str | None
     workload: str | None  # the workload file the fleet names (None: none)
+    trace: str | None = None  # the trace file it names (None: none)
 
     @property
     def name(self) -> str:
@@ -306,7 +311,7 @@ class LoadedFleet:
     def with_faults(self, faults: list[Fault]) -> LoadedFleet:
         """The same fleet with these faults in place of its own (a search's draw, a counterexample's)."""
         return LoadedFleet(self.spec.model_copy(update={"faults": faults}), self.source, self.replicas, self.slo,
-                           self.slo_source, self.workload)
+                           self.slo_source, self.workload, self.trace)
 
 
 SLO_METRICS = ("ttft_ms", "e2e_ms")  # what the fleet measures per request, from its first arrival
@@ -315,17 +320,18 @@ SLO_METRICS = ("ttft_ms", "e2e_ms")  # what the fleet measures per request, from
 def _file(fleet_path: Path, value: str, kind: str, field: str) -> Path:
     """The file a fleet field names: relative to the fleet file, else a shipped example of that kind; an input
     error naming the field when it is neither."""
-    from checker.examples import is_bare_name, resolve
+    from checker.examples import KINDS, is_bare_name, resolve
 
     here = fleet_path.parent / value
     if here.is_file():
         return here
-    found = resolve(value, kind) if is_bare_name(value) else here
+    shipped = kind in KINDS  # traces are no shipped examples
+    found = resolve(value, kind) if shipped and is_bare_name(value) else here
     if found.is_file():
         return found
     noun = "SLO" if kind == "slo" else kind
-    raise InputError(Problem(field, value, f"a {noun} file (relative to the fleet file) or a shipped {noun}'s name"),
-                     str(fleet_path))
+    raise InputError(Problem(field, value, f"a {noun} file (relative to the fleet file)" +
+                             (f" or a shipped {noun}'s name" if shipped else "")), str(fleet_path))
 
 
 def load_fleet(path: str | Path) -> LoadedFleet:
@@ -366,7 +372,8 @@ def load_fleet(path: str | Path) -> LoadedFleet:
             raise InputError(Problem(f"properties.{prop.name}", what, "a property the fleet measures: latency of "
                                      f"{' or '.join(SLO_METRICS)}, or rejection_rate"), slo_source)
     workload = None if spec.workload is None else str(_file(path, spec.workload, "workload", "workload"))
-    return LoadedFleet(spec, source, replicas, slo, slo_source, workload)
+    trace = None if spec.trace is None else str(_file(path, spec.trace, "trace", "trace"))
+    return LoadedFleet(spec, source, replicas, slo, slo_source, workload, trace)
 
 
 def check_classes(fleet: LoadedFleet, class_names: list[str]) -> None:

@@ -69,3 +69,11 @@ def test_a_shipped_fleet_runs_by_name_with_a_workload_given(capsys):
     assert main(["fleet", "mixed_least_outstanding", "--workload", str(WORKLOADS / "chat_mixed.yaml"), "--limit", "20",
                  "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["offered"]["unique_requests"] == 20
+
+
+def test_a_prefix_aware_router_without_its_cap_overloads_one_replica():
+    uncapped, capped = run_fleet(FLEETS / "prefix_uncapped.yaml"), run_fleet(FLEETS / "prefix_capped.yaml")
+    sent = [[r["attempts"] for r in run.summary["replicas"]] for run in (uncapped, capped)]
+    assert max(sent[0]) > 0.8 * 240 and max(sent[1]) < 0.4 * 240  # the hot prefix's replica, and spread under the cap
+    p99 = [run.summary["overall"]["ttft_ms"]["p99"] for run in (uncapped, capped)]
+    assert p99[0] > 2000 > p99[1] and uncapped.violated and not capped.violated
