@@ -19,6 +19,7 @@ from checker.importers.common import (
     refuse,
     take_length_limit,
 )
+from checker.importers.refusals import refuse_later
 
 SYSTEM = "tgi"
 BLOCK_SIZES = {"flashinfer": 1, "paged": 16, "flashdecoding": 256}
@@ -74,8 +75,8 @@ def import_tgi(args: list[str]) -> Draft:
         raise refuse(input_arg, f"< --max-total-tokens={mml} (TGI rejects this configuration)")
     speculate = given.take("speculate")
     if speculate is not None and speculate.value > 0:
-        raise refuse(speculate, "0: speculative decoding (draft tokens per step) is not modelled")
-    if speculate is not None:
+        refuse_later(refuse(speculate, "0: speculative decoding (draft tokens per step) is not modelled"))
+    elif speculate is not None:
         draft.ignore(speculate, "0 is TGI's default")
 
     # --- attention backend, block size, chunking

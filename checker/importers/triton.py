@@ -13,7 +13,7 @@ from typing import Any
 
 from checker.errors import InputError, Problem, UsageError
 from checker.importers.common import Arg, Draft, Opt, Table, missing, parse_cli
-from checker.importers.refusals import unknown_option
+from checker.importers.refusals import refuse_later, unknown_option
 from checker.importers.pbtxt import Field, Ident, Message, parse_pbtxt
 from checker.policy import MAX_BLOCKS, MAX_TOKENS
 
@@ -170,7 +170,7 @@ def _refuse_other_schedulers(top: _Cfg) -> None:
                       ("ensemble_scheduling", "an ensemble pipeline of models is not modelled")):
         f = top.one(name)
         if f is not None:
-            raise top.error(f, f"no {name}: {why}")
+            refuse_later(top.error(f, f"no {name}: {why}"))
     backend = top.one("backend")
     if backend is not None and str(backend.value) in ITERATION_BACKENDS:
         raise top.error(backend, f"a request-level backend: the {backend.value} backend batches iteration by "

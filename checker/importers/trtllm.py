@@ -129,16 +129,16 @@ def import_trtllm(args: list[str], config: str | None, machine: Machine) -> Draf
     for name, why in (("enable_attention_dp", "attention data parallelism batches per rank"),):
         arg = given.take(name)
         if arg is not None and arg.value:
-            raise refuse(arg, f"false: {why}")
+            refuse_later(refuse(arg, f"false: {why}"))
     spec = given.take("speculative_config")
     if spec is not None:
-        raise spec.error("no speculative_config: draft tokens per step are not modelled", "{...}")
+        refuse_later(spec.error("no speculative_config: draft tokens per step are not modelled", "{...}"))
     waiting = given.take("scheduler_config.waiting_queue_policy")
     if waiting is not None and str(waiting.value).lower() != "fcfs":
-        raise refuse(waiting, "fcfs: the only waiting-queue policy of the TensorRT-LLM versions read")
+        refuse_later(refuse(waiting, "fcfs: the only waiting-queue policy of the TensorRT-LLM versions read"))
     host = given.take("kv_cache_config.host_cache_size")
     if host is not None and host.value > 0:
-        raise refuse(host, "0: KV offload to host memory is not modelled")
+        refuse_later(refuse(host, "0: KV offload to host memory is not modelled"))
     reuse = given.take("kv_cache_config.enable_block_reuse")
     if reuse is not None:
         draft.ignore(reuse, "the policy model has no prefix cache: exact when requests share no prefix")

@@ -196,3 +196,27 @@ def test_cli_ignore_unknown_after_the_system_prints_ignored_lines(capsys, tmp_pa
     code = main(["import", "vllm", *VLLM_BASE, "--frobnicate", "2", "--max-num-seqz", "3"])
     assert code == ExitCode.INPUT_ERROR
     assert capsys.readouterr().err.startswith("batchcheck: error: 2 options cannot be imported:\n  --frobnicate='2' ")
+
+
+def test_tgi_trtllm_and_triton_gather_their_refusals_by_name(tmp_path: Path):
+    assert refused("tgi", ["--max-total-tokens", "4096", "--max-batch-total-tokens", "40000", "--speculate", "2",
+                           "--frob", "1"]) == (
+        "2 options cannot be imported:\n"
+        "  --frob='1' (expected an option batchcheck knows for TGI, listed in docs/importers.md, or --ignore-unknown)\n"
+        "  --speculate=2 (expected 0: speculative decoding (draft tokens per step) is not modelled)")
+    llm = tmp_path / "l.yaml"
+    llm.write_text("max_seq_len: 4096\nkv_cache_config:\n  max_tokens: 40000\n  host_cache_size: 100\n"
+                   "scheduler_config:\n  waiting_queue_policy: priority\nspeculative_config: {decoding_type: Eagle}\n")
+    assert refused("trtllm", [], str(llm)) == (
+        "3 options cannot be imported:\n"
+        f"  {llm}:7: speculative_config='{{...}}' (expected no speculative_config: draft tokens per step are not "
+        "modelled)\n"
+        f"  {llm}:6: scheduler_config.waiting_queue_policy='priority' (expected fcfs: the only waiting-queue policy "
+        "of the TensorRT-LLM versions read)\n"
+        f"  {llm}:4: kv_cache_config.host_cache_size=100 (expected 0: KV offload to host memory is not modelled)")
+    pbtxt = tmp_path / "c.pbtxt"
+    pbtxt.write_text('name: "m"\nbackend: "python"\nmax_batch_size: 8\nsequence_batching { }\ncolour: BLUE\n')
+    lines = refused("triton", ["--max-model-len", "8192"], str(pbtxt)).splitlines()
+    assert lines[0] == "2 options cannot be imported:" and lines[1].startswith(f"  {pbtxt}:5: colour='BLUE' ")
+    assert lines[2] == (f"  {pbtxt}:4: sequence_batching='{{...}}' (expected no sequence_batching: the sequence "
+                        "batcher (stateful sequences) is not modelled)")
