@@ -132,8 +132,9 @@ class Node:
         return r
 
     def wake(self, now: int) -> None:
+        """Something arrived for it at ``now``: a sleeping replica steps then, but not before its last step ended."""
         if self.sleeping and not self.livelock:
-            self.next_us = now if self.next_us is None else max(self.clock, min(self.next_us, now))
+            self.next_us = max(self.clock, now if self.next_us is None else min(self.next_us, now))
 
     def kv_share(self) -> float:
         return self.life.state.kv_used / self.policy.kv.num_blocks

@@ -66,7 +66,14 @@ faults:
     assert a["offered"]["retry"] > 0 and a["offered"]["reroute"] > 0
 
 
-def _requests(*rows: tuple[int, int, int]) -> RequestSet:
-    """(arrival_ms, prompt, output) rows, one class."""
-    specs = [RequestSpec(i, t * 1000, p, o, o) for i, (t, p, o) in enumerate(rows)]
-    return RequestSet(specs, ["default"], ["default"], "hand")
+def test_a_request_arriving_during_an_idle_replicas_last_step_waits_for_its_end(tmp_path):
+    path = fleet_file(tmp_path, f"replicas:\n  - {{name: r, policy: {POLICIES / 'vllm_v1.yaml'}}}\n")
+    fleet = load_fleet(path)
+    policy, profile = fleet.replicas[0].policy, fleet.replicas[0].profile
+    alone = simulate(policy, RequestSet([RequestSpec(0, 0, 100, 1, 1)], ["default"], ["default"], "hand"), profile)
+    step_end = alone.times.done[0]  # the one step that prefills and finishes it
+    rs = RequestSet([RequestSpec(0, 0, 100, 1, 1), RequestSpec(1, step_end // 2, 100, 1, 1)], ["default"],
+                    ["default"], "hand")
+    plain, result = simulate(policy, rs, profile), simulate_fleet(fleet, rs)
+    assert [r.first_token_us for r in result.records] == plain.times.first_token
+    assert result.records[1].first_token_us == 2 * step_end  # its step starts when the first one ends
