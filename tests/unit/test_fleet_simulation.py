@@ -27,6 +27,8 @@ def fleet_file(tmp_path: Path, body: str) -> Path:
     ("prefix_caching/vllm_v1.yaml", "shared_prefixes.yaml", 80),
     ("sglang/sglang_v05.yaml", "chat_mixed.yaml", 80),
     ("tiered_shedding.yaml", "tiered_overload_2x.yaml", 150),
+    ("priority_aging.yaml", "chat_mixed.yaml", 80),
+    ("connector/vllm_v1_decode_node.yaml", "disaggregated_decode.yaml", 80),
 ])
 def test_one_replica_without_faults_is_the_engine_request_by_request(tmp_path, policy, workload, limit):
     path = fleet_file(tmp_path, f"replicas:\n  - {{name: r, policy: {POLICIES / policy}}}\n")
