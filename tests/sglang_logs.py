@@ -167,7 +167,10 @@ def _share_prefix(case: Case, rng: random.Random, row: dict, i: int) -> None:
     n = -(-row["prompt_tokens"] // case.hash_block)
     depth = rng.randint(1, n)
     row["hash_block_tokens"] = case.hash_block
-    row["hash_ids"] = [group * 1000 + j for j in range(depth)] + [100_000 + i * 100 + j for j in range(n - depth)]
+    # ids from 200,000 on: hash id h is the token ids (10 + h) * 10**6 + j, and the driver gives request number i
+    # of a file the ids (1000 + i) * 10**6 + j, so an id below 990 + the number of requests would collide
+    row["hash_ids"] = [200_000 + group * 1000 + j for j in range(depth)] + [100_000 + i * 100 + j
+                                                                            for j in range(n - depth)]
 
 
 CASES = [

@@ -18,12 +18,15 @@ from __future__ import annotations
 
 import gc
 import itertools
+import os
+import signal
 import time
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 import networkx as nx
 
+from checker.childproc import die_with_parent
 from checker.errors import InputError, Problem
 from checker.liveness.canon import (IDENTITY_TOKENS, LIVE, Canon, ObservedPool, RequestClass, holding_count,
                                     identity_token)
@@ -253,6 +256,10 @@ class StateGraph:
         return steps[::-1]
 
 
+class Cut(Exception):
+    """successors() stopped at a limit ("time" or "states"): explore() ends the graph there, cut."""
+
+
 class Transition:
     """Applies environment choices and one step to a decoded key: the single step function, on copies of a
     representative state.
@@ -273,6 +280,16 @@ class Transition:
         self._specs: dict[tuple[int, int, int], RequestSpec] = {}  # (number, arrival, class) -> spec
         self._memo: dict[tuple, tuple] | None = {} if memo else None
         self._expires = canon.policy.timeouts.queue_timeout_ms is not None  # phase 4 may reject a waiting request
+        self.deadline: float | None = None  # time.monotonic() past which successors() stops (explore's --timeout)
+        self.max_states: int | None = None  # successors of one state past which successors() stops (--max-states)
+
+    def _within_limits(self, found: int) -> None:
+        """Raise Cut when the time limit has passed, or one state's successors alone pass the state limit (one
+        state of a large instance has millions of choices: explore() checks its limits between states)."""
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            raise Cut("time")
+        if self.max_states is not None and found > self.max_states:
+            raise Cut("states")
 
     def _spec(self, rid: int, now: int, cid: int) -> RequestSpec:
         spec = self._specs.get((rid, now, cid))
@@ -349,6 +366,7 @@ class Transition:
             last = n == limit
             following: list[tuple[tuple[int, ...], SchedulerState]] = []
             for arrived, s in level:
+                self._within_limits(len(out))
                 for cancelled in cancel_options:
                     if plain:
                         t = s
@@ -415,6 +433,7 @@ class Transition:
         base, now = self.canon.decode(key)
         next_now = now + self.canon.step_us
         for arriving in arrival_options:
+            self._within_limits(len(out))
             for cancelled in cancel_options:
                 choice = (arriving, cancelled)
                 s, d = self._stepped(base, now, choice)
@@ -454,6 +473,7 @@ def explore(policy: Policy, env: LivenessEnv, max_states: int = DEFAULT_MAX_STAT
     env = instance_env(policy, env)
     canon = make_canon(policy, env)
     trans = Transition(canon, env, memo)
+    trans.deadline, trans.max_states = started + timeout_s, max_states
     first = initial_key(canon, env)
     ids = {first: 0}
     keys, depth, parent = [first], [0], [None]
@@ -492,25 +512,29 @@ def explore(policy: Policy, env: LivenessEnv, max_states: int = DEFAULT_MAX_STAT
                 counts[i] += n
             yield from zip(part, results)
 
-    pool = _worker_pool(workers, policy, env, memo) if workers > 1 else None
+    pool = _worker_pool(workers, policy, env, memo, trans.deadline, max_states) if workers > 1 else None
     level = [0]
     collecting = gc.isenabled()
     gc.disable()  # the explorer makes no reference cycles; the collector would walk the growing graph again and again
     try:
-        while level and not stop:
-            discovered: list[int] = []
-            for u, successors in expansions(level):
-                if len(keys) >= max_states:
-                    stop = f"state limit ({max_states:,}) reached"
-                    break
-                if time.monotonic() > deadline:
-                    stop = f"time limit ({timeout_s:g} s) reached"
-                    break
-                merge(u, successors, discovered)
-                if progress is not None and u % 5000 == 0:
-                    progress(f"{len(keys):,} states, {edges[0]:,} edges")
-            if not stop:
-                level = discovered
+        try:
+            while level and not stop:
+                discovered: list[int] = []
+                for u, successors in expansions(level):
+                    if len(keys) >= max_states:
+                        stop = f"state limit ({max_states:,}) reached"
+                        break
+                    if time.monotonic() > deadline:
+                        stop = f"time limit ({timeout_s:g} s) reached"
+                        break
+                    merge(u, successors, discovered)
+                    if progress is not None and u % 5000 == 0:
+                        progress(f"{len(keys):,} states, {edges[0]:,} edges")
+                if not stop:
+                    level = discovered
+        except Cut as cut:  # one state's successors alone ran past a limit: the graph ends before that state
+            stop = f"time limit ({timeout_s:g} s) reached" if cut.args[0] == "time" else \
+                f"state limit ({max_states:,}) reached"
         graph = _digraph(succ, pred)
     finally:
         if collecting:
@@ -535,6 +559,11 @@ def _sglang_supported(policy: Policy) -> None:
             raise InputError(Problem(field, value, "false / none when scheduler is sglang: the liveness explorer's "
                                      "SGLang key (checker/liveness/canon.py) has no block pool content or KV "
                                      "connector section"))
+    if policy.sglang.radix_cache:
+        raise InputError(Problem("sglang.radix_cache", True, "false for the liveness explorer: its SGLang key "
+                                 "(checker/liveness/canon.py) has no radix tree (its nodes, locks and access order) "
+                                 "yet; verify's explicit-state search, simulate, fuzz and check-log run the engine "
+                                 "with it"))
 
 
 def _digraph(succ: list[dict[int, dict]], pred: list[dict[int, dict]]) -> nx.DiGraph:
@@ -552,16 +581,23 @@ def _digraph(succ: list[dict[int, dict]], pred: list[dict[int, dict]]) -> nx.DiG
 _WORKER: Transition | None = None  # the Transition of a worker process
 
 
-def _worker_pool(workers: int, policy: Policy, env: LivenessEnv, memo: bool):
+def _worker_pool(workers: int, policy: Policy, env: LivenessEnv, memo: bool, deadline: float, max_states: int):
     import multiprocessing
 
-    return multiprocessing.get_context("fork").Pool(workers, _start_worker, (policy, env, memo))
+    return multiprocessing.get_context("fork").Pool(workers, _start_worker,
+                                                    (policy, env, memo, deadline, max_states, os.getpid()))
 
 
-def _start_worker(policy: Policy, env: LivenessEnv, memo: bool) -> None:
+def _start_worker(policy: Policy, env: LivenessEnv, memo: bool, deadline: float, max_states: int,
+                  parent: int) -> None:
+    """A worker leaves Ctrl-C to the parent (which stops the pool: exit 130) and dies with it (a SIGKILLed
+    parent cannot stop it)."""
     global _WORKER
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    die_with_parent(parent)
     gc.disable()  # as in explore(): no reference cycles
     _WORKER = Transition(make_canon(policy, env), env, memo)
+    _WORKER.deadline, _WORKER.max_states = deadline, max_states
 
 
 def _expand(batch: list[tuple]) -> tuple[list[dict[tuple, dict[tuple, Label]]], int, int, int, int]:

@@ -638,19 +638,28 @@ def after_step(s: SchedulerState, out: DecisionBuilder) -> None:
 # ----------------------------------------------------------------------------------------- the radix cache
 def prompt_tokens(s: SchedulerState, r: Request) -> tuple:
     """The prompt's token ids, from the request's prompt identity (checker.requests: the ids the harness gives it);
-    a request with its own tokens gets ids no other request has."""
+    a request with its own tokens gets ids no other request has. The read is marked on the request (r.chain, which
+    only the block pool reads otherwise: under SGLang's rules there is none), as the block pool marks it, so that the
+    explicit-state search tries each prompt identity of a request whose tokens a step read."""
+    if not r.chain:
+        r.chain = TOKENS_READ
+    spec = r.spec
+    key = (r.rid, spec.prompt_len, spec.content)
     g = s.sglang
-    tokens = g.tokens.get(r.rid)
+    tokens = g.tokens.get(key)
     if tokens is None:
-        n = r.spec.prompt_len
+        n = spec.prompt_len
         ids: list[int] = []
-        for first, length in r.spec.content or ():
+        for first, length in spec.content or ():
             ids.extend(range(first, first + length))
         if len(ids) < n:
             own = -(r.rid + 1) * TOKEN_ID_SPAN
             ids.extend(range(own + len(ids), own + n))
-        tokens = g.tokens[r.rid] = tuple(ids[:n])
+        tokens = g.tokens[key] = tuple(ids[:n])
     return tokens
+
+
+TOKENS_READ = [-1]  # r.chain of a request whose tokens the radix cache read (never mutated)
 
 
 def fill_tokens(s: SchedulerState, r: Request) -> tuple:

@@ -148,14 +148,14 @@ class SGLangState:
         # The radix cache (policy.sglang.radix_cache; checker.semantics.radix), None when it is disabled. node: rid ->
         # the tree node a running request locks (req.lock); protected: rid -> its cache_protected_len (its first tokens
         # that are the tree's); prefix: rid -> req.prefix_len as its last match left it (priority preemption reads it);
-        # refreshes: calc_priority calls (the waiting-prefix refresh runs every 32nd); tokens: rid -> its prompt's
-        # token ids (a function of its spec, shared between copies).
+        # refreshes: calc_priority calls (the waiting-prefix refresh runs every 32nd); tokens: (rid, prompt length,
+        # prompt identity) -> its prompt's token ids (a function of its spec, shared between copies).
         self.tree = None if radix_page is None else Tree(radix_page)
         self.node: dict[int, Node] = {}
         self.protected: dict[int, int] = {}
         self.prefix: dict[int, int] = {}
         self.refreshes = 0
-        self.tokens: dict[int, tuple] = {}
+        self.tokens: dict[tuple, tuple] = {}
         self.extend_rows: set[int] | tuple = ()  # within a step only: the rids of its prefill batch's extend rows
 
     def copy(self) -> SGLangState:

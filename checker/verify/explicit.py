@@ -181,7 +181,7 @@ def explicit_environment(policy: Policy, env: Environment, invariants: list[Inva
     ordered = sorted(prompts)
     base = {f.name: getattr(env, f.name) for f in dataclasses.fields(Environment)}
     # without a prefix cache (SGLang's rules with the radix cache disabled) no rule reads a prompt's tokens
-    identities = IDENTITIES if kv.prefix_caching.enabled else IDENTITIES[:1]
+    identities = IDENTITIES if kv.prefix_caching.enabled or policy.sglang.radix_cache else IDENTITIES[:1]
     return ExplicitEnvironment(**base, prompts=tuple(ordered), prompt_why=tuple(prompts[p] for p in ordered),
                                outputs=tuple(outputs), max_outputs=caps, identities=identities,
                                search_priorities=tuple(priorities), search_tenants=tenants)
