@@ -52,19 +52,20 @@ os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 warnings.filterwarnings("ignore")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-DEFAULT_SHARED = os.path.join(os.path.dirname(os.path.dirname(HERE)), "shared", "tools", "vllm-scheduler")
 METHODS = ("ngram", "draft_model", "eagle")
 
 
-def load_shared(path: str | None):
-    folder = path or DEFAULT_SHARED
-    if os.path.isfile(folder):
-        folder = os.path.dirname(folder)
-    if folder not in sys.path:
-        sys.path.insert(0, folder)
-    import drive_vllm_scheduler
+def _connector_driver():
+    """tests/vllm_connector_driver.py (it imports vllm lazily too): its load_shared and the shared driver's flags."""
+    if HERE not in sys.path:
+        sys.path.insert(0, HERE)
+    import vllm_connector_driver
 
-    return drive_vllm_scheduler
+    return vllm_connector_driver
+
+
+def load_shared(path: str | None):
+    return _connector_driver().load_shared(path)
 
 
 def build_scheduler(args, shared):
@@ -104,21 +105,11 @@ def build_scheduler(args, shared):
                      block_size=args.block_size, log_stats=False)
 
 
-SHARED_FLAGS = (
-    ("--num-blocks", int, 1024), ("--block-size", int, 16), ("--max-num-seqs", int, 16),
-    ("--max-num-batched-tokens", int, 2048), ("--max-model-len", int, 8192),
-    ("--long-prefill-token-threshold", int, 0), ("--watermark", float, 0.0),
-    ("--enable-prefix-caching", None, False), ("--no-chunked-prefill", None, False),
-    ("--no-reserve-full-isl", None, False), ("--max-steps", int, 100000), ("--out", str, "-"),
-    ("--model-dir", str, None), ("--quiet", None, False),
-)
-
-
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("trace")
     ap.add_argument("--policy", choices=["fcfs", "priority"], default="fcfs")
-    for flag, kind, default in SHARED_FLAGS:
+    for flag, kind, default in _connector_driver().SHARED_FLAGS:
         if kind is None:
             ap.add_argument(flag, action="store_true")
         else:

@@ -16,6 +16,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from tests.connector_logs import import_args as connector_import_args
 from tests.vllm_connector_harness import absent_reason, read_log, venv_python, write_trace
 
 HERE = Path(__file__).resolve().parent
@@ -94,37 +95,26 @@ def run_jobs(jobs: dict[str, Job], keep: Path | None = None, timeout: float = 36
         return {name: read_log(log) for name, (_, _, log) in files.items()}
 
 
-SAME = ("--block-size", "--max-num-seqs", "--max-num-batched-tokens", "--max-model-len",
-        "--long-prefill-token-threshold", "--watermark")
+SPEC_FLAGS = ("--spec-method", "--num-speculative-tokens", "--seed", "--accept-rate")
 
 
 def import_args(fl: list[str]) -> list[str]:
-    """The driver's flags as `batchcheck import vllm` arguments (the same configuration)."""
-    out, i, caching, method, k = [], 0, False, None, None
+    """The driver's flags as `batchcheck import vllm` arguments (the same configuration): the shared driver's flags
+    as tests/connector_logs.py maps them, and the speculative config (the seed and acceptance rate are the
+    environment's, recorded in the log)."""
+    given: dict[str, str] = {}
+    rest, i = [], 0
     while i < len(fl):
-        flag, value = fl[i], fl[i + 1] if i + 1 < len(fl) else None
-        if flag in SAME:
-            out += [flag, value]
-        elif flag == "--num-blocks":
-            out += ["--num-gpu-blocks-override", value]
-        elif flag == "--policy":
-            out += ["--scheduling-policy", value]
-        elif flag == "--spec-method":
-            method = value
-        elif flag == "--num-speculative-tokens":
-            k = int(value)
-        elif flag in ("--seed", "--accept-rate", "--max-steps"):
-            pass  # the environment's acceptance rule and the run's length: recorded in the log, not configuration
-        elif flag == "--enable-prefix-caching":
-            caching = True
-            i += 1
-            continue
+        if fl[i] in SPEC_FLAGS:
+            given[fl[i]] = fl[i + 1]
+            i += 2
         else:
-            raise ValueError(f"no import argument for the driver flag {flag}")
-        i += 2
-    out.append("--enable-prefix-caching" if caching else "--no-enable-prefix-caching")
-    if method is not None:
-        out += ["--speculative-config", json.dumps({"method": method, "num_speculative_tokens": k or 1})]
+            rest.append(fl[i])
+            i += 1
+    out = connector_import_args(rest)
+    if "--spec-method" in given:
+        out += ["--speculative-config", json.dumps({"method": given["--spec-method"],
+                                                    "num_speculative_tokens": int(given["--num-speculative-tokens"])})]
     return out
 
 
