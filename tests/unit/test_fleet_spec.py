@@ -92,7 +92,8 @@ def test_the_command_line_exits_2_on_a_bad_fleet_file(tmp_path, capsys):
 
 def test_no_requests_named_anywhere_is_an_input_error(tmp_path, capsys):
     assert main(["fleet", str(write(tmp_path, ONE))]) == 2
-    assert "--workload/--trace=<none> (expected one of them, or a workload: in the fleet file)" in capsys.readouterr().err
+    assert ("--workload/--trace=<none> (expected one of them, or a workload: or trace: in the fleet file)"
+            in capsys.readouterr().err)
 
 
 def test_heterogeneous_groups_and_names(tmp_path):
