@@ -1,7 +1,8 @@
 """The library facade, on top of every package it fronts (none of them imports it): what the CLI calls.
 
-Here: input file kinds and validation, simulation, the capacity audit of record files, replay and proof
-re-checking, importers, CI and bug reports. The other entry points live with the
+Here: input file kinds and validation, simulation, the fleet (``fleet``: replicas behind a router, retries,
+faults; its search is ``fleet_search``), the capacity audit of record files, replay and proof re-checking,
+importers, CI and bug reports. The other entry points live with the
 concept they run (docs/design.md, "Who owns what") and are re-exported under the same names: policy files
 and overrides (checker.inputfiles), SLO files (checker.fuzz.slo), the derived audit (checker.audit);
 verify, fuzz, diff, liveness and check-log are imported on first use (they load z3, Hypothesis or networkx).
