@@ -205,7 +205,7 @@ def save_counterexample(policy: Policy, policy_file: str | None, inv: Invariant,
 ACTIONWISE_SHARE = 0.5
 # The same in an environment derived to fill the KV pool (more slots: the proof costs more, and a bounded search
 # of K iterations cannot fill the pool anyway)
-FILL_ACTIONWISE_SHARE = 0.85
+FILL_ACTIONWISE_SHARE = 0.95
 # How long each vacuity check of a proved invariant may take when no engine probe reached its situation:
 # proving its negation (action-wise), then z3's search within the depth (the proof stands either way; the
 # verdict then says that vacuity was not decided): this share of the timeout each.
@@ -402,5 +402,8 @@ def check_filling_pool(policy: Policy, policy_file: str | None, inv: Invariant, 
         progress(f"{inv.name}: {why}")
     checked = check_one(policy, policy_file, inv, params, wider, timeout_s, out_dir, unbounded, proof_dir, progress)
     checked.abstraction = why
+    if checked.verdict is Verdict.UNKNOWN:  # the proof's cost grows with N: say what to try next
+        checked.abstraction += (f"; the proof for {wider.requests} slots did not finish within {timeout_s:g} s: give "
+                                f"it more time (--timeout {3 * timeout_s:g})")
     checked.seconds = time.monotonic() - started
     return checked

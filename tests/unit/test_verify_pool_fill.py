@@ -1,0 +1,128 @@
+"""kv_never_overcommitted is checked where N requests can fill the KV pool (issue 19 item 3;
+docs/invariants.md, "An environment that can fill the KV pool").
+
+Today's code (before the derivation) gave VACUOUS for vllm_v1 at 2 requests: two prompts of at most 1,024 blocks
+cannot fill 2,500. Each test below names the behaviour it pins; the z3 ones run the real action-wise proof."""
+
+from __future__ import annotations
+
+import re
+from glob import glob
+
+import pytest
+
+from checker.inputfiles import load_policy
+from checker.verify.env import MAX_FILL_REQUESTS, default_environment, pool_fill, pool_fill_environment
+from checker.verify.replay import replay_fixed_clock
+from checker.verify.run import Verdict, check_one, run_verify
+from checker.verify.vacuity import _fill_probes, engine_witness
+from invariants.catalogue import CATALOGUE
+
+KV = CATALOGUE["kv_never_overcommitted"]
+VLLM = "spec/policies/vllm_v1.yaml"
+SHIPPED = sorted(glob("spec/policies/*.yaml"))
+SHORTFALL = ("2 request(s) hold at most 2,048 of the 2,500 blocks that fill the pool (1,024 each: prompt + max "
+             "output <= 16,384 tokens (max_model_len), block_size 16)")
+
+
+def _line(checked, proof_dir=None) -> str:
+    """The verdict line without its seconds (and with the certificate's folder left out)."""
+    line = re.sub(r"  \[\d+\.\d+ s\]$", "", checked.line())
+    return line.replace(f"{proof_dir}/", "") if proof_dir is not None else line
+
+
+def test_pool_fill_arithmetic():
+    pol = load_policy(VLLM)
+    two = pool_fill(pol, default_environment(pol, 2, 2))
+    assert (two.per_request, two.blocks, two.least, two.can_fill) == (1024, 2500, 3, False)
+    assert two.shortfall() == SHORTFALL
+    assert pool_fill(pol, default_environment(pol, 3, 2)).can_fill
+    # headroom: the pool less it must be held (kv_never_overcommitted:headroom=H's situation)
+    assert pool_fill(pol, default_environment(pol, 2, 2), headroom=500).can_fill
+    # a prompt domain of at most 512 tokens: 33 blocks a request (512 + 4 outputs), 76 requests needed
+    short = pool_fill(pol, default_environment(pol, 2, 2, prompt=(1, 512)))
+    assert (short.per_request, short.least) == (33, 76)
+
+
+@pytest.mark.parametrize("path", SHIPPED)
+def test_derived_environment_fills_every_shipped_pool(path):
+    """On every shipped policy, at the repository's ci bounds (2 requests, 2 iterations), the derived environment
+    raises N to the least that can hold the pool, and one of its probes, replayed here on the engine, holds every
+    block of the pool at some iteration (not taken from engine_witness's own answer)."""
+    pol = load_policy(path)
+    env = default_environment(pol, 2, 2)
+    need = pool_fill(pol, env)
+    assert not need.can_fill
+    wider, why = pool_fill_environment(pol, env, 0, True, lambda e: engine_witness(pol, KV, {}, e) is not None)
+    assert wider.requests == need.least and wider.fill_blocks == pol.kv.num_blocks
+    assert why.startswith(f"N raised from 2 to {need.least} for this invariant: {need.shortfall()}")
+    full = [max(f.kv_used for f in replay_fixed_clock(pol, specs, 256, wider.step_us, wider.tenants).frames)
+            for specs in _fill_probes(pol, wider)]
+    assert pol.kv.num_blocks in full  # never more: the invariant holds on the probes too
+    assert max(full) == pol.kv.num_blocks
+
+
+def test_user_output_domain_is_kept():
+    """An output domain the user gave (--output-range, a workload) is not raised: only N is."""
+    pol = load_policy(VLLM)
+    env = default_environment(pol, 2, 2, output=(1, 4))
+    wider, why = pool_fill_environment(pol, env, 0, False, lambda e: True)
+    assert (wider.requests, wider.output, wider.max_output_cap) == (3, (1, 4), 4)
+    assert why == f"N raised from 2 to 3 for this invariant: {SHORTFALL}"
+
+
+def test_no_fill_probes_in_a_given_environment():
+    """Off means unchanged: an environment as given has no pool-filling probes (the same probes as before)."""
+    pol = load_policy(VLLM)
+    assert _fill_probes(pol, default_environment(pol, 3, 2)) == []
+
+
+def test_ci_bounds_prove_kv_on_the_real_pool_word_for_word(tmp_path):
+    """vllm_v1 at the ci's bounds: PROVED for 3 slots, with the pool shown to fill and the abstraction stated
+    (today: VACUOUS, 'its situation never occurs within 2 requests, 2 iterations')."""
+    env, (checked,) = run_verify(VLLM, ["kv_never_overcommitted"], requests=2, depth=2, timeout_s=120,
+                                 unbounded=True, out_dir=tmp_path / "cx", proof_dir=tmp_path)
+    assert env.requests == 2  # the environment printed at the top is the one given
+    assert checked.verdict is Verdict.PROVED and checked.env.requests == 3
+    assert _line(checked, tmp_path) == (
+        "PROVED       kv_never_overcommitted                   for 3 request slots and any number of iterations "
+        "(action-wise induction: core candidates; 7 step-boundary lemmas, 83 mid-step lemmas over 5 actions); its "
+        "situation occurs at iteration 7 of an engine run (3 requests arriving at once, prompts of 13312-13326 "
+        "tokens); certificate: vllm_v1__kv_never_overcommitted__N3.smt2; N raised from 2 to 3 for this invariant: "
+        f"{SHORTFALL}; outputs up to 168 tokens (was 4), so the first requests still run when the last are "
+        "prefilled")
+    assert checked.as_dict()["abstraction"].startswith("N raised from 2 to 3")
+
+
+def test_bounded_vacuous_says_why_and_what_to_change(tmp_path):
+    """Without --unbounded the environment is kept; the VACUOUS line says why and what to change."""
+    _, (checked,) = run_verify(VLLM, ["kv_never_overcommitted"], requests=2, depth=2, timeout_s=60,
+                               out_dir=tmp_path / "cx", proof_dir=tmp_path)
+    assert checked.verdict is Verdict.VACUOUS and checked.env.requests == 2
+    assert _line(checked) == (
+        "VACUOUS      kv_never_overcommitted                   its situation never occurs within 2 requests, 2 "
+        f"iterations, so nothing was checked; {SHORTFALL}: --requests 3 --unbounded decides it")
+
+
+def test_beyond_the_slot_limit_vacuous_names_the_number(tmp_path):
+    """A pool that more than MAX_FILL_REQUESTS requests are needed to fill: the environment is kept and the line
+    names how many would be needed."""
+    _, (checked,) = run_verify(VLLM, ["kv_never_overcommitted"], requests=2, depth=2, timeout_s=60,
+                               prompt=(1, 512), out_dir=tmp_path / "cx", proof_dir=tmp_path)
+    assert checked.verdict is Verdict.VACUOUS and checked.env.requests == 2
+    assert checked.abstraction == (
+        "2 request(s) hold at most 66 of the 2,500 blocks that fill the pool (33 each: prompt + max output <= 516 "
+        f"tokens, block_size 16): 76 requests could fill it, more than the {MAX_FILL_REQUESTS} slots a proof is tried "
+        "with: check a policy with a smaller pool, or --requests with a longer --prompt-range")
+
+
+def test_a_pool_small_n_fills_is_checked_as_before(tmp_path):
+    """Off means unchanged: where the environment's N can hold the pool, the verdict is check_one's, line for
+    line (a 64-block vllm_v1: two requests of up to 1,024 blocks hold it)."""
+    pol = load_policy(VLLM)
+    small = pol.model_copy(update={"kv": pol.kv.model_copy(update={"num_blocks": 64})})
+    env, (checked,) = run_verify(small, ["kv_never_overcommitted"], requests=2, depth=2, timeout_s=60,
+                                 out_dir=tmp_path / "a", proof_dir=tmp_path)
+    before = check_one(small, None, KV, {}, env, 60, tmp_path / "b", False, tmp_path, None)
+    assert checked.abstraction == "" and checked.env == env
+    assert _line(checked).replace(str(tmp_path / "a"), "") == _line(before).replace(str(tmp_path / "b"), "")
