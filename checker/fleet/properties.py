@@ -77,7 +77,8 @@ def evaluate_fleet(fleet: LoadedFleet, prop: FleetProperty, summary: Mapping) ->
                        f"({offered['retry']} retries, {offered['reroute']} re-routes); bound "
                        f"{spec.max_retry_amplification:g}{slack}")
     stuck = summary["overall"]["lost_by_reason"].get("unfinished", 0)
-    return Outcome(stuck == 0, stuck, 0, f"requests left unfinished with no reason, of {summary['overall']['requests']}")
+    total = summary["overall"]["requests"]
+    return Outcome(stuck == 0, stuck, 0, f"requests left unfinished with no reason, of {total}")
 
 
 def evaluate_all(fleet: LoadedFleet, summary: Mapping) -> list[Finding]:

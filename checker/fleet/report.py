@@ -18,11 +18,12 @@ def format_fleet(summary: dict, findings: list[Finding]) -> str:
              f"{offered['reroute']} re-routes): retry amplification {offered['retry_amplification']}",
              f"  goodput {summary['goodput']['requests']} requests within their TTFT SLO "
              f"({summary['goodput']['per_s']}/s)", "",
-             f"  {'class':<16} {'requests':>8} {'finished':>8} {'cancelled':>9} {'lost':>6} {'retries':>7} {'TTFT p50':>10} "
-             f"{'TTFT p99':>10} {'e2e p99':>10}  (ms)"]
+             f"  {'class':<16} {'requests':>8} {'finished':>8} {'cancelled':>9} {'lost':>6} {'retries':>7} "
+             f"{'TTFT p50':>10} {'TTFT p99':>10} {'e2e p99':>10}  (ms)"]
     for name, g in [*summary["by_class"].items(), ("(all)", summary["overall"])]:
-        lines.append(f"  {name:<16} {g['requests']:>8} {g['finished']:>8} {g['cancelled']:>9} {g['lost']:>6} {g['retries']:>7} "
-                     f"{_ms(g['ttft_ms']['p50']):>10} {_ms(g['ttft_ms']['p99']):>10} {_ms(g['e2e_ms']['p99']):>10}")
+        lines.append(f"  {name:<16} {g['requests']:>8} {g['finished']:>8} {g['cancelled']:>9} {g['lost']:>6} "
+                     f"{g['retries']:>7} {_ms(g['ttft_ms']['p50']):>10} {_ms(g['ttft_ms']['p99']):>10} "
+                     f"{_ms(g['e2e_ms']['p99']):>10}")
     lost = summary["overall"]["lost_by_reason"]
     if lost:
         lines.append("  lost: " + ", ".join(f"{why} {n}" for why, n in lost.items()))

@@ -11,7 +11,8 @@ from checker.fleet.metrics import summarize_fleet
 from checker.fleet.properties import Finding, evaluate_all, fleet_properties
 from checker.fleet.counterexample import load_counterexample
 from checker.fleet.simulation import FleetResult, simulate_fleet
-from checker.fleet.spec import LoadedFleet, check_classes, load_fleet
+from checker.fleet.spec import Fleet, LoadedFleet, check_classes, load_fleet
+from checker.loading import validate
 from checker.traces import RequestSet, TraceOptions, load_requests
 
 
@@ -62,4 +63,7 @@ def replay_fleet(fleet: str | Path, counterexample: str | Path) -> FleetRun:
     if cex.property not in names:
         raise InputError(Problem("property", cex.property, "a property of the fleet: " + ", ".join(names)),
                          str(counterexample))
+    data = {**loaded.spec.model_dump(mode="json", by_alias=True),
+            "faults": [f.model_dump(mode="json") for f in cex.faults]}
+    validate(Fleet, data, str(counterexample))  # its faults on this fleet's replicas (one lost fault per replica)
     return check(loaded.with_faults(list(cex.faults)), requests)

@@ -26,7 +26,8 @@ def test_round_robin_overloads_the_slow_replica_and_least_outstanding_does_not(c
 def test_exit_codes_and_out(capsys, tmp_path):
     assert main(["fleet", "mixed_least_outstanding", "--limit", "40", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert "HOLDS     interactive_ttft_p99" in out and f"written: {tmp_path / 'mixed_least_outstanding.fleet.json'}" in out
+    assert "HOLDS     interactive_ttft_p99" in out
+    assert f"written: {tmp_path / 'mixed_least_outstanding.fleet.json'}" in out
     doc = json.loads((tmp_path / "mixed_least_outstanding.fleet.json").read_text())
     assert doc["exit_code"] == 0 and doc["offered"]["unique_requests"] == 40
     assert main(["fleet", str(FLEETS / "lost_replica_retry_storm.yaml"), "--limit", "120"]) == 1
@@ -77,3 +78,13 @@ def test_a_prefix_aware_router_without_its_cap_overloads_one_replica():
     assert max(sent[0]) > 0.8 * 240 and max(sent[1]) < 0.4 * 240  # the hot prefix's replica, and spread under the cap
     p99 = [run.summary["overall"]["ttft_ms"]["p99"] for run in (uncapped, capped)]
     assert p99[0] > 2000 > p99[1] and uncapped.violated and not capped.violated
+
+
+def test_a_counterexample_with_faults_on_replicas_the_fleet_lacks_is_refused(tmp_path, capsys):
+    cex = ROOT / "counterexamples" / "fleet" / "lost_replica_retry_storm__retry_amplification__66ea7d27.json"
+    doc = json.loads(cex.read_text())
+    doc["faults"][0]["replica"] = "zz"
+    (tmp_path / "c.json").write_text(json.dumps(doc))
+    assert main(["fleet", str(FLEETS / "lost_replica_retry_storm.yaml"), "--replay", str(tmp_path / "c.json")]) == 2
+    assert (f"{tmp_path / 'c.json'}: faults.0.replica='zz' (expected a replica of the fleet: tgi-0, tgi-1, tgi-2)"
+            in capsys.readouterr().err)

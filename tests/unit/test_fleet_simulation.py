@@ -58,7 +58,8 @@ router: {{strategy: least_outstanding, staleness_ms: 200}}
 clients:
   - {{name: c, timeout_ms: 400, max_retries: 2, backoff: {{initial_ms: 50, jitter: full, seed: 3}}}}
 faults:
-  - {{kind: lost, replica: r-1, at_ms: 20000, rule: reroute, recover_after_ms: 10000, warmup_ms: 5000, warmup_factor: 3}}
+  - {{kind: lost, replica: r-1, at_ms: 20000, rule: reroute, recover_after_ms: 10000, warmup_ms: 5000,
+     warmup_factor: 3}}
   - {{kind: slow, replica: r-0, start_ms: 5000, end_ms: 15000, factor: 4}}
 """)
     rs = load_requests(workload=WORKLOADS / "chat_mixed.yaml", limit=120)

@@ -44,7 +44,8 @@ CASES = {
                "{f}:5: faults[0].detect_ms=500.0 (expected <= recover_after_ms=100)"),
     "both_sources": (ONE + "workload: chat_mixed\ntrace: t.json\n",
                      "{f}:5: trace='t.json' (expected no trace when a workload is given (one source of requests))"),
-    "trace_missing": (ONE + "trace: t.json\n", "{f}: trace='t.json' (expected a trace file (relative to the fleet file))"),
+    "trace_missing": (ONE + "trace: t.json\n",
+                      "{f}: trace='t.json' (expected a trace file (relative to the fleet file))"),
     "two_losses": (ONE + "faults:\n  - {kind: lost, replica: r, at_ms: 0}\n  - {kind: lost, replica: r, at_ms: 9}\n",
                    "{f}:4: faults.0.replica='r' (expected one lost fault per replica)"),
 }
