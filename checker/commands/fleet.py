@@ -36,7 +36,7 @@ def _fleet(args: argparse.Namespace) -> int:
                 print(r.line())
         return code
     run = fleet(args.fleet, args.workload, args.trace, args.limit, args.replay)
-    code = ExitCode.VIOLATED if run.violated else ExitCode.OK
+    code = ExitCode.VIOLATED if run.violated else ExitCode.OK if run.decided else ExitCode.INCONCLUSIVE
     doc = {**run.summary, "mode": "replay" if args.replay else "run",
            "properties": [f.as_json() for f in run.findings], "exit_code": int(code)}
     written = None
@@ -66,7 +66,8 @@ def register(verbs) -> None:
                                      "lost, retries, retry amplification, goodput and recovery times, and the verdict "
                                      "of each property. --search: a Hypothesis search over arrivals and faults, "
                                      "shrunk and replayed; --replay FILE: a saved fleet counterexample run again. "
-                                     "Exit 1: a property is violated; 0: none is; 2: bad input. docs/fleet.md.")
+                                     "Exit 1: a property is violated; 0: none is; 3: the run stopped at its step limit "
+                                     "(every verdict UNKNOWN); 2: bad input. docs/fleet.md.")
     p.add_argument("fleet", metavar="FLEET")
     source = p.add_mutually_exclusive_group()
     source.add_argument("--workload", metavar="FILE", help="workload spec (YAML)")

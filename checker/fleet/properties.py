@@ -4,7 +4,7 @@ amplification bounded, and every request accounted for (finished, cancelled by i
 reason: none left stuck).
 
 On one run a property HOLDS (on that run: a simulation, not a proof) or is VIOLATED; one that measured nothing
-(no request of its class) is VACUOUS. The search (checker.fleet.search) turns these into NO_COUNTEREXAMPLE or a
+(no request of its class) is VACUOUS; on a run cut off at its step limit every property is UNKNOWN. The search (checker.fleet.search) turns these into NO_COUNTEREXAMPLE or a
 shrunk, replayed VIOLATED."""
 
 from __future__ import annotations
@@ -30,15 +30,20 @@ class FleetProperty:
 class Finding:
     prop: FleetProperty
     outcome: Outcome
+    cut_off: bool = False  # the run stopped at its step limit: nothing it measured decides a property
 
     @property
     def verdict(self) -> str:
+        if self.cut_off:
+            return "UNKNOWN"
         if self.outcome.observed is None:
             return "VACUOUS"
         return "HOLDS" if self.outcome.holds else "VIOLATED"
 
     def line(self) -> str:
         o = self.outcome
+        if self.verdict == "UNKNOWN":
+            return f"UNKNOWN   {self.prop.name:<28} the run stopped at its step limit before every request ended"
         if self.verdict == "VACUOUS":
             return f"VACUOUS   {self.prop.name:<28} {o.detail}"
         sign = "<=" if o.holds else ">"
@@ -82,4 +87,5 @@ def evaluate_fleet(fleet: LoadedFleet, prop: FleetProperty, summary: Mapping) ->
 
 
 def evaluate_all(fleet: LoadedFleet, summary: Mapping) -> list[Finding]:
-    return [Finding(p, evaluate_fleet(fleet, p, summary)) for p in fleet_properties(fleet)]
+    cut_off = summary["engine"]["step_limit_hit"]
+    return [Finding(p, evaluate_fleet(fleet, p, summary), cut_off) for p in fleet_properties(fleet)]

@@ -10,7 +10,7 @@ from checker.errors import InputError, Problem
 from checker.fleet.metrics import summarize_fleet
 from checker.fleet.properties import Finding, evaluate_all, fleet_properties
 from checker.fleet.counterexample import load_counterexample
-from checker.fleet.simulation import FleetResult, simulate_fleet
+from checker.fleet.simulation import DEFAULT_MAX_STEPS, FleetResult, simulate_fleet
 from checker.fleet.spec import Fleet, LoadedFleet, check_classes, load_fleet
 from checker.loading import validate
 from checker.traces import RequestSet, TraceOptions, load_requests
@@ -28,6 +28,11 @@ class FleetRun:
     def violated(self) -> bool:
         return any(f.verdict == "VIOLATED" for f in self.findings)
 
+    @property
+    def decided(self) -> bool:
+        """False when the run stopped at its step limit (every verdict UNKNOWN: exit 3)."""
+        return not self.result.step_limit_hit
+
 
 def fleet_requests(fleet: LoadedFleet, workload: str | Path | None, trace: str | Path | None,
                    limit: int | None = None, options: TraceOptions | None = None) -> RequestSet:
@@ -42,8 +47,8 @@ def fleet_requests(fleet: LoadedFleet, workload: str | Path | None, trace: str |
     return requests
 
 
-def check(fleet: LoadedFleet, requests: RequestSet) -> FleetRun:
-    result = simulate_fleet(fleet, requests)
+def check(fleet: LoadedFleet, requests: RequestSet, max_steps: int = DEFAULT_MAX_STEPS) -> FleetRun:
+    result = simulate_fleet(fleet, requests, max_steps)
     summary = summarize_fleet(result)
     return FleetRun(fleet, requests, result, summary, evaluate_all(fleet, summary))
 

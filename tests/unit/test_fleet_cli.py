@@ -88,3 +88,14 @@ def test_a_counterexample_with_faults_on_replicas_the_fleet_lacks_is_refused(tmp
     assert main(["fleet", str(FLEETS / "lost_replica_retry_storm.yaml"), "--replay", str(tmp_path / "c.json")]) == 2
     assert (f"{tmp_path / 'c.json'}: faults.0.replica='zz' (expected a replica of the fleet: tgi-0, tgi-1, tgi-2)"
             in capsys.readouterr().err)
+
+
+def test_a_run_cut_off_at_its_step_limit_decides_nothing():
+    from checker.fleet.run import check, fleet_requests
+    from checker.fleet.spec import load_fleet
+
+    fleet = load_fleet(FLEETS / "mixed_least_outstanding.yaml")
+    run = check(fleet, fleet_requests(fleet, None, None, limit=20), max_steps=50)
+    assert run.result.step_limit_hit and not run.decided and not run.violated
+    assert {f.verdict for f in run.findings} == {"UNKNOWN"}
+    assert check(fleet, fleet_requests(fleet, None, None, limit=20)).decided
