@@ -14,12 +14,13 @@ from bisect import bisect_left
 from dataclasses import dataclass, field
 from itertools import accumulate
 
-from checker.fastforward import (apply_stretch, arrivals_may_join, joins_behind_head, next_steps_are_quiet_decodes,
-                                 stretch_durations)
+from checker.fastforward import (apply_stretch, arrivals_may_join, finish_stretch, finishing_step, joins_behind_head,
+                                 may_finish_in_stretch, next_steps_are_quiet_decodes, stretch_durations)
 from checker.metrics import RequestTimes, summarize
 from checker.policy import Policy, QueueOrder
 from checker.profile import Profile
 from checker.semantics.decision import DecisionBuilder, StepDecision
+from checker.semantics.kv import blocks_for
 from checker.semantics.state import TERMINAL, Request, SchedulerState
 from checker.semantics.step import arrive_phase, step
 from checker.semantics.transfer import steps_pending
@@ -218,17 +219,26 @@ def _livelock_limit(s: SchedulerState) -> int:
 
 def _skip_quiet_decodes(s: SchedulerState, result: SimResult, clock: _Clock, now: int,
                         max_steps: int) -> tuple[int, int]:
-    """Apply the quiet decode steps that follow; return the time after them and how many requests arriving
-    during them were rejected (arrivals behind the queue's head join the stretch: fastforward.arrivals_may_join)."""
+    """Apply the quiet decode steps that follow; return the time after them and how many requests ended in them:
+    arrivals rejected (arrivals behind the queue's head join the stretch: fastforward.arrivals_may_join), and the
+    requests finished by its last step when that is the step in which the first ones reach their last token
+    (fastforward.may_finish_in_stretch)."""
     join = arrivals_may_join(s)
     horizon = [t for t in (clock.next_cancel_time() if join else clock.next_time(), _next_internal_event(s, now))
                if t is not None]
+    last = finishing_step(s) if may_finish_in_stretch(s) else None  # the stretch may end with that step
     durations = stretch_durations(s, result.profile, now, min(horizon) if horizon else None,
-                                  max_steps - result.steps)
+                                  max_steps - result.steps, last)
     rejected = _join_arrivals(s, result, clock, now, durations) if join and durations else 0
     if not durations:
         return now, rejected
     k, total = len(durations), sum(durations)
+    running, max_seqs = len(s.running), s.policy.batch.max_num_seqs
+    finishing = k == last  # the last step finishes requests (finish_stretch)
+    if finishing:  # the blocks used after the step before it (they only grow until then): its decodes' takes
+        size = s.policy.kv.block_size
+        before_last = s.kv_used + sum(max(0, blocks_for(r.num_computed + k - 1, size) - r.blocks) for r in s.running)
+        result.kv_peak_blocks = max(result.kv_peak_blocks, before_last)
     apply_stretch(s, k)
     t = result.times
     longest, first_end = max(durations), now + durations[0]
@@ -239,14 +249,25 @@ def _skip_quiet_decodes(s: SchedulerState, result: SimResult, clock: _Clock, now
         if gap > t.max_gap[rid]:
             t.max_gap[rid] = gap
         t.last_token[rid] = now + total
+    finished = 0
+    if finishing:
+        done = finish_stretch(s)
+        for r in done:
+            t.done[r.rid] = now + total
+        finished = len(done)
+        if s.waiting and len(s.running) < max_seqs:  # the last step's batch is the one after its finishes
+            result.idle_slot_steps += 1
+        k_before = k - 1
+    else:
+        k_before = k
     result.steps += k
-    result.request_steps += k * len(s.running)
+    result.request_steps += k * running
     result.busy_us += total
     result.kv_peak_blocks = max(result.kv_peak_blocks, s.kv_used)
-    if s.waiting and len(s.running) < s.policy.batch.max_num_seqs:
-        result.idle_slot_steps += k
+    if s.waiting and running < max_seqs:
+        result.idle_slot_steps += k_before
     result.waiting_peak = max(result.waiting_peak, len(s.waiting))
-    return now + total, rejected
+    return now + total, rejected + finished
 
 
 def _join_arrivals(s: SchedulerState, result: SimResult, clock: _Clock, now: int, durations: list[int]) -> int:

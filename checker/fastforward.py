@@ -114,16 +114,16 @@ def joins_behind_head(s: SchedulerState, r: Request) -> bool:
 
 
 def stretch_durations(s: SchedulerState, profile: Profile, start_us: int, horizon_us: int | None,
-                      max_steps: int, finish: bool = False) -> list[int]:
+                      max_steps: int, finish_at: int | None = None) -> list[int]:
     """Durations of the quiet decode steps that follow, each starting before horizon_us, while no
     request reaches its last token, the pool has the blocks the decodes need and (with prefix caching)
     the prefix-cache hits of the waiting requests the step would try stay as they are.
 
-    ``finish`` (``may_finish_in_stretch``): the step in which the first requests reach their last token may
-    be the stretch's last step (the stretch then has the length returned by ``finishing_step``)."""
+    ``finish_at`` (``finishing_step(s)``, where ``may_finish_in_stretch``): the step in which the first requests
+    reach their last token may be the stretch's last step."""
     p = s.policy
     running = s.running
-    k = finishing_step(s) - (0 if finish else 1)
+    k = finishing_step(s) - 1 if finish_at is None else finish_at
     k = min(k, max_steps)
     if k <= 0:
         return []
@@ -140,9 +140,10 @@ def stretch_durations(s: SchedulerState, profile: Profile, start_us: int, horizo
                 if k and free > 0:
                     free = min(free, _takes_before_eviction(pool, s, tried, k))
                 del durations[k:]
+        room = [r.blocks * size - r.num_computed for r in running]  # tokens each can take before its next block
 
-        def need(j: int) -> int:
-            return sum(max(0, blocks_for(r.num_computed + j, size) - r.blocks) for r in running)
+        def need(j: int) -> int:  # blocks the first j steps take: sum(max(0, blocks_for(c + j) - blocks)), per room
+            return sum((j - left - 1) // size + 1 for left in room if left < j)
 
         if k and need(k) > free:
             lo, hi = 0, k  # need(lo) <= free < need(hi)

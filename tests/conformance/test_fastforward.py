@@ -195,3 +195,54 @@ def test_fast_forward_with_prefix_caching_on_a_slice_of_the_azure_trace():
         pytest.skip(f"needs {AZURE_CSV}")
     rs = load_requests(trace=AZURE_CSV, limit=400)
     _same_with_pool(load_policy(POLICIES / "prefix_caching" / "vllm_v1.yaml"), rs)
+
+
+@pytest.mark.parametrize("policy", ["vllm_v1.yaml", "prefix_caching/vllm_v1.yaml", "orca.yaml", "static_batching.yaml"])
+def test_stretches_that_end_with_the_finishing_step_equal_plain_stepping(policy, monkeypatch):
+    """A stretch may end with the step in which the first requests reach their last token
+    (fastforward.finish_stretch: status, reason, blocks freed in serving order; the engine's done times, KV
+    peak before and after that step, idle slots of the batch after it). On a slice of the Azure trace (a
+    queue that waits behind finishing requests) and the shipped workload, such stretches happen and the
+    result is plain stepping's, block pool included."""
+    import checker.engine as engine
+
+    ended = []
+    finish = engine.finish_stretch
+
+    def counted(s):
+        done = finish(s)
+        ended.extend(done)
+        return done
+
+    monkeypatch.setattr(engine, "finish_stretch", counted)
+    loads = [load_requests(workload=WORKLOADS / "chat_mixed.yaml")]
+    if AZURE_CSV.exists():
+        loads.append(load_requests(trace=AZURE_CSV, limit=300))
+    for rs in loads:
+        before = len(ended)
+        pol = load_policy(POLICIES / policy)
+        fast, plain = _same_with_pool(pol, rs) if pol.kv.prefix_caching.enabled else _same(pol, rs)
+        assert fast.steps == plain.steps
+        assert len(ended) > before, "no stretch ended with a finishing step"
+
+
+def test_a_finishing_step_under_the_mixed_pass_frees_in_queue_order():
+    """Under the mixed pass the batch is served in queue order, not in the running list's (admission) order: two
+    requests finishing in one step free their blocks in that order, which the LRU queue shows. Here the
+    low-priority request is admitted first and both finish in the stretch's last step."""
+    import checker.engine as engine
+
+    data = _caching(load_policy(POLICIES / "orca.yaml")).model_dump(mode="json")
+    data["queue"]["order"] = "priority"
+    policy = Policy.model_validate(data)
+    specs = [RequestSpec(rid=0, arrival_us=0, prompt_len=40, output_len=30, max_output=30, priority=2),
+             RequestSpec(rid=1, arrival_us=1, prompt_len=40, output_len=29, max_output=29, priority=0)]
+    rs = RequestSet(specs, ["c"], ["a"], "generated")
+    ended = []
+    finish = engine.finish_stretch
+    try:
+        engine.finish_stretch = lambda s: ended.append([r.rid for r in s.running]) or finish(s)
+        fast, plain = _same_with_pool(policy, rs)
+    finally:
+        engine.finish_stretch = finish
+    assert ended == [[0, 1]]  # both finish in a stretch's last step, the running list in admission order
