@@ -71,7 +71,10 @@ def to_faults(fleet: LoadedFleet, draws: list[FaultDraw]) -> list[Fault]:
 def run_trace(fleet: LoadedFleet, prop: FleetProperty, requests: RequestSet, faults: list[Fault]) -> Outcome:
     """One fleet trace (requests and faults) judged on one property."""
     fl = fleet.with_faults(faults)
-    return evaluate_fleet(fl, prop, summarize_fleet(simulate_fleet(fl, requests)))
+    result = simulate_fleet(fl, requests)
+    if result.step_limit_hit:  # decides nothing: no counterexample from it
+        return Outcome(True, None, 0.0, "the run stopped at its step limit")
+    return evaluate_fleet(fl, prop, summarize_fleet(result))
 
 
 @dataclass
