@@ -166,7 +166,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
         if old_runs:
             print(summary("old", old_runs))
-        print(summary("new", new_runs))
+        if new_runs:  # --repeat 0: only the inputs made (and the old path, if asked)
+            print(summary("new", new_runs))
     return 0
 
 
