@@ -11,6 +11,11 @@ With a KV connector (policy.connector) the environment also chooses, per slot, t
 holds (0, or any prefix of the prompt up to all of it) and the transfer latencies: a load takes 1 ..
 connector.max_load_steps steps, a prefill node's send is confirmed 1 .. max_load_steps steps after the finish
 (send_steps 0 .. max_load_steps - 1), and either never completes if connector.transfers_may_hang.
+
+kv_never_overcommitted's situation is the pool filling up, which N requests of the environment cannot reach when
+N times the most blocks one request holds is less than the pool (``pool_fill``); verify --unbounded then checks it
+in a derived environment with more slots and (where the output domain is the default) longer outputs
+(``pool_fill_environment``; docs/invariants.md, "An environment that can fill the KV pool").
 """
 
 from __future__ import annotations
@@ -93,7 +98,6 @@ class PoolFill:
 
     requests: int
     blocks: int  # blocks that must be held at once: the pool less the invariant's headroom
-    pool: int
     per_request: int  # the most blocks one request of the environment can hold
     why_per_request: str
 
@@ -119,8 +123,7 @@ def pool_fill(policy: Policy, env: Environment, headroom: int = 0) -> PoolFill:
     tokens = min(policy.max_model_len, env.prompt[1] + env.max_output_cap + lookahead)
     bound = (f"prompt + max output {'+ lookahead ' if lookahead else ''}<= {tokens:,} tokens"
              + (" (max_model_len)" if tokens == policy.max_model_len else "") + f", block_size {kv.block_size}")
-    return PoolFill(env.requests, max(0, kv.num_blocks - headroom), kv.num_blocks,
-                    max(1, -(-tokens // kv.block_size)), bound)
+    return PoolFill(env.requests, max(0, kv.num_blocks - headroom), max(1, -(-tokens // kv.block_size)), bound)
 
 
 def fill_outputs(policy: Policy, requests: int) -> int:
@@ -130,7 +133,6 @@ def fill_outputs(policy: Policy, requests: int) -> int:
     kv = policy.kv
     prefill_steps = -(-kv.num_blocks * kv.block_size // policy.batch.max_num_batched_tokens) + requests
     return prefill_steps + (-(-kv.watermark_blocks // requests) + FILL_GROWTH_BLOCKS + 2) * kv.block_size
-
 
 
 def pool_fill_environment(policy: Policy, env: Environment, headroom: int, outputs_free: bool,

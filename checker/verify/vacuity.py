@@ -3,7 +3,8 @@ nothing: VACUOUS, not PROVED.)
 
 First a few concrete runs of the engine inside the environment's assumptions (every slot arriving at
 once, the longest and the shortest prompts, the longest outputs): a run that reaches the trigger shows it
-is reachable, at any depth. Only when none does, z3 searches the unrolling up to the bounded depth (after
+is reachable, at any depth (in an environment derived to fill the KV pool, also probes that fill it:
+``_fill_probes``). Only when none does, z3 searches the unrolling up to the bounded depth (after
 action-wise induction has tried to prove that it never occurs: checker/verify/run.py).
 """
 
