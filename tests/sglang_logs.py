@@ -226,6 +226,14 @@ CASES = [
                                          "--enable-mixed-chunk", "--enable-priority-scheduling"), seed=14,
          requests=150, priorities=(0, 5, 10, 20, 30), aborts=0.1, radix=True, shared=0.6, hash_block=16,
          note="radix cache, lof, mixed chunk, priority preemption, hash_ids chains, aborts"),
+    Case("radix_lpm_burst_p1", ("--page-size", "1", "--pool-tokens", "3000", "--max-running-requests", "8",
+                                "--chunked-prefill-size", "256", "--schedule-policy", "lpm"), seed=21, requests=200,
+         gap=0.3, radix=True, shared=0.7, groups=6,
+         note="radix cache, lpm under a burst: up to 187 waiting, so fcfs (no priority sort) above 128"),
+    Case("radix_priority_p1", ("--page-size", "1", "--pool-tokens", "1800", "--max-running-requests", "8",
+                               "--chunked-prefill-size", "512", "--enable-priority-scheduling"), seed=22,
+         requests=160, priorities=(0, 5, 10, 20, 30), radix=True, shared=0.7,
+         note="radix cache, priority scheduling with preemption (release, then evict)"),
 ]
 CASE = {c.name: c for c in CASES}
 

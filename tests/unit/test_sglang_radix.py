@@ -106,20 +106,20 @@ def test_copy_and_snapshot_follow_the_tree():
 def test_a_second_request_of_a_group_starts_from_the_cached_prefix():
     pol = policy()
     s, ds = run(pol, [group(0, 40, 2, 7), group(1, 60, 2, 7, arrival_step=3)], 8)
-    first = {rid: n for d in ds for rid, n in d.scheduled if rid not in locals().get("seen", set())}
     assert dict(ds[0].scheduled) == {0: 40}
     assert dict(ds[3].scheduled) == {1: 60 - 40}  # request 0 cached 40 tokens (10 pages) at its first output
-    assert first  # both ran
     assert all(r.status is Status.FINISHED for r in s.requests)
+    tree = s.sglang.tree
+    # request 1 ended with 60 + 2 - 1 = 61 tokens of KV: its 15 whole pages (group 7's first 60 tokens, request 0's
+    # 40 among them) stay in the tree, unlocked; the partial page was freed
+    assert (tree.evictable, tree.protected) == (60, 0)
 
 
 def test_lpm_sorts_by_cached_prefix_and_falls_back_to_fcfs_above_128_waiting():
     pol = policy(sglang={"radix_cache": True, "schedule_policy": "lpm"})
     s = SchedulerState(pol, [group(0, 40, 1, 7), group(1, 40, 1, 8), group(2, 40, 1, 7)])
     g = s.sglang
-    for rid in (0, 1, 2):
-        s.waiting.append(s.requests[rid])
-        sglang.enter_queue(s, s.requests[rid]) if False else None
+    s.waiting = list(s.requests)
     g.tree.insert(sglang.prompt_tokens(s, s.requests[2]), 40, 0)  # group 7 is cached
     sglang._sort_queue(s, g)
     assert [r.rid for r in s.waiting] == [0, 2, 1]  # the two cached ones first, stable among them
@@ -156,8 +156,7 @@ def test_retraction_releases_without_caching_and_evicts_for_the_rest():
 
 
 def test_the_cache_off_keeps_the_rules_without_a_tree():
-    pol = policy(sglang={"radix_cache": False})
-    s, _ = SchedulerState(pol, [group(0, 40, 2, 7)]), None
+    s = SchedulerState(policy(sglang={"radix_cache": False}), [group(0, 40, 2, 7)])
     assert s.sglang.tree is None
 
 
