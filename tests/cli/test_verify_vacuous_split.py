@@ -44,9 +44,10 @@ def test_not_reached_within_the_bounds_still_exits_3_with_the_flag(capsys, tmp_p
 
 
 def test_never_occurs_at_any_depth_exits_4_with_the_flag(capsys, tmp_path):
-    # two requests of at most 16,384 tokens cannot fill the shipped pool (2,500 blocks): the negation is inductive
+    # two requests of prompts up to 512 tokens cannot fill the shipped pool (2,500 blocks; 76 such requests could,
+    # more than verify raises N to for kv_never_overcommitted): the negation is inductive
     argv = ["verify", V1, "--invariant", "kv_never_overcommitted", "--requests", "2", "--depth", "2", "--unbounded",
-            "--timeout", "400", "--out", str(tmp_path), "--json"]
+            "--prompt-range", "1:512", "--timeout", "400", "--out", str(tmp_path), "--json"]
     code = main(argv + ["--split-vacuous"])
     doc = json.loads(capsys.readouterr().out)
     assert [(r["verdict"], r["vacuity"]) for r in doc["results"]] == [("VACUOUS", "never occurs at any depth")]
