@@ -6,9 +6,12 @@ cannot fill 2,500. Each test below names the behaviour it pins; the z3 ones run 
 
 from __future__ import annotations
 
+import json
 import re
 from glob import glob
+from pathlib import Path
 
+import jsonschema
 import pytest
 
 from checker.inputfiles import load_policy
@@ -92,6 +95,9 @@ def test_ci_bounds_prove_kv_on_the_real_pool_word_for_word(tmp_path):
         f"{SHORTFALL}; outputs up to 168 tokens (was 4), so the first requests still run when the last are "
         "prefilled")
     assert checked.as_dict()["abstraction"].startswith("N raised from 2 to 3")
+    schema = json.loads(Path("docs/schemas/verify.schema.json").read_text(encoding="utf-8"))
+    jsonschema.validate({"policy": VLLM, "environment": env.as_dict(), "assumptions": env.describe(),
+                         "results": [checked.as_dict()]}, schema)
 
 
 def test_bounded_vacuous_says_why_and_what_to_change(tmp_path):
