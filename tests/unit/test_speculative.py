@@ -206,3 +206,24 @@ def test_simulate_reports_acceptance_only_when_on():
     assert on["drafts"] > 0 and 0 < on["acceptance_rate"] <= 1
     assert on["tokens_per_verifying_row"] == round((on["accepted"] + on["drafts"] / 2) / (on["drafts"] / 2), 3)
     assert "speculative" not in summarize(simulate(Policy(**BASE), rs, profile))["engine"]
+
+
+@pytest.mark.parametrize("accepted, fragment", [
+    ({"s0": -1}, "accepted.s0=-1 (expected a whole number >= 0)"),
+    ({"nobody": 1}, "accepted.nobody='nobody' (expected the id of a request of the arrivals)"),
+    ([1], "accepted=[1] (expected an object: request id -> drafts accepted)"),
+])
+def test_bad_accepted_in_a_log_line_is_located(tmp_path, capsys, accepted, fragment):
+    from tests.vllm_spec_logs import KEPT
+
+    name = "ngram_k3_roomy"
+    lines = (KEPT / f"{name}.log.jsonl").read_text().splitlines()
+    bad = json.loads(lines[3])
+    bad["accepted"] = accepted
+    log = tmp_path / "bad.log.jsonl"
+    log.write_text("\n".join(lines[:3] + [json.dumps(bad)] + lines[4:]) + "\n")
+    code = main(["check-log", str(KEPT / f"{name}.yaml"), str(log), "--arrivals", str(KEPT / f"{name}.trace.json"),
+                 "--conformance"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert fragment in err and "bad.log.jsonl:4:" in err
