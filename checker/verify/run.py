@@ -392,9 +392,10 @@ def check_filling_pool(policy: Policy, policy_file: str | None, inv: Invariant, 
     if raised is None:
         checked = check_one(policy, policy_file, inv, params, env, timeout_s, out_dir, unbounded, proof_dir, progress)
         if checked.verdict is Verdict.VACUOUS:
-            todo = (f"--requests {need.least} --unbounded decides it" if need.least <= MAX_FILL_REQUESTS else
-                    f"{need.least} requests could fill it, more than the {MAX_FILL_REQUESTS} slots a proof is tried "
-                    "with: check a policy with a smaller pool, or --requests with a longer --prompt-range")
+            todo = (f"--unbounded checks it with N raised to {need.least}" if need.least <= MAX_FILL_REQUESTS else
+                    f"{need.least} requests could fill it, more than the {MAX_FILL_REQUESTS} slots verify raises N to "
+                    f"(the proof's cost grows with N): --requests {need.least} --unbounded checks it, slowly"
+                    + (", or a longer --prompt-range" if env.prompt[1] < policy.max_model_len - 1 else ""))
             checked.abstraction = f"{need.shortfall()}: {todo}"
         return checked
     wider, why = raised

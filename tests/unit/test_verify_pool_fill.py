@@ -107,7 +107,7 @@ def test_bounded_vacuous_says_why_and_what_to_change(tmp_path):
     assert checked.verdict is Verdict.VACUOUS and checked.env.requests == 2
     assert _line(checked) == (
         "VACUOUS      kv_never_overcommitted                   its situation never occurs within 2 requests, 2 "
-        f"iterations, so nothing was checked; {SHORTFALL}: --requests 3 --unbounded decides it")
+        f"iterations, so nothing was checked; {SHORTFALL}: --unbounded checks it with N raised to 3")
 
 
 def test_beyond_the_slot_limit_vacuous_names_the_number(tmp_path):
@@ -118,8 +118,8 @@ def test_beyond_the_slot_limit_vacuous_names_the_number(tmp_path):
     assert checked.verdict is Verdict.VACUOUS and checked.env.requests == 2
     assert checked.abstraction == (
         "2 request(s) hold at most 66 of the 2,500 blocks that fill the pool (33 each: prompt + max output <= 516 "
-        f"tokens, block_size 16): 76 requests could fill it, more than the {MAX_FILL_REQUESTS} slots a proof is tried "
-        "with: check a policy with a smaller pool, or --requests with a longer --prompt-range")
+        f"tokens, block_size 16): 76 requests could fill it, more than the {MAX_FILL_REQUESTS} slots verify raises N to "
+        "(the proof's cost grows with N): --requests 76 --unbounded checks it, slowly, or a longer --prompt-range")
 
 
 def test_a_pool_small_n_fills_is_checked_as_before(tmp_path):
