@@ -18,6 +18,7 @@ from checker.semantics.state import FIELDS, Status
 from checker.requests import RequestSpec
 from checker.smt.encode import SlotState, blank_slot, slot_fields, symbolic_step
 from checker.smt.ops import SmtSession, Z3Ops
+from checker.verify.budget import BuildTimeout, within
 from checker.verify.env import Environment, SymbolicRequests, concrete_requests, symbolic_requests
 from invariants.catalogue import Invariant
 
@@ -147,19 +148,27 @@ def _shortest_violation(policy: Policy, inv: Invariant, params: dict[str, int], 
                         progress: Progress | None = None) -> tuple[str, int, Found | None, bool]:
     """Check depths 1..max_depth with n slots. Returns (status, depth reached, found, trigger reachable)."""
     smt = SmtSession()
-    u = Unrolling(smt, policy, env, n)
+    try:
+        with within(deadline.left_ms() / 1000):  # building counts against the time limit (checker/verify/budget.py)
+            u = Unrolling(smt, policy, env, n)
+    except BuildTimeout:
+        return "unknown", 0, None, True
     trigger_seen = []
     for depth in range(1, max_depth + 1):
         if deadline.passed:
             return "unknown", depth - 1, None, True
         if progress is not None:
             progress(f"{inv.name}: {n} requests, depth {depth}/{max_depth}")
-        u.extend()
         t = depth - 1
-        fails = smt.bool_var(f"fails@{t}")
-        smt.add(smt.implies(fails, Z3Ops.not_(inv.holds(Z3Ops, u.ctx, t, params))))
-        if check_trigger:
-            trigger_seen.append(inv.triggered(Z3Ops, u.ctx, t, params))
+        try:
+            with within(deadline.left_ms() / 1000):
+                u.extend()
+                fails = smt.bool_var(f"fails@{t}")
+                smt.add(smt.implies(fails, Z3Ops.not_(inv.holds(Z3Ops, u.ctx, t, params))))
+                if check_trigger:
+                    trigger_seen.append(inv.triggered(Z3Ops, u.ctx, t, params))
+        except BuildTimeout:
+            return "unknown", depth - 1, None, True
         smt.set_timeout(deadline.left_ms())
         result = smt.check(fails)
         if result == "unknown":

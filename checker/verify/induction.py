@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, field
 
 from checker.frames import Frame, TraceContext
+from checker.verify.budget import BuildTimeout, within
 from checker.policy import Allocation, Policy, PreemptMode
 from checker.semantics.state import FIELDS, Status
 from checker.smt.encode import SlotParams, SlotState, symbolic_step
@@ -177,7 +178,12 @@ def prove(policy: Policy, inv: Invariant, params_: dict[str, int], env: Environm
     if not supported(inv, params_):
         return InductionResult("unsupported")
     started = time.monotonic()
-    smt, broken, goal, pre, first, params = _step_query(policy, inv, params_, env, timeout_s, k)
+    try:
+        with within(timeout_s):  # building counts against the time limit (checker/verify/budget.py)
+            smt, broken, goal, pre, first, params = _step_query(policy, inv, params_, env, timeout_s, k)
+    except BuildTimeout:
+        return InductionResult("unknown", time.monotonic() - started)
+    smt.set_timeout(max(1, int(1000 * (timeout_s - (time.monotonic() - started)))))
     verdict = smt.check(broken)
     seconds = time.monotonic() - started
     names = [name for name, _ in pre]

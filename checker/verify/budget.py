@@ -1,0 +1,71 @@
+"""--timeout covers building a query, not only solving it (issue 23: ``verify --requests 64 --depth 1 --timeout 2``
+spent over 200 s in Python building the step's terms before z3 was asked anything).
+
+The terms are built by the one step encoding (checker/smt/encode.py) in plain Python, with no natural place to
+look at a clock, so ``within(seconds)`` arms a timer: when it fires while the block still runs, BuildTimeout is
+raised in the thread that entered the block, at its next Python instruction (``PyThreadState_SetAsyncExc``).
+The session being built is thrown away; the caller reports what it has (UNKNOWN, "no violation up to depth
+K - 1"). The block is left with the exception raised or no exception pending, never one left to fire later."""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+
+class BuildTimeout(BaseException):
+    """The time limit passed while a query was being built (a BaseException, as KeyboardInterrupt: no
+    ``except Exception`` on the way, in the encoding or in z3's bindings, may swallow it)."""
+
+
+AGAIN_S = 0.25  # a BuildTimeout that something dropped anyway is raised again this often until the block ends
+
+
+_set_async_exc = ctypes.pythonapi.PyThreadState_SetAsyncExc
+_set_async_exc.argtypes = (ctypes.c_ulong, ctypes.py_object)
+
+
+@contextmanager
+def within(seconds: float) -> Iterator[None]:
+    """Run the block; raise BuildTimeout in it once ``seconds`` have passed (at once if none are left)."""
+    if seconds <= 0:
+        raise BuildTimeout
+    target = threading.get_ident()
+    lock = threading.Lock()
+    state = ["armed"]
+    done = threading.Event()
+
+    def fire() -> None:
+        wait = seconds
+        while not done.wait(wait):
+            with lock:
+                if state[0] == "done":
+                    return
+                state[0] = "fired"
+                _set_async_exc(target, BuildTimeout)
+            wait = AGAIN_S
+
+    timer = threading.Thread(target=fire, name="batchcheck-build-budget", daemon=True)
+    timer.start()
+    fired = False
+    try:
+        yield
+    except BuildTimeout:
+        fired = True
+    finally:
+        try:
+            with lock:
+                fired = fired or state[0] == "fired"
+                state[0] = "done"
+            done.set()
+        except BuildTimeout:  # delivered just now, inside this cleanup
+            fired = True
+            with lock:
+                state[0] = "done"
+            done.set()
+        if fired:
+            _set_async_exc(target, ctypes.py_object())  # NULL: one still pending is cleared (none: a no-op)
+    if fired:
+        raise BuildTimeout
