@@ -137,18 +137,20 @@ def fill_outputs(policy: Policy, requests: int) -> int:
 
 def pool_fill_environment(policy: Policy, env: Environment, headroom: int, outputs_free: bool,
                           fills: Callable[[Environment], bool]) -> tuple[Environment, str] | None:
-    """For the KV invariant, an environment whose requests can fill the pool when ``env``'s cannot: the least
-    number of slots that can hold it (more, up to FILL_EXTRA_REQUESTS, while no engine probe fills it: ``fills``)
-    and, where the output domain is the default one (``outputs_free``), outputs long enough to keep the first
-    requests running while the last are prefilled. Returns (environment, the abstraction stated with the verdict),
-    or None when ``env`` is kept: its requests can fill the pool, or no number of slots up to MAX_FILL_REQUESTS can
-    (the verdict then says why). The derived environment covers every behaviour of ``env`` (slots may arrive late or
-    never; the output domain only grows), so a verdict on it is a verdict on ``env`` too."""
+    """For the KV invariant, an environment whose requests fill the pool: where ``env``'s N cannot hold it, the
+    least number of slots that can (more, up to FILL_EXTRA_REQUESTS, while no engine probe fills it: ``fills``);
+    where it can but no probe of ``env`` fills it, the same N. Where the output domain is the default one
+    (``outputs_free``), outputs long enough to keep the first requests running while the last are prefilled.
+    Returns (environment, the abstraction stated with the verdict), or None when ``env`` is kept: no number of slots
+    up to MAX_FILL_REQUESTS can hold the pool, or N can and nothing would change (outputs fixed by the user, or no
+    probe of a derived environment fills the pool either). The derived environment covers every behaviour of
+    ``env`` (slots may arrive late or never; the output domain only grows), so its verdict is one on ``env`` too."""
     need = pool_fill(policy, env, headroom)
-    if need.can_fill or need.least > MAX_FILL_REQUESTS:
+    if need.least > MAX_FILL_REQUESTS or (need.can_fill and not outputs_free):
         return None
+    least = env.requests if need.can_fill else need.least
     first = None
-    for n in range(need.least, min(MAX_FILL_REQUESTS, need.least + FILL_EXTRA_REQUESTS) + 1):
+    for n in range(least, min(MAX_FILL_REQUESTS, least + FILL_EXTRA_REQUESTS) + 1):
         hi_o = max(env.output[1], fill_outputs(policy, n)) if outputs_free else env.output[1]
         raised = replace(env, requests=n, output=(env.output[0], hi_o), max_output_cap=max(env.max_output_cap, hi_o),
                          fill_blocks=need.blocks)
@@ -156,11 +158,18 @@ def pool_fill_environment(policy: Policy, env: Environment, headroom: int, outpu
         if fills(raised):
             break
     else:
+        if need.can_fill:
+            return None
         raised = first
-    outputs = (f"; outputs up to {raised.output[1]:,} tokens (was {env.output[1]:,}), so the first requests still run "
+    outputs = (f"outputs up to {raised.output[1]:,} tokens (was {env.output[1]:,}), so the first requests still run "
                "when the last are prefilled" if raised.output != env.output else "")
+    if need.can_fill:  # (the outputs were raised: outputs_free)
+        return raised, ((f"N raised from {env.requests} to {raised.requests} and " if raised.requests != env.requests
+                         else "") + f"outputs from {env.output[1]:,} to {raised.output[1]:,} tokens for this invariant: "
+                        f"no engine probe of {env.requests} requests with outputs up to {env.output[1]:,} tokens fills "
+                        f"the {need.blocks:,} blocks (the first requests finish before the last are prefilled)")
     return raised, (f"N raised from {env.requests} to {raised.requests} for this invariant: {need.shortfall()}"
-                    + outputs)
+                    + (f"; {outputs}" if outputs else ""))
 
 
 def default_environment(policy: Policy, requests: int, depth: int, workload: Workload | None = None,

@@ -372,7 +372,8 @@ def check_filling_pool(policy: Policy, policy_file: str | None, inv: Invariant, 
                        proof_dir: Path | None, progress: Callable[[str], None] | None, outputs_free: bool) -> Checked:
     """check_one, but the KV invariant with --unbounded is checked where N requests can fill the pool: when the
     environment's N cannot (checker/verify/env.py pool_fill), N is raised to the least that can, with outputs long
-    enough (pool_fill_environment), and the verdict states it. The raised environment covers every behaviour of the
+    enough (pool_fill_environment), and the verdict states it; when N can but no engine probe of the environment
+    fills the pool and the output domain is the default one, its outputs are raised so that one does. The raised environment covers every behaviour of the
     given one. Without --unbounded (a bounded search of K iterations cannot fill a real pool) and beyond
     MAX_FILL_REQUESTS, the environment is kept and a VACUOUS verdict says why and what to change."""
     from checker.verify import vacuity
@@ -382,13 +383,18 @@ def check_filling_pool(policy: Policy, policy_file: str | None, inv: Invariant, 
         return check_one(policy, policy_file, inv, params, env, timeout_s, out_dir, unbounded, proof_dir, progress)
     headroom = {**inv.defaults, **params}.get("headroom", 0)
     need = pool_fill(policy, env, headroom)
-    if need.can_fill:
+
+    def fills(e: Environment) -> bool:
+        return vacuity.engine_witness(policy, inv, params, e) is not None
+
+    if need.can_fill and not (unbounded and outputs_free and not fills(env)):  # N fills it, or nothing would change
         return check_one(policy, policy_file, inv, params, env, timeout_s, out_dir, unbounded, proof_dir, progress)
     started = time.monotonic()
     raised = None
     if unbounded and need.least <= MAX_FILL_REQUESTS:
-        raised = pool_fill_environment(policy, env, headroom, outputs_free,
-                                       lambda e: vacuity.engine_witness(policy, inv, params, e) is not None)
+        raised = pool_fill_environment(policy, env, headroom, outputs_free, fills)
+    if raised is None and need.can_fill:
+        return check_one(policy, policy_file, inv, params, env, timeout_s, out_dir, unbounded, proof_dir, progress)
     if raised is None:
         checked = check_one(policy, policy_file, inv, params, env, timeout_s, out_dir, unbounded, proof_dir, progress)
         if checked.verdict is Verdict.VACUOUS:

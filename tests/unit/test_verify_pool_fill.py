@@ -132,3 +132,20 @@ def test_a_pool_small_n_fills_is_checked_as_before(tmp_path):
     before = check_one(small, None, KV, {}, env, 60, tmp_path / "b", False, tmp_path, None)
     assert checked.abstraction == "" and checked.env == env
     assert _line(checked).replace(str(tmp_path / "a"), "") == _line(before).replace(str(tmp_path / "b"), "")
+
+
+def test_default_bounds_raise_outputs_where_no_probe_fills_the_pool(tmp_path):
+    """verify's defaults (3 requests, 5 iterations: outputs up to 10 tokens): 3 requests can hold vllm_v1's pool, but
+    the first finish before the last are prefilled, so no probe fills it (today: PROVED, 'whether its situation can
+    occur was not decided'); the outputs are raised for this invariant and a probe shows the pool fills."""
+    env, (checked,) = run_verify(VLLM, ["kv_never_overcommitted"], requests=3, depth=5, timeout_s=120,
+                                 unbounded=True, out_dir=tmp_path / "cx", proof_dir=tmp_path)
+    assert checked.verdict is Verdict.PROVED and checked.env.requests == 3 and checked.env.output == (1, 168)
+    assert "its situation occurs at iteration 7 of an engine run (3 requests arriving at once" in checked.line()
+    assert checked.abstraction == (
+        "outputs from 10 to 168 tokens for this invariant: no engine probe of 3 requests with outputs up to 10 tokens "
+        "fills the 2,500 blocks (the first requests finish before the last are prefilled)")
+    # an output domain the user fixed is kept: the verdict is check_one's on the given environment
+    fixed = pool_fill_environment(load_policy(VLLM), default_environment(load_policy(VLLM), 3, 5, output=(1, 10)),
+                                  0, False, lambda e: True)
+    assert fixed is None
