@@ -752,6 +752,8 @@ def cache_results(s: SchedulerState, out: DecisionBuilder) -> None:
     g = s.sglang
     extend = g.extend_rows
     g.extend_rows = ()
+    if not extend and not out.finished and not g.aborting:  # a decode step where nothing ended
+        return
     produced = set(out.produced)
     by_rid = s.requests
     for rid in out.scheduled:

@@ -186,3 +186,26 @@ def test_verify_searches_a_radix_policy_explicitly(tmp_path, capsys):
     assert code == 0, out
     assert out.count("HOLDS_UP_TO") == 2, out
     assert "prompt identities {own tokens, prefix group 0, prefix group 1" in out  # the tree reads the tokens
+
+
+def test_check_log_on_a_radix_log_leaves_out_what_a_record_cannot_show(tmp_path, capsys):
+    """The CLI path on a kept radix log: the per-request invariants are left out with a note, naming one is
+    refused (exit 2), and --conformance agrees."""
+    from tests import sglang_logs as L
+
+    name = "radix_lpm_p4"
+    trace, log = L.kept(name, tmp_path)
+    policy_file = tmp_path / f"{name}.yaml"
+    assert main(["import", "sglang", "--rules", "sglang", "--out", str(policy_file),
+                 *L.import_args(L.CASE[name].driver_flags())]) == 0
+    capsys.readouterr()
+    assert main(["check-log", str(policy_file), str(log), "--arrivals", str(trace), "--conformance"]) == 0
+    out = capsys.readouterr().out
+    assert "not checked under SGLang's radix cache: request_conservation, cancellation_releases, " \
+           "prompt_fully_computed" in out, out
+    assert "100.0 %" in out, out
+    code = main(["check-log", str(policy_file), str(log), "--arrivals", str(trace), "--invariant",
+                 "prompt_fully_computed"])
+    err = capsys.readouterr().err
+    assert code == 2 and "--invariant='prompt_fully_computed' (expected an invariant a log can show under a policy " \
+                         "with sglang.radix_cache true" in err, err
