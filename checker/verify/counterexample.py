@@ -53,7 +53,7 @@ def requests_json(specs: list[RequestSpec]) -> list[dict]:
              "output_tokens": s.output_len, "max_output_tokens": s.max_output, "priority": s.priority,
              "tenant": s.tenant, "cancel_after_ms": None if s.cancel_us is None else (s.cancel_us - s.arrival_us) / 1000,
              **({} if s.content is None else {"prompt_runs": [list(run) for run in s.content]}),
-             **transfer_fields(s)}
+             **transfer_fields(s), **({"accepted": list(s.accepted)} if s.accepted else {})}
             for s in specs]
 
 
@@ -68,7 +68,8 @@ def specs_from_json(rows: list[dict]) -> list[RequestSpec]:
                                  cancel_us=None if cancel is None else arrival + round(cancel * 1000),
                                  content=None if row.get("prompt_runs") is None
                                  else tuple((int(a), int(n)) for a, n in row["prompt_runs"]),
-                                 **{k: row[k] for k in TRANSFER_FIELDS if k in row}))
+                                 **{k: row[k] for k in TRANSFER_FIELDS if k in row},
+                                 accepted=tuple(int(a) for a in row.get("accepted") or ())))
     return specs
 
 

@@ -227,3 +227,13 @@ def test_bad_accepted_in_a_log_line_is_located(tmp_path, capsys, accepted, fragm
     err = capsys.readouterr().err
     assert code == 2, err
     assert fragment in err and "bad.log.jsonl:4:" in err
+
+
+def test_counterexample_requests_keep_the_accepted_lists():
+    from checker.verify.counterexample import requests_json, specs_from_json
+
+    specs = [RequestSpec(rid=0, arrival_us=0, prompt_len=5, output_len=3, max_output=3, accepted=(1, 0)),
+             RequestSpec(rid=1, arrival_us=10, prompt_len=5, output_len=3, max_output=3)]
+    rows = requests_json(specs)
+    assert "accepted" not in rows[1]  # files without speculative decoding stay as they were
+    assert specs_from_json(json.loads(json.dumps(rows))) == specs
