@@ -209,3 +209,55 @@ def test_check_log_on_a_radix_log_leaves_out_what_a_record_cannot_show(tmp_path,
     err = capsys.readouterr().err
     assert code == 2 and "--invariant='prompt_fully_computed' (expected an invariant a log can show under a policy " \
                          "with sglang.radix_cache true" in err, err
+
+
+# ----------------------------------------------------------------------------------------- robustness
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@st.composite
+def radix_runs(draw):
+    page = draw(st.sampled_from([1, 2, 4]))
+    pages = draw(st.integers(24, 80))
+    chunk = draw(st.sampled_from([16, 32, 64]))
+    priority = draw(st.booleans())
+    data = {"max_model_len": 256, "kv": {"block_size": page, "num_blocks": pages},
+            "batch": {"max_num_seqs": draw(st.integers(2, 6)), "max_num_batched_tokens": chunk},
+            "sglang": {"radix_cache": True, "schedule_policy": draw(st.sampled_from(["fcfs", "lof", "lpm",
+                                                                                     "dfs-weight"])),
+                       "mixed_chunk": draw(st.booleans()), "init_new_token_ratio": draw(st.sampled_from([0.1, 0.7]))}}
+    if priority:
+        data["queue"] = {"order": "priority", "priority_polarity": "higher_first"}
+        data["preemption"] = {"victim": "fewest_generated", "triggers": ["kv_growth_fails", "priority_inversion"],
+                              "priority_inversion_threshold": 1}
+    pol = policy(**data)
+    specs = []
+    for rid in range(draw(st.integers(1, 7))):
+        prompt = draw(st.integers(1, 40))
+        output = draw(st.integers(1, 12))
+        g = draw(st.sampled_from([None, 0, 1]))
+        cancel = draw(st.sampled_from([None, None, None, 3, 9]))
+        specs.append(RequestSpec(rid=rid, arrival_us=draw(st.integers(0, 6)) * 1000, prompt_len=prompt,
+                                 output_len=output, max_output=output, priority=draw(st.sampled_from([0, 5])),
+                                 cancel_us=None if cancel is None else cancel * 1000,
+                                 content=None if g is None else ((g * 1_000_000, prompt),)))
+    specs.sort(key=lambda x: x.arrival_us)
+    return pol, [RequestSpec(**{**{f: getattr(x, f) for f in x.__dataclass_fields__}, "rid": i})
+                 for i, x in enumerate(specs)]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(run_=radix_runs())
+def test_random_radix_runs_keep_the_memory_identity_and_end(run_):
+    from checker.verify.replay import first_violation, replay_fixed_clock
+    from invariants.catalogue import CATALOGUE
+
+    pol, specs = run_
+    replay = replay_fixed_clock(pol, specs, 400, 1000)
+    for name in ("sglang_memory_identity", "request_conservation", "kv_never_overcommitted"):
+        inv = CATALOGUE[name]
+        assert first_violation(inv, inv.defaults, replay) is None, name
+    assert all(r.status in (Status.FINISHED, Status.CANCELLED, Status.REJECTED) for r in replay.state.requests)
+    tree = replay.state.sglang.tree
+    assert tree.protected == 0 and not replay.state.sglang.node  # everything ended: nothing locked
