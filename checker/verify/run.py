@@ -381,6 +381,7 @@ def check_filling_pool(policy: Policy, policy_file: str | None, inv: Invariant, 
 
     if inv.name not in POOL_INVARIANTS:
         return check_one(policy, policy_file, inv, params, env, timeout_s, out_dir, unbounded, proof_dir, progress)
+    started = time.monotonic()
     headroom = {**inv.defaults, **params}.get("headroom", 0)
     need = pool_fill(policy, env, headroom)
 
@@ -389,15 +390,12 @@ def check_filling_pool(policy: Policy, policy_file: str | None, inv: Invariant, 
 
     if need.can_fill and not (unbounded and outputs_free and not fills(env)):  # N fills it, or nothing would change
         return check_one(policy, policy_file, inv, params, env, timeout_s, out_dir, unbounded, proof_dir, progress)
-    started = time.monotonic()
     raised = None
     if unbounded and need.least <= MAX_FILL_REQUESTS:
         raised = pool_fill_environment(policy, env, headroom, outputs_free, fills)
-    if raised is None and need.can_fill:
-        return check_one(policy, policy_file, inv, params, env, timeout_s, out_dir, unbounded, proof_dir, progress)
-    if raised is None:
+    if raised is None:  # kept: the verdict is check_one's; a VACUOUS one whose N cannot fill the pool says so
         checked = check_one(policy, policy_file, inv, params, env, timeout_s, out_dir, unbounded, proof_dir, progress)
-        if checked.verdict is Verdict.VACUOUS:
+        if checked.verdict is Verdict.VACUOUS and not need.can_fill:
             todo = (f"--unbounded checks it with N raised to {need.least}" if need.least <= MAX_FILL_REQUESTS else
                     f"{need.least} requests could fill it, more than the {MAX_FILL_REQUESTS} slots verify raises N to "
                     f"(the proof's cost grows with N): --requests {need.least} --unbounded checks it, slowly"
@@ -407,7 +405,8 @@ def check_filling_pool(policy: Policy, policy_file: str | None, inv: Invariant, 
     wider, why = raised
     if progress is not None:
         progress(f"{inv.name}: {why}")
-    checked = check_one(policy, policy_file, inv, params, wider, timeout_s, out_dir, unbounded, proof_dir, progress)
+    left = max(1.0, timeout_s - (time.monotonic() - started))  # the probes that derived it count against the budget
+    checked = check_one(policy, policy_file, inv, params, wider, left, out_dir, unbounded, proof_dir, progress)
     checked.abstraction = why
     if checked.verdict is Verdict.UNKNOWN:  # the proof's cost grows with N: say what to try next
         checked.abstraction += (f"; the proof for {wider.requests} slots did not finish within {timeout_s:g} s: give "
