@@ -69,10 +69,11 @@ class SloReplay:
 def request_set(doc: dict[str, Any]) -> RequestSet:
     """The requests of an SLO counterexample, with their class and tenant names."""
     rows = doc["requests"]
-    classes = sorted({r.get("class", "default") for r in rows})
+    names = [("default" if r.get("class") is None else r["class"]) for r in rows]  # class null: none recorded
+    classes = sorted(set(names))
     tenants = sorted({str(r.get("tenant", "default")) for r in rows})
-    specs = [replace(s, cls=classes.index(r.get("class", "default")), tenant=tenants.index(str(r.get("tenant", "default"))))
-             for s, r in zip(cex.specs_from_json([{**r, "tenant": 0} for r in rows]), rows)]
+    specs = [replace(s, cls=classes.index(name), tenant=tenants.index(str(r.get("tenant", "default"))))
+             for s, r, name in zip(cex.specs_from_json([{**r, "tenant": 0} for r in rows]), rows, names)]
     return RequestSet(specs, classes, tenants, "counterexample")
 
 

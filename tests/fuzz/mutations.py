@@ -19,6 +19,7 @@ import gzip
 import io
 import json
 import random
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -269,12 +270,21 @@ def _ci_config(path: str) -> int:
     return 0
 
 
+HEARTBEAT = re.compile(r"^batchcheck: [a-z-]+ running \(\d+ s\)[^\n]*\n", re.MULTILINE)
+
+
+def _without_heartbeats(err: str) -> str:
+    """stderr less the progress lines a long run prints every few seconds (commands/shell.py: not an error)."""
+    return HEARTBEAT.sub("", err)
+
+
 def problem(code: int, err: str, path: Path, folder: Path) -> str | None:
     """What breaks the contract in a case's outcome, or None."""
     if code == 101 or "internal error" in err or "Traceback" in err:
         return f"internal error (exit {code}): {err.strip()[-300:]}"
     if code not in (0, 1, 2, 3):
         return f"exit {code}"
+    err = _without_heartbeats(err)
     if code == 2:
         if not err.startswith("batchcheck: error: "):
             return f"exit 2 without the error line: {err[:200]!r}"
