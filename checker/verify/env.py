@@ -163,11 +163,14 @@ def pool_fill_environment(policy: Policy, env: Environment, headroom: int, outpu
         raised = first
     outputs = (f"outputs up to {raised.output[1]:,} tokens (was {env.output[1]:,}), so the first requests still run "
                "when the last are prefilled" if raised.output != env.output else "")
-    if need.can_fill:  # (the outputs were raised: outputs_free)
-        return raised, ((f"N raised from {env.requests} to {raised.requests} and " if raised.requests != env.requests
-                         else "") + f"outputs from {env.output[1]:,} to {raised.output[1]:,} tokens for this invariant: "
-                        f"no engine probe of {env.requests} requests with outputs up to {env.output[1]:,} tokens fills "
-                        f"the {need.blocks:,} blocks (the first requests finish before the last are prefilled)")
+    if need.can_fill:
+        changed = [f"N raised from {env.requests} to {raised.requests}"] if raised.requests != env.requests else []
+        if raised.output != env.output:
+            changed.append(f"outputs from {env.output[1]:,} to {raised.output[1]:,} tokens")
+        return raised, (f"{' and '.join(changed) or 'pool-filling probes'} for this invariant: no engine probe of "
+                        f"{env.requests} requests with outputs up to {env.output[1]:,} tokens fills the {need.blocks:,} "
+                        "blocks" + (" (the first requests finish before the last are prefilled)"
+                                    if raised.output != env.output else ""))
     return raised, (f"N raised from {env.requests} to {raised.requests} for this invariant: {need.shortfall()}"
                     + (f"; {outputs}" if outputs else ""))
 
