@@ -44,6 +44,14 @@ def _alarm(signum, frame):
     raise Hang
 
 
+class Stop(BaseException):
+    """SIGTERM (e.g. from `timeout`): stop after the current case and print the counts so far."""
+
+
+def _term(signum, frame):
+    raise Stop
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", type=int, default=2000)
@@ -54,6 +62,7 @@ def main() -> int:
     parser.add_argument("--flags", action="store_true", help="random flag combinations over every verb instead")
     parser.add_argument("--verb", action="append", help="--flags: only these verbs (e.g. verify, 'calibrate fit')")
     parser.add_argument("--memory-gib", type=float, default=6.0, help="address-space limit (default 6 GiB)")
+    parser.add_argument("--report-every", type=int, default=0, help="print the counts so far every N cases")
     args = parser.parse_args()
     import resource
 
@@ -71,40 +80,51 @@ def main() -> int:
     slowest = (0.0, "")
     signal.signal(signal.SIGALRM, _alarm)
     started = time.monotonic()
+    signal.signal(signal.SIGTERM, _term)
+    done = 0
     with tempfile.TemporaryDirectory(prefix="input_fuzz.") as tmp:
-        for i in range(args.cases):
-            kind = kinds[i % len(kinds)]
-            seed = rnd.choice(seeds[kind.name])
-            case_seed = rnd.randrange(2**32)
-            try:
-                text = mutant(kind, seed, random.Random(case_seed))
-            except (RecursionError, ValueError) as exc:  # the mutator's own failure: not a case
-                codes["mutator error"] += 1
-                broken.append(f"{kind.name} {seed[0]} case seed {case_seed}: mutator: {exc!r}")
-                continue
-            folder = Path(tmp) / f"c{i % 50}"
-            t0 = time.monotonic()
-            signal.alarm(args.hang_s)
-            try:
-                code, err, path = run_case(kind, seed, text, folder)
-                wrong = problem(code, err, path, folder)
-            except Hang:
-                code, wrong = "hang", f"over {args.hang_s} s"
-                hangs += 1
-            except SystemExit as exc:  # argparse: not expected, the argv is fixed
-                code, wrong = f"SystemExit {exc.code}", "argparse exit"
-            finally:
-                signal.alarm(0)
-            seconds = time.monotonic() - t0
-            if seconds > slowest[0]:
-                slowest = (seconds, f"{kind.name} {seed[0]} case seed {case_seed}")
-            codes[code] += 1
-            by_kind[kind.name][code] += 1
-            if wrong is not None:
-                internal += code != "hang"
-                broken.append(f"{kind.name} {seed[0]} case seed {case_seed}: {wrong}")
+        try:
+            for i in range(args.cases):
+                kind = kinds[i % len(kinds)]
+                seed = rnd.choice(seeds[kind.name])
+                case_seed = rnd.randrange(2**32)
+                try:
+                    text = mutant(kind, seed, random.Random(case_seed))
+                except (RecursionError, ValueError) as exc:  # the mutator's own failure: not a case
+                    codes["mutator error"] += 1
+                    broken.append(f"{kind.name} {seed[0]} case seed {case_seed}: mutator: {exc!r}")
+                    done = i + 1
+                    continue
+                folder = Path(tmp) / f"c{i % 50}"
+                t0 = time.monotonic()
+                signal.alarm(args.hang_s)
+                try:
+                    code, err, path = run_case(kind, seed, text, folder)
+                    wrong = problem(code, err, path, folder)
+                except Hang:
+                    code, wrong = "hang", f"over {args.hang_s} s"
+                    hangs += 1
+                except SystemExit as exc:  # argparse: not expected, the argv is fixed
+                    code, wrong = f"SystemExit {exc.code}", "argparse exit"
+                finally:
+                    signal.alarm(0)
+                seconds = time.monotonic() - t0
+                if seconds > slowest[0]:
+                    slowest = (seconds, f"{kind.name} {seed[0]} case seed {case_seed}")
+                codes[code] += 1
+                by_kind[kind.name][code] += 1
+                if wrong is not None:
+                    internal += code != "hang"
+                    broken.append(f"{kind.name} {seed[0]} case seed {case_seed}: {wrong}")
+                done = i + 1
+                if args.report_every and done % args.report_every == 0:
+                    print(f"... {done} cases, {time.monotonic() - started:.0f} s: " + ", ".join(
+                        f"{c}: {n}" for c, n in sorted(codes.items(), key=str)) + f"; broken {len(broken)}",
+                        flush=True)
+        except Stop:
+            print(f"stopped by SIGTERM after {done} of {args.cases} cases", flush=True)
     wall = time.monotonic() - started
-    print(f"{args.cases} cases, seed {args.seed}, {wall:.0f} s ({1000 * wall / max(args.cases, 1):.0f} ms a case), "
+    print(f"{done} cases, seed {args.seed}, {wall:.0f} s ({1000 * wall / max(done, 1):.0f} ms a case), "
           f"load {os.getloadavg()[0]:.2f}")
     print("exit codes: " + ", ".join(f"{c}: {n}" for c, n in sorted(codes.items(), key=str)))
     for name, counter in sorted(by_kind.items()):
@@ -156,6 +176,9 @@ def flag_campaign(args: argparse.Namespace) -> int:
             if wrong is not None:
                 internal += code != "hang"
                 broken.append(f"{name} case seed {case_seed}: {wrong}\n    argv: {argv}")
+            if args.report_every and (i + 1) % args.report_every == 0:
+                print(f"... {i + 1} cases, {time.monotonic() - started:.0f} s: " + ", ".join(
+                    f"{c}: {n}" for c, n in sorted(codes.items(), key=str)) + f"; broken {len(broken)}", flush=True)
     wall = time.monotonic() - started
     print(f"{args.cases} flag cases over {len(chosen)} verbs, seed {args.seed}, {wall:.0f} s "
           f"({1000 * wall / max(args.cases, 1):.0f} ms a case), load {os.getloadavg()[0]:.2f}")
