@@ -143,3 +143,81 @@ def test_lru_compaction_happens_and_keeps_the_order():
         r.chain = []  # new tokens next time, so the cached blocks are evicted, not hit
         evicted = pool.evictions
     assert pool.evictions > LRU_COMPACT_EVERY
+
+
+def cache_one_at_a_time(pool: BlockPool, r: Request, num_tokens: int) -> None:
+    """BlockPool.cache as first written: one block at a time (its bulk path must give the same dicts in the
+    same order)."""
+    full = num_tokens // pool.block_size
+    start = r.num_cached_blocks
+    if full <= start:
+        return
+    chain = chain_by_definition(pool.chains, r, full, pool.block_size, pool.chained)
+    for i in range(start, full):
+        b, h = r.block_ids[i], chain[i]
+        pool.hash_of[b] = h
+        pool.cached.setdefault(h, {})[b] = None
+    if not pool.chained:
+        truth = pool.true_chain(r, full)
+        for i in range(start, full):
+            pool.truth[r.block_ids[i]] = truth[i]
+    r.num_cached_blocks = full
+
+
+def release_one_at_a_time(pool: BlockPool, r: Request) -> None:
+    """BlockPool.release as first written: tail first, one block at a time."""
+    for b in reversed(r.block_ids):
+        count = pool.refs[b] - 1
+        if count:
+            pool.refs[b] = count
+            continue
+        del pool.refs[b]
+        if b in pool.hash_of:
+            pool.lru[b] = None
+        else:
+            pool.uncached_free += 1
+    r.block_ids = []
+    r.num_cached_blocks = 0
+
+
+def full_state(pool: BlockPool, requests: list[Request]) -> tuple:
+    return state(pool, requests) + (list(pool.chains.items()), list(pool.truth.items()),
+                                    [list(r.chain) for r in requests])
+
+
+@settings(max_examples=300, deadline=None, database=None, derandomize=True)
+@given(st.sampled_from([1, 2, 4]), st.booleans(), st.integers(6, 40), st.data())
+def test_bulk_takes_caches_releases_equal_one_block_at_a_time(size, chained, num_blocks, data):
+    """Requests that share prefixes (hits adopted, so blocks shared and their counts above 1), own tokens (chains
+    interned in bulk), unchained hashes (one hash naming several blocks), a small pool (takes evict several cached
+    blocks at once): take, cache, release and chain in bulk leave the pool, its tables and every block table as
+    their one-block-at-a-time definitions do."""
+    pools = BlockPool(num_blocks, size, chained), BlockPool(num_blocks, size, chained)
+    specs = []
+    for rid in range(data.draw(st.integers(1, 6))):
+        prompt, content = data.draw(contents(rid))
+        specs.append(RequestSpec(rid=rid, arrival_us=0, prompt_len=prompt, output_len=1, max_output=1,
+                                 content=content))
+    tables = [Request(s) for s in specs], [Request(s) for s in specs]
+    ops = data.draw(st.lists(st.tuples(st.integers(0, len(specs) - 1), st.integers(0, 60)), min_size=1, max_size=60))
+    for i, n in ops:
+        for pool, reqs, fast in zip(pools, tables, (True, False)):
+            r = reqs[i]
+            if r.block_ids and n % 4 == 0:
+                (pool.release if fast else (lambda q, p=pool: release_one_at_a_time(p, q)))(r)
+                continue
+            if not r.block_ids and n % 2:  # admitted: adopt its hit first, as kv.adopt does
+                hit = pool.hit(r) if fast else pool.cached_prefix(
+                    chain_by_definition(pool.chains, r, pool.hit_limit(r), size, chained),
+                    max(0, pool.hit_limit(r)))[0]
+                if hit:
+                    pool.adopt(r, hit)
+            room = r.prompt_len // size + 2 - len(r.block_ids)
+            take = min(n % 7 + (n // 7) * 3, pool.num_free, max(0, room))
+            if fast:
+                pool.take(r, take)
+                pool.cache(r, min(len(r.block_ids) * size, r.prompt_len + size))
+            else:
+                take_one_at_a_time(pool, r, take)
+                cache_one_at_a_time(pool, r, min(len(r.block_ids) * size, r.prompt_len + size))
+    assert full_state(pools[0], tables[0]) == full_state(pools[1], tables[1])
