@@ -384,17 +384,7 @@ def run(args, shared) -> int:
         held_load &= set(sched.requests)
         total_tokens += so.total_num_scheduled_tokens
         if not args.quiet:
-            running, waiting = sched.get_request_counts()
-            rec = {
-                "step": step,
-                "scheduled": dict(so.num_scheduled_tokens),
-                "preempted": sorted(so.preempted_req_ids),
-                "finished": fin_now,
-                "aborted": aborted_now,
-                "running": running,
-                "waiting": waiting,
-                "free_blocks": sched.kv_cache_manager.block_pool.get_num_free_blocks(),
-            }
+            rec = step_record(sched, so, step, fin_now, aborted_now)
             if worker is not None:
                 rec.update(loading=in_order(loading), recv_done=in_order(results.finished_recving),
                            sent_done=in_order(results.finished_sending), pinned=in_order(held_send),
@@ -407,6 +397,14 @@ def run(args, shared) -> int:
                "steps_per_s": round(steps / sched_time, 1) if sched_time > 0 else None}
     print(json.dumps(summary), file=sys.stderr)
     return 0 if len(finished) >= total else 1
+
+
+def step_record(sched, so, step: int, finished: list[str], aborted: list[str]) -> dict:
+    """The shared driver's log line of a step (after update_from_output), which the project's drivers extend."""
+    running, waiting = sched.get_request_counts()
+    return {"step": step, "scheduled": dict(so.num_scheduled_tokens), "preempted": sorted(so.preempted_req_ids),
+            "finished": finished, "aborted": aborted, "running": running, "waiting": waiting,
+            "free_blocks": sched.kv_cache_manager.block_pool.get_num_free_blocks()}
 
 
 def held_outside_batch(sched, in_order) -> dict[str, int]:

@@ -221,19 +221,8 @@ def run(args, shared) -> int:
         drafted += sum(drafts.values())
         accepted_total += sum(accepted.values())
         if not args.quiet:
-            running, waiting = sched.get_request_counts()
-            rec = {
-                "step": step,
-                "scheduled": dict(so.num_scheduled_tokens),
-                "preempted": sorted(so.preempted_req_ids),
-                "finished": fin_now,
-                "aborted": aborted_now,
-                "running": running,
-                "waiting": waiting,
-                "free_blocks": sched.kv_cache_manager.block_pool.get_num_free_blocks(),
-                "drafts": drafts,
-                "accepted": accepted,
-            }
+            rec = {**_connector_driver().step_record(sched, so, step, fin_now, aborted_now), "drafts": drafts,
+                   "accepted": accepted}
             out.write(json.dumps(rec) + "\n")
     if out is not sys.stdout:
         out.close()
