@@ -18,6 +18,7 @@ INVARIANT_FIELDS: dict[str, tuple[str, ...]] = {
     "scheduled_requests_run": ("preemption.triggers", "preemption.victim"),
     "request_conservation": ("kv.allocation", "kv.num_blocks"),
     "sglang_memory_identity": ("sglang.radix_cache", "kv.num_blocks"),
+    "prompt_fully_computed": ("batch.max_num_batched_tokens", "sglang.mixed_chunk"),
     "block_pool_conservation": ("kv.prefix_caching", "kv.num_blocks"),
     "no_referenced_block_reused": ("kv.prefix_caching", "kv.num_blocks"),
     "hit_only_on_identical_chain": ("kv.prefix_caching",),
