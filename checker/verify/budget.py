@@ -4,12 +4,16 @@ spent over 200 s in Python building the step's terms before z3 was asked anythin
 The terms are built by the one step encoding (checker/smt/encode.py) in plain Python, with no natural place to
 look at a clock, so ``within(seconds)`` arms a timer: when it fires while the block still runs, BuildTimeout is
 raised in the thread that entered the block, at its next Python instruction (``PyThreadState_SetAsyncExc``).
+Where that instruction is in z3's bindings it may surface as a ctypes ArgumentError (ctypes wraps what an
+argument's conversion raises: taken as the timeout) or be dropped in a ``__del__`` (not printed; raised again
+AGAIN_S later).
 The session being built is thrown away; the caller reports what it has (UNKNOWN, "no violation up to depth
 K - 1"). The block is left with the exception raised or no exception pending, never one left to fire later."""
 
 from __future__ import annotations
 
 import ctypes
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -48,13 +52,25 @@ def within(seconds: float) -> Iterator[None]:
             wait = AGAIN_S
 
     timer = threading.Thread(target=fire, name="batchcheck-build-budget", daemon=True)
+    hook = sys.unraisablehook
+
+    def unraisable(info) -> None:  # raised in a __del__ and dropped there: the timer raises it again
+        if not isinstance(info.exc_value, BuildTimeout):
+            hook(info)
+
+    sys.unraisablehook = unraisable
     timer.start()
     fired = False
     try:
         yield
     except BuildTimeout:
         fired = True
+    except ctypes.ArgumentError as exc:  # raised while ctypes converted an argument: it wraps it
+        if "BuildTimeout" not in str(exc):
+            raise
+        fired = True
     finally:
+        sys.unraisablehook = hook
         try:
             with lock:
                 fired = fired or state[0] == "fired"
