@@ -646,7 +646,7 @@ class Canon:
 
     def _decode_sglang(self, s: SchedulerState, key: tuple, pos: int, live: list[Request]) -> dict[int, int]:
         """The SGLang section from ``pos`` on into a new SGLangState of ``s``; returns its entry stamps."""
-        g = s.sglang = SGLangState.__new__(SGLangState)
+        g = s.sglang = SGLangState(self.policy.sglang.init_ratio)  # no radix cache (refused): its fields empty
         preempting = self.preempting
         entry: dict[int, int] = {}
         aborting: set[int] = set()
