@@ -293,12 +293,7 @@ def run(args, shared) -> int:
         return sorted(xs, key=lambda r: order.get(r, len(order)))
 
     out = sys.stdout if args.out == "-" else open(args.out, "w")
-    by_arrival: dict[int, list] = {}
-    aborts: dict[int, list[str]] = {}
-    for arr, ab, req in pending:
-        by_arrival.setdefault(arr, []).append(req)
-        if ab is not None:
-            aborts.setdefault(int(ab), []).append(req.request_id)
+    by_arrival, aborts = by_step(pending)
     last_arrival = max(by_arrival) if by_arrival else 0
     total = len(pending)
     finished: set[str] = set()
@@ -397,6 +392,17 @@ def run(args, shared) -> int:
                "steps_per_s": round(steps / sched_time, 1) if sched_time > 0 else None}
     print(json.dumps(summary), file=sys.stderr)
     return 0 if len(finished) >= total else 1
+
+
+def by_step(pending) -> tuple[dict[int, list], dict[int, list[str]]]:
+    """The requests of make_requests by arrival step, and the ids aborted at each step."""
+    by_arrival: dict[int, list] = {}
+    aborts: dict[int, list[str]] = {}
+    for arr, ab, req in pending:
+        by_arrival.setdefault(arr, []).append(req)
+        if ab is not None:
+            aborts.setdefault(int(ab), []).append(req.request_id)
+    return by_arrival, aborts
 
 
 def step_record(sched, so, step: int, finished: list[str], aborted: list[str]) -> dict:

@@ -168,12 +168,7 @@ def run(args, shared) -> int:
     setup_s = time.perf_counter() - t_setup
 
     out = sys.stdout if args.out == "-" else open(args.out, "w")
-    by_arrival: dict[int, list] = {}
-    aborts: dict[int, list[str]] = {}
-    for arr, ab, req in pending:
-        by_arrival.setdefault(arr, []).append(req)
-        if ab is not None:
-            aborts.setdefault(int(ab), []).append(req.request_id)
+    by_arrival, aborts = _connector_driver().by_step(pending)
     last_arrival = max(by_arrival) if by_arrival else 0
     total = len(pending)
     finished: set[str] = set()
