@@ -107,7 +107,7 @@ def prompt_fully_computed(o: Any, ctx: TraceContext, t: int) -> Term:
 
 
 def _something_produced(o: Any, ctx: TraceContext, t: int) -> Term:
-    return _any_slot(o, ctx, lambda i: o.and_(ctx.frames[t].produced[i]))
+    return _any_slot(o, ctx, lambda i: ctx.frames[t].produced[i])
 
 
 def request_conservation(o: Any, ctx: TraceContext, t: int) -> Term:
