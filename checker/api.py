@@ -102,14 +102,15 @@ def run_simulation(policy: PolicyInput, workload: str | Path | None = None, trac
 
 # ----------------------------------------------------------------------------------------- fleet
 def fleet(fleet_file: str | Path, workload: str | Path | None = None, trace: str | Path | None = None,
-          limit: int | None = None, replay: str | Path | None = None):
-    """A fleet file run on requests (the workload or trace given, else the one it names), or a saved fleet
-    counterexample replayed on it: a checker.fleet.run.FleetRun (summary, and each property's verdict)."""
+          limit: int | None = None, replay: str | Path | None = None, options: TraceOptions | None = None):
+    """A fleet file run on requests (the workload or trace given, else the one it names; ``options`` apply to a
+    trace), or a saved fleet counterexample replayed on it: a checker.fleet.run.FleetRun (summary, and each
+    property's verdict)."""
     from checker.fleet.run import replay_fleet, run_fleet
 
     if replay is not None:
         return replay_fleet(fleet_file, replay)
-    return run_fleet(fleet_file, workload, trace, limit)
+    return run_fleet(fleet_file, workload, trace, limit, options)
 
 
 # ----------------------------------------------------------------------------------------- capacity audit

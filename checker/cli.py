@@ -16,8 +16,10 @@ import threading
 from collections.abc import Callable
 
 from checker import __version__
-from checker.commands.shell import (DEPTH, EXAMPLES, MAX_COUNT, MAX_TOKENS, SECONDS, SEED, SLOTS, STEP_MS, flag_type, int_range,
-                                    number, terminal_progress)
+from checker.commands.shell import (DEPTH, EXAMPLES, MAX_COUNT, SECONDS, SEED, SLOTS, STEP_MS, flag_type, int_range,
+                                    number, terminal_progress, trace_option_flags, trace_options_for,
+                                    trace_options_from)
+from checker.commands.fleet import policy_or_fleet
 from checker.errors import BatchcheckError
 from checker.exitcodes import ExitCode
 
@@ -95,67 +97,28 @@ def _invalid_file_json(path: str, kind: str | None, exc: BatchcheckError) -> dic
     return {"path": path, "kind": kind, "valid": False, "problems": problems}
 
 
-def _bounds(text: str) -> tuple[int, ...]:
-    try:
-        bounds = tuple(int(part) for part in text.split(",") if part)
-    except ValueError:
-        bounds = ()
-    if not bounds or not all(1 <= b <= MAX_TOKENS for b in bounds):
-        raise argparse.ArgumentTypeError(f"{text!r} (expected token bounds from 1 to {MAX_TOKENS:,} like 512,4096)")
-    return bounds
-
-
-MAX_WINDOW_S = 1e9  # --window: about 31 years of trace
-
-
-def _window(text: str) -> tuple[float, float]:
-    start, sep, end = text.partition(":")
-    try:
-        window = float(start), float(end)
-    except ValueError:
-        window = (float("nan"), float("nan"))
-    if not 0 <= window[0] < window[1] <= MAX_WINDOW_S:
-        raise argparse.ArgumentTypeError(f"{text!r} (expected START:END in seconds with 0 <= START < END <= "
-                                         f"{MAX_WINDOW_S:g})")
-    return window
-
-
-_RATE_SCALE = number(float, 0, 1e6, low_open=True)
 _LIMIT = number(int, 1, MAX_COUNT)
 _MS = number(int, 0, MAX_COUNT, unit="ms")
 _FUZZ_REQUESTS = number(int, 1, 100_000)
-
-
-def _trace_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--window", type=_window, metavar="START:END", help="only arrivals in this window (s from the first)")
-    p.add_argument("--rate-scale", type=_RATE_SCALE, default=1.0, metavar="X", help="replay at X times the load (default 1)")
-    p.add_argument("--class-by-prompt", type=_bounds, default=(), metavar="B1,B2,...",
-                   help="classes by prompt-length bucket, e.g. 512,4096")
-    p.add_argument("--class-column", metavar="NAME", help="class from this trace column (CSV) or field (JSONL)")
-
-
-def _options_from(args: argparse.Namespace):
-    from checker.traces import TraceOptions
-
-    return TraceOptions(args.window, args.rate_scale, args.class_by_prompt, args.class_column)
-
-
-def _options_for(args: argparse.Namespace, trace: str | None, flag: str):
-    """The trace options; a usage error when they are given without the trace they apply to."""
-    from checker.errors import UsageError
-
-    options = _options_from(args)
-    if trace is None and options != type(options)():
-        raise UsageError(f"--window, --rate-scale, --class-by-prompt and --class-column need {flag}")
-    return options
+DEFAULT_DATABASE = ".batchcheck/hypothesis"  # fuzz's Hypothesis example database
 
 
 def _simulate(args: argparse.Namespace) -> int:
     from checker.api import run_simulation
+    from checker.errors import UsageError
     from checker.report import format_summary
 
+    if args.fleet is not None:  # the fleet verb's run (checker/commands/fleet.py)
+        from checker.commands.fleet import simulate_fleet
+
+        return simulate_fleet(args)
+    if args.policy is None:
+        raise UsageError("simulate needs POLICY (or --fleet FLEET.yaml)")
+    if args.workload is None and args.trace is None:
+        raise UsageError("simulate POLICY needs --workload FILE or --trace FILE")
+
     result = run_simulation(args.policy, workload=args.workload, trace=args.trace, profile=args.profile,
-                            limit=args.limit, options=_options_from(args), record=args.plot is not None)
+                            limit=args.limit, options=trace_options_from(args), record=args.plot is not None)
     if args.plot is not None:
         from checker.api import write_run_plot
 
@@ -187,7 +150,7 @@ def _audit(args: argparse.Namespace) -> int:
     if records and derived:
         raise UsageError(f"give either CONTRACT WORKLOAD or --policy/--profile/--workload, not both "
                          f"(got {records[0]} and {derived[0]})")
-    options = _options_for(args, args.trace, "--trace FILE")
+    options = trace_options_for(args, args.trace, "--trace FILE")
     if derived:
         if args.derive_workload is not None and args.trace is not None:
             raise UsageError(f"give --workload or --trace, not both (got {args.derive_workload} and {args.trace})")
@@ -317,13 +280,19 @@ def _fuzz(args: argparse.Namespace) -> int:
     from checker.api import run_fuzz
     from checker.errors import UsageError
 
+    if args.fleet is not None:  # the fleet verb's search (checker/commands/fleet.py)
+        from checker.commands.fleet import fuzz_fleet
+
+        return fuzz_fleet(args)
+    if args.policy is None:
+        raise UsageError("fuzz needs POLICY (or --fleet FLEET.yaml)")
     if args.workload is None:
         raise UsageError("--seed-trace needs --workload FILE (the classes and length ranges the seeds map onto)"
                          if args.seed_trace is not None else "fuzz needs --workload FILE")
-    database = None if args.database == "none" else args.database
+    database = {None: DEFAULT_DATABASE, "none": None}.get(args.database, args.database)
     results = run_fuzz(args.policy, args.workload, args.slo, args.property, args.max_examples, args.time_budget,
                        args.seed, args.profile, args.out, database, args.max_requests, args.stress,
-                       terminal_progress(), args.seed_trace, _options_for(args, args.seed_trace, "--seed-trace TRACE"),
+                       terminal_progress(), args.seed_trace, trace_options_for(args, args.seed_trace, "--seed-trace TRACE"),
                        args.seed_windows)
     terminal_progress.clear()
     code = ExitCode.VIOLATED if any(r.violated for r in results) else ExitCode.OK
@@ -454,14 +423,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print each file's result (and its problems) as JSON")
     p.set_defaults(run=_validate)
 
-    p = verbs.add_parser("simulate", help="run the reference engine on a workload or trace")
-    p.add_argument("policy", metavar="POLICY")
-    source = p.add_mutually_exclusive_group(required=True)
+    p = verbs.add_parser("simulate", help="run the reference engine on a workload or trace",
+                         description="Runs POLICY on the requests; with --fleet FLEET.yaml (and no POLICY), runs them "
+                                     "through a fleet as `batchcheck fleet FLEET` does (docs/fleet.md).")
+    policy_or_fleet(p, "run a fleet file instead of one policy (the requests: --workload/--trace, default the "
+                       "fleet file's)")
+    source = p.add_mutually_exclusive_group()
     source.add_argument("--workload", metavar="FILE", help="workload spec (YAML)")
     source.add_argument("--trace", metavar="FILE", help="trace: batchcheck JSON, Azure CSV or Mooncake JSONL")
     p.add_argument("--profile", metavar="FILE", help="service-curve profile (default: spec/profiles/default_linear.json)")
     p.add_argument("--limit", type=_LIMIT, metavar="N", help="only the first N requests")
-    _trace_options(p)
+    trace_option_flags(p)
     p.add_argument("--json", action="store_true", help="print the metrics as JSON")
     p.add_argument("--plot", metavar="FILE.png", help="also write the run's timeline as a PNG (docs/report.md)")
     p.set_defaults(run=_simulate)
@@ -575,7 +547,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workload", dest="derive_workload", metavar="FILE", help="derived form: batchcheck workload")
     p.add_argument("--trace", metavar="FILE", help="derived form: class rates from a real trace instead (Azure CSV, "
                    "Mooncake JSONL or JSON trace; docs/audit.md)")
-    _trace_options(p)
+    trace_option_flags(p)
     for slo in ("queue", "ttft", "tpot"):
         p.add_argument(f"--{slo}-slo-ms", type=_MS, metavar="MS", help=f"derived form: {slo.upper()} bound in ms")
     p.add_argument("--json", action="store_true", help="print every figure as JSON")
@@ -583,14 +555,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = verbs.add_parser("fuzz", help="search adversarial traces for SLO violations (Hypothesis), shrink, replay",
                          description="Exit 1 if a property is violated (minimal trace saved), 0 if no "
                                      "counterexample was found in the examples run (a search, not a proof).")
-    p.add_argument("policy", metavar="POLICY")
-    p.add_argument("--workload", metavar="FILE", help="workload spec (required)")
+    policy_or_fleet(p, "search a fleet file instead of one policy: arrivals and faults, as `batchcheck fleet FLEET "
+                       "--search` (docs/fleet.md)")
+    p.add_argument("--workload", metavar="FILE", help="workload spec (required without --fleet)")
     p.add_argument("--slo", metavar="FILE", help="SLO properties (default: NAME.slo.yaml next to the workload)")
     p.add_argument("--seed-trace", metavar="TRACE", help="seed the search with a real trace's busiest windows "
                    "(Azure CSV, Mooncake JSONL or JSON trace; docs/fuzz.md)")
     p.add_argument("--seed-windows", type=number(int, 1, 10_000), default=20, metavar="N",
                    help="with --seed-trace: how many windows run first (default 20, busiest first)")
-    _trace_options(p)
+    trace_option_flags(p)
     p.add_argument("--property", action="append", metavar="NAME", help="only these properties (repeatable)")
     p.add_argument("--max-examples", type=EXAMPLES, default=200, metavar="N", help="examples per property (default 200)")
     p.add_argument("--time-budget", type=SECONDS, default=60.0, metavar="S", help="seconds in all (default 60)")
@@ -599,8 +572,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-requests", type=_FUZZ_REQUESTS, default=20, metavar="N", help="requests per stress segment (default 20)")
     p.add_argument("--stress", action="append", metavar="NAME", help="only these stresses (repeatable)")
     p.add_argument("--out", default="counterexamples", metavar="DIR")
-    p.add_argument("--database", default=".batchcheck/hypothesis", metavar="DIR",
-                   help="Hypothesis example database (earlier failures are tried first); 'none' to disable")
+    p.add_argument("--database", metavar="DIR", help="Hypothesis example database (earlier failures are tried "
+                   f"first; default {DEFAULT_DATABASE}, none with --fleet); 'none' to disable")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.set_defaults(run=_fuzz)
 

@@ -141,3 +141,57 @@ class TerminalProgress:
 
 
 terminal_progress = TerminalProgress()
+
+
+# ----------------------------------------------------------------------------------------- trace options
+# simulate, fuzz --seed-trace, audit --trace, fleet and simulate --fleet read a trace the same way (docs/cli.md).
+def token_bounds(text: str) -> tuple[int, ...]:
+    try:
+        bounds = tuple(int(part) for part in text.split(",") if part)
+    except ValueError:
+        bounds = ()
+    if not bounds or not all(1 <= b <= MAX_TOKENS for b in bounds):
+        raise argparse.ArgumentTypeError(f"{text!r} (expected token bounds from 1 to {MAX_TOKENS:,} like 512,4096)")
+    return bounds
+
+
+MAX_WINDOW_S = 1e9  # --window: about 31 years of trace
+
+
+def window_flag(text: str) -> tuple[float, float]:
+    start, sep, end = text.partition(":")
+    try:
+        window = float(start), float(end)
+    except ValueError:
+        window = (float("nan"), float("nan"))
+    if not 0 <= window[0] < window[1] <= MAX_WINDOW_S:
+        raise argparse.ArgumentTypeError(f"{text!r} (expected START:END in seconds with 0 <= START < END <= "
+                                         f"{MAX_WINDOW_S:g})")
+    return window
+
+
+RATE_SCALE = number(float, 0, 1e6, low_open=True)
+
+
+def trace_option_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--window", type=window_flag, metavar="START:END", help="only arrivals in this window (s from the first)")
+    p.add_argument("--rate-scale", type=RATE_SCALE, default=1.0, metavar="X", help="replay at X times the load (default 1)")
+    p.add_argument("--class-by-prompt", type=token_bounds, default=(), metavar="B1,B2,...",
+                   help="classes by prompt-length bucket, e.g. 512,4096")
+    p.add_argument("--class-column", metavar="NAME", help="class from this trace column (CSV) or field (JSONL)")
+
+
+def trace_options_from(args: argparse.Namespace):
+    from checker.traces import TraceOptions
+
+    return TraceOptions(args.window, args.rate_scale, args.class_by_prompt, args.class_column)
+
+
+def trace_options_for(args: argparse.Namespace, trace: str | None, flag: str):
+    """The trace options; a usage error when they are given without the trace they apply to."""
+    from checker.errors import UsageError
+
+    options = trace_options_from(args)
+    if trace is None and options != type(options)():
+        raise UsageError(f"--window, --rate-scale, --class-by-prompt and --class-column need {flag}")
+    return options

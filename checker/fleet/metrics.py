@@ -95,7 +95,7 @@ def _faults(result: FleetResult) -> list[dict]:
             if bound is not None:
                 recovery[name] = recovery_ms(result, ci, t, bound, spec.properties.recovery_window_ms)
         entry = {"fault": i, "kind": f.kind, "replica": f.replica, "at_ms": round(t / MS, 3),
-                 "recovery_ms": recovery}
+                 "recovery_ms": recovery, "until_end_ms": round(max(0, result.end_us - t) / MS, 3)}
         if isinstance(f, LostFault):
             entry["rule"] = f.rule.value
         out.append(entry)

@@ -17,12 +17,13 @@ from checker.fuzz.slo import Outcome, evaluate
 
 AMPLIFICATION = "retry_amplification"
 ACCOUNTED = "every_request_accounted"
+RECOVERY = "recovery_time"
 
 
 @dataclass(frozen=True)
 class FleetProperty:
     name: str
-    kind: str  # "slo", AMPLIFICATION or ACCOUNTED
+    kind: str  # "slo", AMPLIFICATION, ACCOUNTED or RECOVERY
     slo: object = None  # the SLO file's property, for kind "slo"
 
 
@@ -46,7 +47,7 @@ class Finding:
             return f"UNKNOWN   {self.prop.name:<28} the run stopped at its step limit before every request ended"
         if self.verdict == "VACUOUS":
             return f"VACUOUS   {self.prop.name:<28} {o.detail}"
-        sign = "<=" if o.holds else ">"
+        sign = "<=" if o.holds else ">" if o.observed > o.allowed else "vs"  # vs: violated below (not recovered)
         word = "HOLDS    " if o.holds else "VIOLATED "
         return f"{word} {self.prop.name:<28} observed {o.observed} {sign} allowed {o.allowed} ({o.detail})"
 
@@ -61,7 +62,26 @@ def fleet_properties(fleet: LoadedFleet) -> list[FleetProperty]:
         props.append(FleetProperty(AMPLIFICATION, AMPLIFICATION))
     if fleet.spec.properties.every_request_accounted:
         props.append(FleetProperty(ACCOUNTED, ACCOUNTED))
+    if fleet.spec.properties.max_recovery_ms is not None:
+        props.append(FleetProperty(RECOVERY, RECOVERY))
     return props
+
+
+def _recovery(fleet: LoadedFleet, summary: Mapping) -> Outcome:
+    """The longest recovery time of a class after a fault. A class still outside its p99 TTFT bound at the end of
+    the run has not recovered: violated, observed the time from the fault to the end (a lower bound)."""
+    bound = fleet.spec.properties.max_recovery_ms
+    rows = [(ms is None, f["until_end_ms"] if ms is None else ms, cls, f)
+            for f in summary["faults"] for cls, ms in f["recovery_ms"].items()]
+    if not rows:
+        return Outcome(True, None, bound, "no fault, or no class with a p99 TTFT bound in the SLO file: no recovery "
+                                          "time measured")
+    late, worst, cls, f = max(rows, key=lambda r: (r[0], r[1]))
+    where = f"{cls} after fault {f['fault']} ({f['kind']} {f['replica']} at {f['at_ms']:g} ms)"
+    if late:
+        return Outcome(False, worst, bound, f"{where} not back within its p99 TTFT bound by the end of the run, "
+                                            f"{worst:g} ms after the fault")
+    return Outcome(worst <= bound, worst, bound, f"longest recovery time: {where}")
 
 
 def evaluate_fleet(fleet: LoadedFleet, prop: FleetProperty, summary: Mapping) -> Outcome:
@@ -81,6 +101,8 @@ def evaluate_fleet(fleet: LoadedFleet, prop: FleetProperty, summary: Mapping) ->
                        f"{offered['attempts']} requests offered for {offered['unique_requests']} unique "
                        f"({offered['retry']} retries, {offered['reroute']} re-routes); bound "
                        f"{spec.max_retry_amplification:g}{slack}")
+    if prop.kind == RECOVERY:
+        return _recovery(fleet, summary)
     stuck = summary["overall"]["lost_by_reason"].get("unfinished", 0)
     total = summary["overall"]["requests"]
     return Outcome(stuck == 0, stuck, 0, f"requests left unfinished with no reason, of {total}")

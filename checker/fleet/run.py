@@ -42,6 +42,9 @@ def fleet_requests(fleet: LoadedFleet, workload: str | Path | None, trace: str |
             raise InputError(Problem("--workload/--trace", "<none>", "one of them, or a workload: or trace: in the "
                                      "fleet file"), None)
         workload, trace = fleet.workload, fleet.trace
+    if trace is None and options is not None and options != TraceOptions():
+        raise InputError(Problem("--window/--rate-scale/--class-by-prompt/--class-column", "given", "a trace to apply "
+                                 "them to: --trace FILE, or a trace: in the fleet file"), fleet.source)
     requests = load_requests(workload=workload, trace=trace, limit=limit, options=options)
     check_classes(fleet, requests.class_names)
     return requests

@@ -115,17 +115,21 @@ class SearchResult:
 
 def search(fleet: LoadedFleet, workload: str | Path, max_examples: int = 100, time_budget_s: float = 60.0,
            seed: int = 0, max_requests: int = 20, out_dir: Path | None = None,
-           only: list[str] | None = None) -> list[SearchResult]:
-    """One search per property of the fleet (or those named in ``only``)."""
+           only: list[str] | None = None, stresses: list[str] | None = None, database_dir: Path | None = None,
+           budget_in_all: bool = False) -> list[SearchResult]:
+    """One search per property of the fleet (or those named in ``only``), each with ``time_budget_s`` (with
+    ``budget_in_all``: that much for all of them, split evenly, as ``fuzz`` splits its budget). ``stresses``: the
+    request strategies drawn (default: the first replica policy's, as fuzz's); ``database_dir``: a Hypothesis
+    example database (None: none)."""
     w = load_model(Workload, workload)
     make = request_maker(w)
     horizon = max(1, max(ranges(w).mean_gap_ms) * max_requests)
-    strategy = st.tuples(adversarial(w, fleet.replicas[0].policy, max_requests), _faults(fleet, horizon)).map(
-        lambda parts: list(parts[0]) + list(parts[1]))
+    strategy = st.tuples(adversarial(w, fleet.replicas[0].policy, max_requests, stresses),
+                         _faults(fleet, horizon)).map(lambda parts: list(parts[0]) + list(parts[1]))
+    chosen = [p for p in fleet_properties(fleet) if not only or p.name in only]
+    budget = time_budget_s / max(1, len(chosen)) if budget_in_all else time_budget_s
     results = []
-    for prop in fleet_properties(fleet):
-        if only and prop.name not in only:
-            continue
+    for prop in chosen:
 
         def split(trace: list) -> tuple[list[Draw], list[FaultDraw]]:
             return [d for d in trace if isinstance(d, Draw)], [d for d in trace if isinstance(d, FaultDraw)]
@@ -136,7 +140,7 @@ def search(fleet: LoadedFleet, workload: str | Path, max_examples: int = 100, ti
             ratio = outcome.observed / outcome.allowed if outcome.observed is not None and outcome.allowed else 0.0
             return not outcome.holds, outcome, ratio
 
-        h = hunt(strategy, judge, max_examples, time_budget_s, seed, None, prop.name)
+        h = hunt(strategy, judge, max_examples, budget, seed, database_dir, prop.name)
         result = SearchResult(prop, h.examples, h.seconds)
         if h.trace is not None:
             draws, faults = split(h.trace)
@@ -153,11 +157,13 @@ def search(fleet: LoadedFleet, workload: str | Path, max_examples: int = 100, ti
 
 def fleet_search(fleet: str | Path, workload: str | Path | None = None, max_examples: int = 100,
                  time_budget_s: float = 60.0, seed: int = 0, max_requests: int = 20,
-                 out_dir: Path | None = None, only: list[str] | None = None) -> list[SearchResult]:
+                 out_dir: Path | None = None, only: list[str] | None = None, stresses: list[str] | None = None,
+                 database_dir: Path | None = None, budget_in_all: bool = False) -> list[SearchResult]:
     """``search`` on a fleet file, over the classes of ``workload`` (default: the workload the fleet names), for
     its properties (or those named in ``only``)."""
     from checker.errors import InputError, Problem
     from checker.fleet.spec import check_classes, load_fleet
+    from checker.fuzz.run import check_stresses
 
     loaded = load_fleet(fleet)
     workload = workload if workload is not None else loaded.workload
@@ -169,4 +175,6 @@ def fleet_search(fleet: str | Path, workload: str | Path | None = None, max_exam
     for name in only or []:
         if name not in known:
             raise InputError(Problem("--property", name, "a property of the fleet: " + ", ".join(known)))
-    return search(loaded, workload, max_examples, time_budget_s, seed, max_requests, out_dir, only)
+    check_stresses(stresses, loaded.replicas[0].policy)
+    return search(loaded, workload, max_examples, time_budget_s, seed, max_requests, out_dir, only, stresses,
+                  database_dir, budget_in_all)

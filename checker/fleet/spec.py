@@ -219,6 +219,9 @@ class FleetProperties(_Strict):
     """Each request finishes, is cancelled by its client, or ends with a reason (none left stuck)."""
     recovery_window_ms: Annotated[float, Field(gt=0, le=MAX_MS)] = 10_000.0
     """The sliding window of arrivals over which a class's p99 TTFT is taken for recovery times."""
+    max_recovery_ms: Annotated[float | None, Field(gt=0, le=MAX_MS)] = None
+    """After each fault, each class with a p99 TTFT bound is back within it for good this soon at most (its
+    recovery time, docs/fleet.md); a class not back by the end of the run violates it (None: no such property)."""
 
 
 class Fleet(_Strict):

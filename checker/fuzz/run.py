@@ -187,6 +187,17 @@ def run_property(policy: Policy, workload: Workload, profile: Profile, prop: Pro
     return result
 
 
+def check_stresses(stresses: list[str] | None, policy: Policy) -> None:
+    """Each --stress names a stress (one the policy can feel): InputError (exit 2) naming it otherwise."""
+    for name in stresses or []:
+        if name not in STRESSES:
+            raise InputError(Problem("--stress", name, "one of: " + ", ".join(STRESSES)))
+        if name in CONNECTOR_STRESSES and not policy.connector.loads:
+            raise InputError(Problem("--stress", name, "a stress the policy can feel: it draws loads from an external "
+                                     "KV tier, and the policy has no loading connector (connector.kind offload, "
+                                     "decode_node or both)"))
+
+
 def run_fuzz(policy: PolicyInput, workload: str | Path, slo: str | Path | None = None,
              properties: list[str] | None = None, max_examples: int = 200, time_budget_s: float = 60.0,
              seed: int = 0, profile: str | Path | None = None, out_dir: str | Path | None = "counterexamples",
@@ -198,13 +209,7 @@ def run_fuzz(policy: PolicyInput, workload: str | Path, slo: str | Path | None =
     windows of at most ``max_requests`` requests run first (docs/fuzz.md, "Seeding from a real trace")."""
     pol = load_policy(policy)
     wl, slo_path, chosen = load_slo(workload, slo, properties)
-    for name in stresses or []:
-        if name not in STRESSES:
-            raise InputError(Problem("--stress", name, "one of: " + ", ".join(STRESSES)))
-        if name in CONNECTOR_STRESSES and not pol.connector.loads:
-            raise InputError(Problem("--stress", name, "a stress the policy can feel: it draws loads from an external "
-                                     "KV tier, and the policy has no loading connector (connector.kind offload, "
-                                     "decode_node or both)"))
+    check_stresses(stresses, pol)
     prof = load_profile(profile)
     corpus = None
     if seed_trace is not None:

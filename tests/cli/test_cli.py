@@ -169,8 +169,10 @@ def test_json_trace_error_names_the_request(capsys, tmp_path):
 
 
 def test_usage_error_exits_2(capsys):
+    assert main(["simulate", str(POLICIES / "vllm_v1.yaml")]) == 2  # POLICY is optional with --fleet
+    assert "batchcheck: error: simulate POLICY needs --workload FILE or --trace FILE" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exc:
-        main(["simulate", str(POLICIES / "vllm_v1.yaml")])
+        main(["simulate", str(POLICIES / "vllm_v1.yaml"), "--workload", "w.yaml", "--trace", "t.json"])
     assert exc.value.code == 2
 
 

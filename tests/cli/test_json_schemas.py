@@ -189,6 +189,12 @@ def test_fleet(capsys):
     check("fleet", doc)
     assert doc["faults"][0]["kind"] == "lost" and doc["mode"] == "run"
     check("fleet", output(capsys, "fleet", str(STORM), "--replay", str(CEX), "--json"))
+    check("fleet", output(capsys, "simulate", "--fleet", str(STORM), "--limit", "10", "--json"))
+    from tests.unit.test_fleet_cli import FLEETS
+
+    doc = output(capsys, "fleet", str(FLEETS / "lost_replica_no_recovery.yaml"), "--json")
+    check("fleet", doc)
+    assert [p["verdict"] for p in doc["properties"] if p["kind"] == "recovery_time"] == ["VIOLATED"]
 
 
 def test_fleet_search(capsys, tmp_path):
@@ -198,3 +204,6 @@ def test_fleet_search(capsys, tmp_path):
     doc = output(capsys, "fleet", str(STORM), "--search", "--workload", str(tmp_path / "short.yaml"), "--property",
                  "retry_amplification", "--max-examples", "3", "--max-requests", "2", "--json")
     check("fleet-search", doc)
+    check("fleet-search", output(capsys, "fuzz", "--fleet", str(STORM), "--workload", str(tmp_path / "short.yaml"),
+                                 "--property", "retry_amplification", "--max-examples", "3", "--max-requests", "2",
+                                 "--database", "none", "--out", str(tmp_path), "--json"))

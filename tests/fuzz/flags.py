@@ -108,6 +108,7 @@ FILES: dict[str, list[str]] = {
     "config": ["{dir}/vllm.yaml", "{dir}/batchcheck.toml"],
     "files": _glob("spec/policies/*.yaml", "spec/workloads/*.yaml", "spec/profiles/*.json"),
     "certificate": ["{dir}/cert.smt2", "{dir}/proved.smt2", "{dir}/proved.smt2"],
+    "fleet": [f for f in _glob("spec/fleets/*.yaml") if not f.endswith(".slo.yaml")],
 }
 # What a verb needs to run at all, added (unless drawn) to most of its cases: without it nearly every case
 # would stop at the same usage error.

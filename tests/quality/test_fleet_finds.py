@@ -75,3 +75,21 @@ def test_the_search_finds_no_storm_in_the_fix(tmp_path):
     [clean] = fleet_search(FIX, short_workload(tmp_path), max_examples=25, time_budget_s=120, max_requests=6,
                            only=["retry_amplification"])
     assert not clean.violated and clean.examples > 0
+
+
+def test_fuzz_fleet_is_the_fleet_search(tmp_path, capsys):
+    import json
+
+    argv = ["--fleet", str(STORM), "--workload", str(short_workload(tmp_path)), "--property", "retry_amplification",
+            "--max-examples", "60", "--time-budget", "120", "--max-requests", "3", "--seed", "1", "--json",
+            "--database", "none"]
+    assert main(["fuzz", *argv, "--out", str(tmp_path / "a")]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    [found] = doc["results"]
+    assert (found["verdict"], found["requests"], found["faults"], found["observed"]) == ("VIOLATED", 1, 1, 2.0)
+    assert main(["fleet", str(STORM), "--search", *argv[2:-2], "--out", str(tmp_path / "b")]) == 1
+    same = json.loads(capsys.readouterr().out)["results"][0]
+    assert {k: v for k, v in same.items() if k not in ("seconds", "counterexample")} == \
+        {k: v for k, v in found.items() if k not in ("seconds", "counterexample")}
+    assert main(["fleet", str(FIX), "--replay", found["counterexample"]]) == 1  # the budget holds; the request is lost
+    assert "HOLDS     retry_amplification" in capsys.readouterr().out

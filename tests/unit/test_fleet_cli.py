@@ -99,3 +99,75 @@ def test_a_run_cut_off_at_its_step_limit_decides_nothing():
     assert run.result.step_limit_hit and not run.decided and not run.violated
     assert {f.verdict for f in run.findings} == {"UNKNOWN"}
     assert check(fleet, fleet_requests(fleet, None, None, limit=20)).decided
+
+
+def _run_doc(capsys, *argv: str) -> tuple[int, dict]:
+    code = main(list(argv))
+    doc = json.loads(capsys.readouterr().out)
+    doc["engine"].pop("wall_s")
+    return code, doc
+
+
+def test_simulate_fleet_is_the_fleet_verbs_run(capsys):
+    fleet = str(FLEETS / "lost_replica_retry_storm.yaml")
+    verb = _run_doc(capsys, "fleet", fleet, "--limit", "150", "--json")
+    assert verb[0] == 1 and verb[1]["offered"]["retry"] > 0
+    assert _run_doc(capsys, "simulate", "--fleet", fleet, "--limit", "150", "--json") == verb
+    workload = str(WORKLOADS / "chat_mixed.yaml")
+    assert (_run_doc(capsys, "simulate", "--fleet", fleet, "--workload", workload, "--limit", "150", "--json") ==
+            _run_doc(capsys, "fleet", fleet, "--workload", workload, "--limit", "150", "--json"))
+
+
+def test_trace_options_apply_to_the_fleets_trace(capsys):
+    code, plain = _run_doc(capsys, "simulate", "--fleet", str(FLEETS / "prefix_capped.yaml"), "--json")
+    code2, slow = _run_doc(capsys, "fleet", str(FLEETS / "prefix_capped.yaml"), "--rate-scale", "0.5", "--json")
+    assert code == code2 == 0 and plain["offered"]["unique_requests"] == slow["offered"]["unique_requests"] == 240
+    assert slow["engine"]["simulated_s"] > 1.8 * plain["engine"]["simulated_s"]  # arrivals twice as far apart
+    assert main(["fleet", str(FLEETS / "mixed_least_outstanding.yaml"), "--rate-scale", "2"]) == 2
+    assert ("mixed_least_outstanding.yaml: --window/--rate-scale/--class-by-prompt/--class-column='given' (expected a "
+            "trace to apply them to: --trace FILE, or a trace: in the fleet file)") in capsys.readouterr().err
+
+
+def test_simulate_and_fuzz_fleet_refuse_what_the_fleet_file_says(capsys):
+    fleet = str(FLEETS / "mixed_least_outstanding.yaml")
+    for argv, message in (
+            (["simulate", "vllm_v1", "--fleet", fleet], "simulate --fleet takes no POLICY: each replica group names its "
+                                                        "policy in the fleet file"),
+            (["simulate", "--fleet", fleet, "--profile", "default_linear"], "simulate --fleet takes no --profile"),
+            (["simulate", "--fleet", fleet, "--plot", "x.png"], "simulate --fleet takes no --plot"),
+            (["simulate", "--workload", "chat_mixed"], "simulate needs POLICY (or --fleet FLEET.yaml)"),
+            (["simulate", "vllm_v1"], "simulate POLICY needs --workload FILE or --trace FILE"),
+            (["fuzz", "--workload", "chat_mixed"], "fuzz needs POLICY (or --fleet FLEET.yaml)"),
+            (["fuzz", "vllm_v1", "--fleet", fleet], "fuzz --fleet takes no POLICY"),
+            (["fuzz", "--fleet", fleet, "--slo", "kv_safety"], "fuzz --fleet takes no --slo: the fleet file names its "
+                                                               "SLO file (slo:)"),
+            (["fuzz", "--fleet", fleet, "--seed-trace", "t.csv"], "fuzz --fleet takes no --seed-trace"),
+            (["fuzz", "--fleet", fleet, "--rate-scale", "2"], "fuzz --fleet takes no trace options"),
+            (["fuzz", "--fleet", fleet, "--stress", "nope"], "--stress='nope' (expected one of: plain,"),
+            (["fuzz", "--fleet", fleet, "--property", "nope"], "--property='nope' (expected a property of the fleet: "
+                                                               "interactive_ttft_p99,")):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err, (argv, err)
+
+
+def test_a_lost_replica_recovers_when_it_comes_back_and_never_when_it_does_not(capsys):
+    back, gone = run_fleet(FLEETS / "lost_replica_recovery.yaml"), run_fleet(FLEETS / "lost_replica_no_recovery.yaml")
+    [fault], [never] = back.summary["faults"], gone.summary["faults"]
+    # the loss at 30 s hurts the interactive class until the replica is back (50 s) and has drained the queue
+    assert 20_000 < fault["recovery_ms"]["interactive"] < 45_000 and fault["recovery_ms"]["background"] == 0
+    assert never["recovery_ms"]["interactive"] is None and never["until_end_ms"] > 45_000
+    verdicts = [{f.prop.name: f.verdict for f in run.findings} for run in (back, gone)]
+    assert verdicts[0]["recovery_time"] == "HOLDS" and verdicts[1]["recovery_time"] == "VIOLATED"
+    assert [r["lives"] for r in back.summary["replicas"]] == [1, 2, 1]
+    assert main(["simulate", "--fleet", str(FLEETS / "lost_replica_no_recovery.yaml")]) == 1
+    assert "VIOLATED  recovery_time                observed 93" in capsys.readouterr().out
+
+
+def test_recovery_time_without_a_fault_is_vacuous(tmp_path):
+    text = (FLEETS / "lost_replica_recovery.yaml").read_text()
+    start = text.index("faults:")
+    (tmp_path / "f.yaml").write_text(text[:start] + text[text.index("workload:"):].replace(
+        "chat_fleet.slo.yaml", str(FLEETS / "chat_fleet.slo.yaml")))
+    run = run_fleet(tmp_path / "f.yaml", limit=30)
+    assert [f.verdict for f in run.findings if f.prop.name == "recovery_time"] == ["VACUOUS"]

@@ -76,7 +76,7 @@ def test_a_lost_replica_fails_its_requests_at_the_loss(tmp_path):
     summary = summarize_fleet(result)
     assert summary["overall"]["lost_by_reason"] == {"replica_lost": 1}
     assert summary["faults"] == [{"fault": 0, "kind": "lost", "replica": "r", "at_ms": 500.0, "recovery_ms": {},
-                                  "rule": "fail"}]
+                                  "until_end_ms": 2.491, "rule": "fail"}]
 
 
 def test_reroute_sends_the_requests_again_from_scratch_at_the_loss(tmp_path):
