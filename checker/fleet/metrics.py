@@ -139,7 +139,7 @@ def summarize_fleet(result: FleetResult) -> dict:
                          "kv_peak_blocks": node.kv_peak, "kv_blocks": node.policy.kv.num_blocks,
                          "attempts": sum(1 for a in result.attempts if a.replica == node.index),
                          "lives": len(node.lives), "up_at_end": node.up, "livelock_suspected": node.livelock})
-    return {
+    doc = {
         "fleet": result.fleet.name, "source": result.fleet.source, "requests_source": result.requests.source,
         "router": result.fleet.spec.router.strategy.value,
         "offered": {"unique_requests": len(records), "attempts": len(result.attempts), **kinds,
@@ -149,3 +149,8 @@ def summarize_fleet(result: FleetResult) -> dict:
         "engine": {"steps": result.steps, "simulated_s": round(_span_s(result), 3), "wall_s": round(result.wall_s, 3),
                    "step_limit_hit": result.step_limit_hit},
     }
+    if result.arms is not None:
+        from checker.fleet.canary import judge
+
+        doc["canary"] = judge(result)
+    return doc

@@ -18,12 +18,13 @@ from checker.fuzz.slo import Outcome, evaluate
 AMPLIFICATION = "retry_amplification"
 ACCOUNTED = "every_request_accounted"
 RECOVERY = "recovery_time"
+CANARY = "canary"
 
 
 @dataclass(frozen=True)
 class FleetProperty:
     name: str
-    kind: str  # "slo", AMPLIFICATION, ACCOUNTED or RECOVERY
+    kind: str  # "slo", AMPLIFICATION, ACCOUNTED, RECOVERY or CANARY
     slo: object = None  # the SLO file's property, for kind "slo"
 
 
@@ -32,10 +33,11 @@ class Finding:
     prop: FleetProperty
     outcome: Outcome
     cut_off: bool = False  # the run stopped at its step limit: nothing it measured decides a property
+    undecided: bool = False  # the canary: too few requests in an arm to judge a class (exit 3)
 
     @property
     def verdict(self) -> str:
-        if self.cut_off:
+        if self.cut_off or self.undecided:
             return "UNKNOWN"
         if self.outcome.observed is None:
             return "VACUOUS"
@@ -43,6 +45,8 @@ class Finding:
 
     def line(self) -> str:
         o = self.outcome
+        if self.undecided and not self.cut_off:
+            return f"UNKNOWN   {self.prop.name:<28} {o.detail}"
         if self.verdict == "UNKNOWN":
             return f"UNKNOWN   {self.prop.name:<28} the run stopped at its step limit before every request ended"
         if self.verdict == "VACUOUS":
@@ -64,7 +68,16 @@ def fleet_properties(fleet: LoadedFleet) -> list[FleetProperty]:
         props.append(FleetProperty(ACCOUNTED, ACCOUNTED))
     if fleet.spec.properties.max_recovery_ms is not None:
         props.append(FleetProperty(RECOVERY, RECOVERY))
+    if fleet.spec.canary is not None:
+        props.append(FleetProperty(CANARY, CANARY))
     return props
+
+
+def _canary(summary: Mapping) -> Outcome:
+    """Holds when the canary is promoted (or undecided: Finding.undecided), violated when it is rolled back."""
+    c = summary["canary"]
+    return Outcome(c["verdict"] != "rollback", c["observed"], c["allowed"],
+                   f"{c['verdict']} ({c['group']}: {c['share']:.0%} of requests by {c['key']}): " + "; ".join(c["why"]))
 
 
 def _recovery(fleet: LoadedFleet, summary: Mapping) -> Outcome:
@@ -103,6 +116,8 @@ def evaluate_fleet(fleet: LoadedFleet, prop: FleetProperty, summary: Mapping) ->
                        f"{spec.max_retry_amplification:g}{slack}")
     if prop.kind == RECOVERY:
         return _recovery(fleet, summary)
+    if prop.kind == CANARY:
+        return _canary(summary)
     stuck = summary["overall"]["lost_by_reason"].get("unfinished", 0)
     total = summary["overall"]["requests"]
     return Outcome(stuck == 0, stuck, 0, f"requests left unfinished with no reason, of {total}")
@@ -110,4 +125,6 @@ def evaluate_fleet(fleet: LoadedFleet, prop: FleetProperty, summary: Mapping) ->
 
 def evaluate_all(fleet: LoadedFleet, summary: Mapping) -> list[Finding]:
     cut_off = summary["engine"]["step_limit_hit"]
-    return [Finding(p, evaluate_fleet(fleet, p, summary), cut_off) for p in fleet_properties(fleet)]
+    undecided = "canary" in summary and summary["canary"]["verdict"] == "undecided"
+    return [Finding(p, evaluate_fleet(fleet, p, summary), cut_off, undecided and p.kind == CANARY)
+            for p in fleet_properties(fleet)]

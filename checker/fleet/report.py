@@ -39,8 +39,22 @@ def format_fleet(summary: dict, findings: list[Finding]) -> str:
                         for cls, v in f["recovery_ms"].items())
         lines.append(f"  fault {f['fault']} ({f['kind']} {f['replica']} at {f['at_ms']:,.0f} ms): recovery "
                      f"{rec or 'not measured (no class has a p99 TTFT SLO)'}")
+    if "canary" in summary:
+        lines.extend(_canary(summary["canary"]))
     if summary["engine"]["step_limit_hit"]:
         lines.append("  STOPPED: the step limit was reached; requests left are counted unfinished")
     lines.append("")
     lines.extend(f.line() for f in findings)
     return "\n".join(lines)
+
+
+def _canary(c: dict) -> list[str]:
+    lines = [f"  canary: group {c['group']} ({', '.join(c['replicas'])}; {c['share']:.0%} of requests by {c['key']}, "
+             f"{c['requests']} requests): {c['verdict'].upper()}"]
+    for name, row in c["classes"].items():
+        arm, base = row["canary"], row["baseline"]
+        lines.append(f"    {name:<14} p99 TTFT {_ms(arm['ttft_p99_ms'])} vs {_ms(base['ttft_p99_ms'])} ms, lost "
+                     f"{arm['lost']}/{arm['served']} vs {base['lost']}/{base['served']}"
+                     f"{'' if row['judged'] else '  (too few to judge)'}")
+    lines.extend(f"    why: {w}" for w in c["why"])
+    return lines

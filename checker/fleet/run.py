@@ -30,8 +30,8 @@ class FleetRun:
 
     @property
     def decided(self) -> bool:
-        """False when the run stopped at its step limit (every verdict UNKNOWN: exit 3)."""
-        return not self.result.step_limit_hit
+        """False when the run stopped at its step limit (every verdict UNKNOWN) or a canary is undecided: exit 3."""
+        return not self.result.step_limit_hit and not any(f.undecided for f in self.findings)
 
 
 def fleet_requests(fleet: LoadedFleet, workload: str | Path | None, trace: str | Path | None,

@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass, field
 
 from checker.engine import LIVELOCK_SLACK_TOKENS, _livelock_limit, _wake_time
+from checker.fleet import canary
 from checker.fleet.clients import NO_RETRY_CLIENT, Budget, backoff_us, client_of_class
 from checker.fleet.faults import FaultEvent, SlowWindows, fault_events, us
 from checker.fleet.router import Router
@@ -152,6 +153,7 @@ class FleetResult:
     steps: int
     wall_s: float
     step_limit_hit: bool = False
+    arms: list[bool] | None = None  # per request: in the canary arm (None: no canary)
 
 
 class _Run:
@@ -174,6 +176,8 @@ class _Run:
         self.seq = 0
         self.steps = 0
         self.fault_times: list[tuple[int, int]] = []
+        self.arms = canary.arms(fleet, requests.specs) if spec.canary is not None else None
+        self.canary_nodes = canary.canary_replicas(fleet) if spec.canary is not None else set()
         for i, s in enumerate(requests.specs):
             self.push(s.arrival_us, _SEND, ("request", i))
             if s.cancel_us is not None:
@@ -215,7 +219,7 @@ class _Run:
                 self.attempts[rec.live].outcome = "unfinished"
         return FleetResult(self.fleet, self.requests, self.records, self.attempts, nodes, self.fault_times,
                            max([now] + [n.clock for n in nodes]), self.steps, time.perf_counter() - started,
-                           limit_hit)
+                           limit_hit, self.arms)
 
     def event(self, t: int, kind: int, payload) -> None:
         if kind == _REPORT:
@@ -265,6 +269,8 @@ class _Run:
             if rec.client >= 0:
                 self.client_budgets[rec.client].sent += 1
         candidates = [n.index for n in self.nodes if n.routable]
+        if self.arms is not None:  # a canary: the request's arm only
+            candidates = [r for r in candidates if (r in self.canary_nodes) == self.arms[i]]
         if not candidates:
             self.end_attempt(att, t, "no_replica")
             self.failed(rec, t, "no_replica", self.client(rec).on_reject)

@@ -207,6 +207,42 @@ class ViewLostFault(_Strict):
 Fault = Annotated[Union[SlowFault, LostFault, ViewLostFault], Field(discriminator="kind")]
 
 
+# ----------------------------------------------------------------------------------------- canary
+class Rollback(_Strict):
+    """When a canary is rolled back: any condition met on a class that both arms served enough of."""
+
+    ttft_p99_worse_ms: Ms | None = None
+    """The canary's p99 TTFT of a class passes the baseline's by more than this many ms."""
+    lost_share_worse: Annotated[float | None, Field(ge=0, le=1)] = None
+    """The canary's share of a class's requests lost passes the baseline's by more than this."""
+
+    @model_validator(mode="after")
+    def _some_condition(self) -> Rollback:
+        if self.ttft_p99_worse_ms is None and self.lost_share_worse is None:
+            raise _fail("ttft_p99_worse_ms", None, "at least one rollback condition: ttft_p99_worse_ms (ms) or "
+                                                   "lost_share_worse (a share)")
+        return self
+
+
+class Canary(_Strict):
+    """A policy change on a stable fraction of the fleet: the replicas of ``group`` run it, and the requests whose
+    key hashes below ``share`` go to them (the rest to the other replicas: the baseline), on the same arrivals.
+    The assignment is a hash of the key, the same on every run (docs/fleet.md, Canary)."""
+
+    group: Annotated[str, Field(min_length=1)]
+    """The replica group that runs the change (its policy and set: are the canary's)."""
+    share: Annotated[float | None, Field(gt=0, lt=1)] = None
+    """The share of requests sent to the canary (None: its share of the replicas)."""
+    key: Literal["session", "request"] = "session"
+    """What the assignment hashes: the request's session (its prompt's first run: every turn goes to the same arm;
+    a request of its own tokens is its own session) or the request itself (its index in the requests)."""
+    classes: list[str] | None = None
+    """The classes judged (None: every class)."""
+    min_requests: Annotated[int, Field(ge=1, le=1_000_000_000)] = 50
+    """Requests of a class each arm must have served (finished or lost) for that class to be judged."""
+    rollback: Rollback
+
+
 # ----------------------------------------------------------------------------------------- properties
 class FleetProperties(_Strict):
     max_retry_amplification: Annotated[float | None, Field(ge=1, le=1000)] = None
@@ -243,6 +279,8 @@ class Fleet(_Strict):
     """An SLO file (relative to the fleet file, or a shipped SLO's name): its latency (ttft_ms, e2e_ms) and
     rejection_rate properties, held across the fleet."""
     properties: FleetProperties = FleetProperties()
+    canary: Canary | None = None
+    """A policy change on part of the fleet, judged against the rest (None: none)."""
 
     def replica_names(self) -> list[str]:
         return [n for g in self.replicas for n in g.replica_names()]
@@ -281,6 +319,13 @@ class Fleet(_Strict):
                     raise _fail(f"clients.{i}.classes", cls, f"a class no other client sends (clients.{claimed[cls]} "
                                                              "sends it)")
                 claimed[cls] = i
+        if self.canary is not None:
+            groups = [g.name for g in self.replicas]
+            if self.canary.group not in groups:
+                raise _fail("canary.group", self.canary.group, "a replica group of the fleet: " + ", ".join(groups))
+            if len(groups) == 1:
+                raise _fail("canary.group", self.canary.group, "a group beside others (the baseline is the replicas "
+                                                               "of the other groups)")
         if self.workload is not None and self.trace is not None:
             raise _fail("trace", self.trace, "no trace when a workload is given (one source of requests)")
         return self
@@ -386,6 +431,11 @@ def check_classes(fleet: LoadedFleet, class_names: list[str]) -> None:
             if cls not in class_names:
                 raise InputError(Problem(f"clients[{i}].classes", cls, "a class of the requests: " +
                                          ", ".join(class_names)), fleet.source)
+    canary = fleet.spec.canary
+    for cls in (canary.classes or []) if canary is not None else []:
+        if cls not in class_names:
+            raise InputError(Problem("canary.classes", cls, "a class of the requests: " + ", ".join(class_names)),
+                             fleet.source)
     for prop in fleet.slo:
         if prop.request_class is not None and prop.request_class not in class_names:
             raise InputError(Problem(f"properties.{prop.name}", prop.request_class, "a class of the requests: " +

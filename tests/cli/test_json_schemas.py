@@ -195,6 +195,13 @@ def test_fleet(capsys):
     doc = output(capsys, "fleet", str(FLEETS / "lost_replica_no_recovery.yaml"), "--json")
     check("fleet", doc)
     assert [p["verdict"] for p in doc["properties"] if p["kind"] == "recovery_time"] == ["VIOLATED"]
+    for name, verdict in (("canary_rollback", "rollback"), ("canary_promote", "promote")):
+        doc = output(capsys, "simulate", "--fleet", str(FLEETS / f"{name}.yaml"), "--json")
+        check("fleet", doc)
+        assert doc["canary"]["verdict"] == verdict
+    doc = output(capsys, "fleet", str(FLEETS / "canary_promote.yaml"), "--limit", "60", "--json")
+    check("fleet", doc)
+    assert doc["canary"]["verdict"] == "undecided" and doc["exit_code"] == 3
 
 
 def test_fleet_search(capsys, tmp_path):
