@@ -39,6 +39,7 @@ _ON_FIRST_USE = {"DEFAULT_INVARIANTS": "checker.verify.run", "run_verify": "chec
                  "liveness_env": "checker.liveness.check", "run_liveness": "checker.liveness.check",
                  "CHECK_LOG_INVARIANTS": "checker.checklog", "run_check_log": "checker.checklog"}
 _ON_FIRST_USE["fleet_search"] = "checker.fleet.search"  # the fleet's Hypothesis search (docs/fleet.md)
+_ON_FIRST_USE["fleet_sweep"] = "checker.fleet.sweep"  # the sweep over fleet configurations (docs/fleet.md)
 
 
 def __getattr__(name: str):

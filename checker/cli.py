@@ -33,6 +33,7 @@ VERB_MODULES: list[str] = [
     "checker.commands.calibrate",
     "checker.commands.metrics",
     "checker.commands.fleet",
+    "checker.commands.sweep",
 ]
 
 KINDS = ("policy", "workload", "trace", "profile", "audit-contract", "audit-workload", "slo", "fleet")
@@ -603,7 +604,7 @@ def build_parser() -> argparse.ArgumentParser:
 # attribute, its kind (checker/examples.py). audit's positional records are audit files; validate tries each kind.
 EXAMPLE_ARGUMENTS = {"policy": "policy", "old": "policy", "new": "policy", "workload": "workload",
                      "derive_workload": "workload", "profile": "profile", "slo": "slo", "contract": "audit"}
-EXAMPLE_ARGUMENTS["fleet"] = "fleet"  # batchcheck fleet FLEET (spec/fleets)
+EXAMPLE_ARGUMENTS["fleet"] = "fleet"  # batchcheck fleet / sweep FLEET, simulate / fuzz --fleet FLEET (spec/fleets)
 
 
 def resolve_examples(args: argparse.Namespace) -> None:

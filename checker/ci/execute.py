@@ -17,9 +17,7 @@ import os
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
-from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +25,7 @@ from checker.ci.plan import DIFF, FUZZ, LIVENESS, Check, load_invariant_modules,
 from checker.ci.results import CERTIFICATE, COUNTEREXAMPLE, Artifact, Result, shown_paths
 from checker.errors import BatchcheckError
 from checker.exitcodes import ExitCode
-
-SCHEDULER_CONNECT_S = 20  # how long --scheduler waits for a Dask scheduler to answer
+from checker.parallel import map_dask, map_processes, quiet_worker
 
 
 class CheckError(BatchcheckError):
@@ -141,34 +138,23 @@ def run_serial(checks: Sequence[Check], done: Callable[[int, Result], None] | No
 
 def run_processes(checks: Sequence[Check], jobs: int, done: Callable[[int, Result], None] | None = None) -> list[Result]:
     """Each unit in a fresh worker process of a local pool (spawned: no z3 or Hypothesis state shared);
-    ``jobs`` 1: serially, in this process, in the order of the checks."""
-    results: dict[int, Result] = {}
-
-    def finished(unit: list[int], unit_results: list[Result]) -> None:
-        for i, result in zip(unit, unit_results):
-            results[i] = result
-            if done is not None:
-                done(i, result)
-
+    ``jobs`` 1: serially, in this process, in the order of the checks (checker.parallel); else the longest
+    first."""
     plan = units(checks)
-    if jobs <= 1 or len(plan) <= 1:
-        for unit in sorted(plan):
-            finished(unit, run_unit([checks[i] for i in unit]))
-        return [results[i] for i in range(len(checks))]
-    pool = ProcessPoolExecutor(max_workers=min(jobs, len(plan)), mp_context=get_context("spawn"),
-                               initializer=_worker_started, initargs=(os.getpid(),))
-    try:
-        futures = {pool.submit(run_unit, [checks[i] for i in unit]): unit for unit in plan}
-        from concurrent.futures import as_completed
+    plan = sorted(plan) if jobs <= 1 or len(plan) <= 1 else plan
+    return _by_check(checks, plan, map_processes(run_unit, [[checks[i] for i in unit] for unit in plan], jobs,
+                                                 _unit_done(plan, done), _worker_started, (os.getpid(),)))
 
-        for future in as_completed(futures):
-            finished(futures[future], future.result())
-    except BaseException:  # Ctrl-C or an error: stop the workers now, run nothing more
-        for process in list((getattr(pool, "_processes", None) or {}).values()):
-            process.terminate()
-        pool.shutdown(wait=False, cancel_futures=True)
-        raise
-    pool.shutdown()
+
+def _unit_done(plan: list[list[int]], done: Callable[[int, Result], None] | None):
+    """``done`` per check, from the results of one unit as it finishes."""
+    if done is None:
+        return None
+    return lambda k, unit_results: [done(i, r) for i, r in zip(plan[k], unit_results)]
+
+
+def _by_check(checks: Sequence[Check], plan: list[list[int]], unit_results: list[list[Result]]) -> list[Result]:
+    results = {i: r for unit, rs in zip(plan, unit_results) for i, r in zip(unit, rs)}
     return [results[i] for i in range(len(checks))]
 
 
@@ -176,42 +162,15 @@ def _worker_started(parent: int) -> None:
     """A local worker leaves Ctrl-C to the parent, which stops it (z3 would take SIGINT itself during a check
     and answer 'unknown', a verdict the run never finished), and dies with the parent (a SIGKILLed ``ci``
     cannot stop its workers: checker.childproc)."""
-    import signal
-
-    from checker.childproc import die_with_parent
     from checker.smt.ops import z3
 
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    die_with_parent(parent)
+    quiet_worker(parent)
     z3.set_param("ctrl_c", False)
 
 
 def run_dask(checks: Sequence[Check], scheduler: Any, done: Callable[[int, Result], None] | None = None) -> list[Result]:
     """On a Dask cluster: ``scheduler`` is an address (tcp://HOST:PORT) or a distributed.Client. Workers
     need batchcheck installed (the same version); they need no copy of the project's files."""
-    from checker.errors import UsageError
-
-    try:
-        from distributed import Client, as_completed
-    except ImportError:
-        raise UsageError("--scheduler needs Dask distributed: python3 -m pip install 'batchcheck[scale]'") from None
-    own = not isinstance(scheduler, Client)
-    try:
-        client = Client(scheduler, timeout=f"{SCHEDULER_CONNECT_S}s") if own else scheduler
-    except (OSError, ValueError, TypeError) as exc:
-        raise UsageError(f"--scheduler {scheduler}: no Dask scheduler answers there within {SCHEDULER_CONNECT_S} s "
-                         f"({type(exc).__name__}: {exc})") from None
-    try:
-        plan = units(checks)
-        futures = client.map(run_unit, [[checks[i] for i in unit] for unit in plan], pure=False)
-        index = {future.key: unit for future, unit in zip(futures, plan)}
-        results: dict[int, Result] = {}
-        for future in as_completed(futures):
-            for i, result in zip(index[future.key], future.result()):
-                results[i] = result
-                if done is not None:
-                    done(i, result)
-        return [results[i] for i in range(len(checks))]
-    finally:
-        if own:
-            client.close()
+    plan = units(checks)
+    return _by_check(checks, plan, map_dask(run_unit, [[checks[i] for i in unit] for unit in plan], scheduler,
+                                            _unit_done(plan, done)))

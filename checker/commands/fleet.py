@@ -133,8 +133,22 @@ def policy_or_fleet(p: argparse.ArgumentParser, fleet_help: str) -> None:
     p.add_argument("--fleet", metavar="FLEET.yaml", help=fleet_help)
 
 
+def fleet_requests_flags(p: argparse.ArgumentParser) -> None:
+    """FLEET and its requests, as fleet and sweep take them: --workload or --trace (default: the fleet file's),
+    --limit and the trace options."""
+    from checker.commands.shell import MAX_COUNT, number, trace_option_flags
+
+    p.add_argument("fleet", metavar="FLEET")
+    source = p.add_mutually_exclusive_group()
+    source.add_argument("--workload", metavar="FILE", help="workload spec (YAML; default: the fleet file's)")
+    source.add_argument("--trace", metavar="FILE", help="trace: batchcheck JSON, Azure CSV or Mooncake JSONL")
+    p.add_argument("--limit", type=number(int, 1, MAX_COUNT, unit="requests"), metavar="N",
+                   help="only the first N requests")
+    trace_option_flags(p)
+
+
 def register(verbs) -> None:
-    from checker.commands.shell import EXAMPLES, MAX_COUNT, SECONDS, SEED, number, trace_option_flags
+    from checker.commands.shell import EXAMPLES, SECONDS, SEED, number
 
     p = verbs.add_parser("fleet", help="simulate replicas behind a router, with client retries and faults",
                          description="Runs the requests (--workload or --trace; default: the fleet file's workload) "
@@ -146,13 +160,7 @@ def register(verbs) -> None:
                                      "Exit 1: a property is violated; 0: none is; 3: the run stopped at its step limit "
                                      "(every verdict UNKNOWN); 2: bad input. simulate --fleet and fuzz --fleet are the "
                                      "same runs. docs/fleet.md.")
-    p.add_argument("fleet", metavar="FLEET")
-    source = p.add_mutually_exclusive_group()
-    source.add_argument("--workload", metavar="FILE", help="workload spec (YAML)")
-    source.add_argument("--trace", metavar="FILE", help="trace: batchcheck JSON, Azure CSV or Mooncake JSONL")
-    p.add_argument("--limit", type=number(int, 1, MAX_COUNT, unit="requests"), metavar="N",
-                   help="only the first N requests")
-    trace_option_flags(p)
+    fleet_requests_flags(p)
     p.add_argument("--search", action="store_true", help="search arrivals and faults for a violation (Hypothesis)")
     p.add_argument("--replay", metavar="FILE", help="run a saved fleet counterexample again")
     p.add_argument("--property", action="append", metavar="NAME",

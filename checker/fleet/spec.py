@@ -388,7 +388,11 @@ def load_fleet(path: str | Path) -> LoadedFleet:
     profile's own errors name that file."""
     path = Path(path)
     data, lines = load_document(path)
-    spec = validate(Fleet, data, str(path), lines)
+    return build_fleet(validate(Fleet, data, str(path), lines), path)
+
+
+def build_fleet(spec: Fleet, path: Path) -> LoadedFleet:
+    """A validated fleet spec with the files it names loaded (relative to ``path``, the fleet file)."""
     source = str(path)
     loaded: dict[tuple[str, str | None, tuple[str, ...]], tuple[Policy, Profile]] = {}
     replicas: list[Replica] = []

@@ -127,9 +127,9 @@ def test_policies_no_entry_covers_are_named_and_nothing_runs(capsys, project):
 
 
 def test_an_unreachable_scheduler_is_a_usage_error(capsys, project, monkeypatch):
-    from checker.ci import execute
+    from checker import parallel
 
-    monkeypatch.setattr(execute, "SCHEDULER_CONNECT_S", 1)
+    monkeypatch.setattr(parallel, "SCHEDULER_CONNECT_S", 1)
     project('policies = ["spec/policies/vllm_v1.yaml"]\n[[verify]]\ninvariants = ["seq_cap"]\n')
     code, out, err = run(capsys, "ci", *OUTPUTS, "--scheduler", "nonsense://x")
     assert (code, out) == (2, "")

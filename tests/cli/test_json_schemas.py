@@ -176,7 +176,7 @@ def test_a_schema_rejects_output_that_drifted():
 
 def test_every_schema_is_tested_here():
     tested = {"simulate", "verify", "liveness", "check-metrics", "check-log", "recheck", "fuzz", "import", "audit",
-              "diff", "replay", "report", "ci", "fleet", "fleet-search",
+              "diff", "replay", "report", "ci", "fleet", "fleet-search", "sweep",
               # tested in tests/cli/test_json_validate_calibrate.py
               "validate", "calibrate-measure", "calibrate-import-vidur", "calibrate-fit"}
     assert {p.name.removesuffix(".schema.json") for p in SCHEMAS.glob("*.schema.json")} == tested
@@ -214,3 +214,15 @@ def test_fleet_search(capsys, tmp_path):
     check("fleet-search", output(capsys, "fuzz", "--fleet", str(STORM), "--workload", str(tmp_path / "short.yaml"),
                                  "--property", "retry_amplification", "--max-examples", "3", "--max-requests", "2",
                                  "--database", "none", "--out", str(tmp_path), "--json"))
+
+
+def test_sweep(capsys):
+    from tests.unit.test_fleet_cli import FLEETS
+
+    doc = output(capsys, "sweep", str(FLEETS / "prefix_capped.yaml"), "--knob", "replicas=1,2", "--knob",
+                 "batch.max_num_seqs=8,16", "--json")
+    check("sweep", doc)
+    assert doc["best_config"] == {"replicas": "2", "batch.max_num_seqs": "16"} and doc["exit_code"] == 0
+    doc = output(capsys, "sweep", str(FLEETS / "prefix_capped.yaml"), "--knob", "replicas=1", "--random", "1", "--json")
+    check("sweep", doc)
+    assert doc["best"] is None and doc["exit_code"] == 1

@@ -81,6 +81,8 @@ SANE: dict[str, list[str]] = {
     "scheduler": ["local", "nope"],
     "base": ["HEAD", "nope"],
     "kind": ["policy", "workload", "nope"],
+    "knob": ["replicas=1,2", "batch.max_num_seqs=4,8", "batch.max_num_batched_tokens=512", "replicas=0", "nope",
+             "batch.max_num_seqs=x"],
 }
 
 
@@ -108,6 +110,8 @@ FILES: dict[str, list[str]] = {
     "config": ["{dir}/vllm.yaml", "{dir}/batchcheck.toml"],
     "files": _glob("spec/policies/*.yaml", "spec/workloads/*.yaml", "spec/profiles/*.json"),
     "certificate": ["{dir}/cert.smt2", "{dir}/proved.smt2", "{dir}/proved.smt2"],
+    "knob": ["replicas=1,2", "batch.max_num_seqs=4,8"],  # sweep's (NEEDS below)
+    "limit": ["20", "60"],
     "fleet": [f for f in _glob("spec/fleets/*.yaml") if not f.endswith(".slo.yaml")],
 }
 # What a verb needs to run at all, added (unless drawn) to most of its cases: without it nearly every case
@@ -118,6 +122,7 @@ NEEDS: dict[tuple[str, ...], list[tuple[str, str]]] = {
     ("audit",): [("--policy", "policy"), ("--workload", "derive_workload")],
     ("import",): [("--config", "config")],
     ("recheck",): [("--policy", "policy")],
+    ("sweep",): [("--knob", "knob"), ("--limit", "limit")],
 }
 GENERIC = ["1", "2", "4", "16"]  # sane values of a number flag not in SANE
 # Output flags: a fresh path in the case's folder (or a hostile one).

@@ -18,7 +18,8 @@ INPUTS = ("policy", "workload", "traces", "requests", "profile", "loading", "err
 CLI_LAYER = ("checker.cli", "checker.commands")
 # docs/design.md, "Who owns what": every module's layer, bottom up (a package or a module; the longest name wins)
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("checker.exitcodes", "checker.errors", "checker.fileio", "checker.childproc", "checker.loading", "checker.requests",
+    ("checker.exitcodes", "checker.errors", "checker.fileio", "checker.childproc", "checker.parallel", "checker.loading",
+     "checker.requests",
      "checker.policy",
      "checker.workload", "checker.traces", "checker.profile", "checker.inputfiles", "checker.examples", "checker.docgen",
      "checker.strategies", "checker.importers", "checker.calibrate"),

@@ -1,0 +1,101 @@
+"""Benchmark: the fleet's speed targets (issue 21).
+
+    python bench/fleet_speed.py azure [--replicas 8] [--rate-scale 8] [--window START:END] [--repeat 1]
+    python bench/fleet_speed.py sweep [--jobs 2] [--dask]
+
+azure: N vLLM v1 replicas behind least_outstanding on the Azure conversation trace at X times its rate
+(default: the whole trace, 8 replicas, 8x; target <= 30 s on one core). Needs
+../shared/data/traces/azure_conv_2023.csv.
+sweep: the 64-configuration sweep of prefix_capped (replicas 1-4 x max_num_seqs 4/8/16/32 x
+max_num_batched_tokens 1024/2048/4096/8192), serially and on --jobs local processes, and with --dask on a
+Dask LocalCluster of --jobs workers (target: about half the serial time on 2 workers); checks that every way
+gives the same results. Results go to docs/benchmarks.md by hand.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from checker.fleet.run import run_fleet  # noqa: E402
+from checker.fleet.sweep import fleet_sweep  # noqa: E402
+from checker.traces import TraceOptions  # noqa: E402
+
+TRACE = ROOT.parent / "shared" / "data" / "traces" / "azure_conv_2023.csv"
+SWEEP_KNOBS = ["replicas=1,2,3,4", "batch.max_num_seqs=4,8,16,32", "batch.max_num_batched_tokens=1024,2048,4096,8192"]
+
+
+def azure(args: argparse.Namespace) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        fleet = Path(tmp) / "azure8.yaml"
+        fleet.write_text(f"format: batchcheck-fleet\nname: azure_{args.replicas}\nreplicas:\n"
+                         f"  - {{name: r, policy: {ROOT / 'spec' / 'policies' / 'vllm_v1.yaml'}, "
+                         f"count: {args.replicas}}}\nrouter: {{strategy: least_outstanding}}\n")
+        window = tuple(float(x) for x in args.window.split(":")) if args.window else None
+        options = TraceOptions(window_s=window, rate_scale=args.rate_scale)
+        best = None
+        for _ in range(args.repeat):
+            run = run_fleet(fleet, trace=TRACE, options=options)
+            if best is None or run.result.wall_s < best.result.wall_s:
+                best = run
+    s = best.summary
+    print(f"{args.replicas} replicas, Azure conversation trace x{args.rate_scale:g}"
+          f"{' window ' + args.window if args.window else ' (whole)'}: {s['offered']['unique_requests']} requests, "
+          f"{s['engine']['steps']} replica steps, {s['engine']['simulated_s']} s simulated")
+    print(f"  fleet wall {best.result.wall_s:.2f} s (best of {args.repeat}), "
+          f"{1e6 * best.result.wall_s / max(1, best.result.steps):.1f} us per replica step; "
+          f"TTFT p50/p99 {s['overall']['ttft_ms']['p50']}/{s['overall']['ttft_ms']['p99']} ms")
+
+
+def sweep(args: argparse.Namespace) -> None:
+    fleet = ROOT / "spec" / "fleets" / "prefix_capped.yaml"
+    runs = [("serial", {"jobs": 1}), (f"{args.jobs} local processes", {"jobs": args.jobs})]
+    cluster = None
+    if args.dask:
+        from distributed import LocalCluster
+
+        cluster = LocalCluster(n_workers=args.jobs, threads_per_worker=1, processes=True, dashboard_address=None)
+        runs.append((f"Dask LocalCluster, {args.jobs} workers", {"scheduler": cluster.scheduler_address}))
+    figures = None
+    try:
+        for label, how in runs:
+            t0 = time.perf_counter()
+            s = fleet_sweep(fleet, SWEEP_KNOBS, **how)
+            wall = time.perf_counter() - t0
+            same = [{k: v for k, v in r.items() if k != "wall_s"} for r in s.results]
+            figures = figures or same
+            print(f"{label}: {len(s.results)} configurations in {wall:.1f} s wall; best "
+                  f"{s.results[s.best]['config'] if s.best is not None else None}; same results as serial: "
+                  f"{same == figures}")
+    finally:
+        if cluster is not None:
+            cluster.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    verbs = parser.add_subparsers(dest="what", required=True)
+    a = verbs.add_parser("azure")
+    a.add_argument("--replicas", type=int, default=8)
+    a.add_argument("--rate-scale", type=float, default=8.0)
+    a.add_argument("--window", help="START:END seconds of the trace (default: all of it)")
+    a.add_argument("--repeat", type=int, default=1)
+    w = verbs.add_parser("sweep")
+    w.add_argument("--jobs", type=int, default=2)
+    w.add_argument("--dask", action="store_true")
+    args = parser.parse_args()
+    print(f"{platform.machine()} {platform.processor() or ''} {os.cpu_count()} CPUs, Python {platform.python_version()}, "
+          f"load {os.getloadavg()[0]:.2f}")
+    azure(args) if args.what == "azure" else sweep(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,100 @@
+"""The sweep: every configuration of the knobs (or a seeded sample of them) run on the same requests, the best
+one that meets every property of the fleet chosen by the objective; the same results serially, on local
+processes and on a Dask cluster; bad knobs exit 2 naming the knob and value."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+
+import pytest
+
+from checker.cli import main
+from checker.fleet.sweep import Knob, configurations, fleet_sweep
+from tests.unit.test_fleet_cli import FLEETS
+
+CAPPED = FLEETS / "prefix_capped.yaml"
+KNOBS = ["replicas=1,2,3", "batch.max_num_seqs=8,16"]
+
+
+def _figures(results: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r.items() if k != "wall_s"} for r in results]
+
+
+def test_the_best_configuration_is_the_fewest_replicas_that_meet_the_slo():
+    s = fleet_sweep(CAPPED, KNOBS)
+    assert [r["config"] for r in s.results] == [{"replicas": n, "batch.max_num_seqs": m}
+                                                for n in "123" for m in ("8", "16")]
+    meets = [(r["config"]["replicas"], r["config"]["batch.max_num_seqs"]) for r in s.results if r["meets"]]
+    assert meets == [("2", "16"), ("3", "8"), ("3", "16")]  # one replica never keeps up with the hot prefix
+    assert all(r["violated"] == ["ttft_p99"] for r in s.results if not r["meets"])
+    assert s.results[s.best]["config"] == {"replicas": "2", "batch.max_num_seqs": "16"}
+    assert [r["replicas"] for r in s.results] == [1, 1, 2, 2, 3, 3]
+    by_p99 = fleet_sweep(CAPPED, KNOBS, objective="ttft_p99")
+    p99 = [r["ttft_p99_ms"] for r in by_p99.results if r["meets"]]
+    assert by_p99.results[by_p99.best]["ttft_p99_ms"] == min(p99)
+    assert _figures(by_p99.results) == _figures(s.results)
+
+
+def test_local_processes_give_the_serial_results():
+    serial, two = fleet_sweep(CAPPED, KNOBS, limit=120), fleet_sweep(CAPPED, KNOBS, limit=120, jobs=2)
+    assert _figures(two.results) == _figures(serial.results) and two.best == serial.best
+    assert two.where == "2 local processes" and serial.where == "1 process"
+
+
+def test_a_dask_local_cluster_gives_the_serial_results():
+    distributed = pytest.importorskip("distributed", reason="Dask distributed (batchcheck[scale]) is not installed")
+    serial = fleet_sweep(CAPPED, KNOBS, limit=120)
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
+        remote = fleet_sweep(CAPPED, KNOBS, limit=120, scheduler=cluster.scheduler_address)
+    assert _figures(remote.results) == _figures(serial.results) and remote.best == serial.best
+    assert remote.where == f"Dask cluster at {cluster.scheduler_address}"
+
+
+def test_a_random_sample_is_seeded_and_in_grid_order():
+    knobs = [Knob("a", ("1", "2", "3", "4")), Knob("b", ("x", "y", "z"))]
+    grid = configurations(knobs)
+    assert len(grid) == 12 and grid[1] == {"a": "1", "b": "y"}
+    sample = configurations(knobs, sample=5, seed=3)
+    assert sample == configurations(knobs, sample=5, seed=3) and len(sample) == 5
+    assert sample == [c for c in grid if c in sample]  # a subset, in grid order
+    assert sample != configurations(knobs, sample=5, seed=4)
+    assert configurations(knobs, sample=50) == grid
+
+
+def test_the_command_line_table_json_and_exit_codes(capsys, tmp_path):
+    assert main(["sweep", str(CAPPED), "--knob", "replicas=1,2", "--knob", "batch.max_num_seqs=16",
+                 "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "2 configurations (grid) on 1 process" in out and "best (* above; by goodput" in out
+    assert out.count(" yes ") == 1 and "replicas=2, batch.max_num_seqs=16" in out
+    doc = json.loads((tmp_path / "prefix_capped.sweep.json").read_text())
+    assert doc["best"] == 1 and doc["exit_code"] == 0
+    assert main(["sweep", str(CAPPED), "--knob", "replicas=1", "--knob", "batch.max_num_seqs=4,8"]) == 1
+    assert "best: none: no configuration meets every property of the fleet" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, message", [
+    ([str(CAPPED)], "--knob=<none> (expected at least one knob NAME=V1,V2,...)"),
+    ([str(CAPPED), "--knob", "batch.max_num_seqs"], "--knob='batch.max_num_seqs' (expected NAME=V1,V2,... with NAME "
+                                                    "a policy field (batch.max_num_seqs) or replicas"),
+    ([str(CAPPED), "--knob", "batch.max_num_seqs=8,8"], "--knob='batch.max_num_seqs=8,8' (expected each value once)"),
+    ([str(CAPPED), "--knob", "replicas=2", "--knob", "replicas=3"], "--knob='replicas' (expected each knob once"),
+    ([str(CAPPED), "--knob", "replicas=0"], "--knob='replicas=0' (expected a whole number of replicas from 1 to 1024)"),
+    ([str(CAPPED), "--knob", "batch.max_num_seqs=0"], "--knob='batch.max_num_seqs=0' (expected a configuration the "
+                                                      "fleet accepts: "),
+    ([str(CAPPED), "--knob", "batch.nope=3"], "--knob='batch.nope=3' (expected a configuration the fleet accepts: "),
+    ([str(FLEETS / "canary_promote.yaml"), "--knob", "replicas=2"],
+     "--knob='replicas' (expected a fleet of one replica group (this one has 2: base, canary))"),
+    ([str(FLEETS / "lost_replica_recovery.yaml"), "--knob", "replicas=1"],
+     "--knob='replicas=1' (expected a configuration the fleet accepts: "),
+    ([str(CAPPED), "--knob", "replicas=2", "--jobs", "2", "--scheduler", "tcp://x:1"],
+     "--jobs runs local processes, --scheduler a Dask cluster: one of them"),
+    ([str(CAPPED), "--knob", "replicas=2", "--rate-scale", "0"], "argument --rate-scale: '0'"),
+])
+def test_bad_knobs_exit_2_naming_them(capsys, argv, message):
+    with pytest.raises(SystemExit) if "argument" in message else contextlib.nullcontext():
+        assert main(["sweep", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err, err
+
