@@ -1,6 +1,6 @@
 """Benchmark: the fleet's speed targets (issue 21).
 
-    python bench/fleet_speed.py azure [--replicas 8] [--rate-scale 8] [--window START:END] [--repeat 1]
+    python bench/fleet_speed.py azure [--replicas 8] [--rate-scale 8] [--window START:END] [--repeat 1] [--plain]
     python bench/fleet_speed.py sweep [--jobs 2] [--dask]
 
 azure: N vLLM v1 replicas behind least_outstanding on the Azure conversation trace at X times its rate
@@ -25,7 +25,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from checker.fleet.run import run_fleet  # noqa: E402
+from checker.fleet.metrics import summarize_fleet  # noqa: E402
+from checker.fleet.run import fleet_requests  # noqa: E402
+from checker.fleet.simulation import simulate_fleet  # noqa: E402
+from checker.fleet.spec import load_fleet  # noqa: E402
 from checker.fleet.sweep import fleet_sweep  # noqa: E402
 from checker.traces import TraceOptions  # noqa: E402
 
@@ -35,24 +38,34 @@ SWEEP_KNOBS = ["replicas=1,2,3,4", "batch.max_num_seqs=4,8,16,32", "batch.max_nu
 
 def azure(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        fleet = Path(tmp) / "azure8.yaml"
-        fleet.write_text(f"format: batchcheck-fleet\nname: azure_{args.replicas}\nreplicas:\n"
-                         f"  - {{name: r, policy: {ROOT / 'spec' / 'policies' / 'vllm_v1.yaml'}, "
-                         f"count: {args.replicas}}}\nrouter: {{strategy: least_outstanding}}\n")
-        window = tuple(float(x) for x in args.window.split(":")) if args.window else None
-        options = TraceOptions(window_s=window, rate_scale=args.rate_scale)
-        best = None
-        for _ in range(args.repeat):
-            run = run_fleet(fleet, trace=TRACE, options=options)
-            if best is None or run.result.wall_s < best.result.wall_s:
-                best = run
-    s = best.summary
+        path = Path(tmp) / "azure8.yaml"
+        path.write_text(f"format: batchcheck-fleet\nname: azure_{args.replicas}\nreplicas:\n"
+                        f"  - {{name: r, policy: {ROOT / 'spec' / 'policies' / 'vllm_v1.yaml'}, "
+                        f"count: {args.replicas}}}\nrouter: {{strategy: least_outstanding}}\n")
+        fleet = load_fleet(path)
+    window = tuple(float(x) for x in args.window.split(":")) if args.window else None
+    t0 = time.perf_counter()
+    requests = fleet_requests(fleet, None, TRACE, options=TraceOptions(window_s=window, rate_scale=args.rate_scale))
+    load_s = time.perf_counter() - t0
     print(f"{args.replicas} replicas, Azure conversation trace x{args.rate_scale:g}"
-          f"{' window ' + args.window if args.window else ' (whole)'}: {s['offered']['unique_requests']} requests, "
-          f"{s['engine']['steps']} replica steps, {s['engine']['simulated_s']} s simulated")
-    print(f"  fleet wall {best.result.wall_s:.2f} s (best of {args.repeat}), "
-          f"{1e6 * best.result.wall_s / max(1, best.result.steps):.1f} us per replica step; "
-          f"TTFT p50/p99 {s['overall']['ttft_ms']['p50']}/{s['overall']['ttft_ms']['p99']} ms")
+          f"{' window ' + args.window if args.window else ' (whole)'}: {len(requests.specs)} requests "
+          f"(trace read in {load_s:.2f} s)")
+    figures = {}
+    for fast in ([True, False] if args.plain else [True]):
+        walls = []
+        for _ in range(args.repeat):
+            result = simulate_fleet(fleet, requests, fast_forward=fast)
+            walls.append(result.wall_s)
+        s = summarize_fleet(result)
+        s["engine"].pop("wall_s")
+        figures[fast] = s
+        walls.sort()
+        print(f"  {'stretches' if fast else 'plain stepping'}: fleet wall min {walls[0]:.2f} s, median "
+              f"{walls[len(walls) // 2]:.2f} s of {args.repeat}; {result.steps} replica steps, "
+              f"{s['engine']['simulated_s']} s simulated; TTFT p50/p99 {s['overall']['ttft_ms']['p50']}/"
+              f"{s['overall']['ttft_ms']['p99']} ms")
+    if args.plain:
+        print(f"  same summary both ways: {figures[True] == figures[False]}")
 
 
 def sweep(args: argparse.Namespace) -> None:
@@ -88,6 +101,7 @@ def main() -> None:
     a.add_argument("--rate-scale", type=float, default=8.0)
     a.add_argument("--window", help="START:END seconds of the trace (default: all of it)")
     a.add_argument("--repeat", type=int, default=1)
+    a.add_argument("--plain", action="store_true", help="also without the fleet's quiet decode stretches")
     w = verbs.add_parser("sweep")
     w.add_argument("--jobs", type=int, default=2)
     w.add_argument("--dask", action="store_true")

@@ -241,14 +241,7 @@ def _skip_quiet_decodes(s: SchedulerState, result: SimResult, clock: _Clock, now
         result.kv_peak_blocks = max(result.kv_peak_blocks, before_last)
     apply_stretch(s, k)
     t = result.times
-    longest, first_end = max(durations), now + durations[0]
-    for r in s.running:
-        rid = r.rid
-        t.tokens_scheduled[rid] += k
-        gap = max(longest, first_end - t.last_token[rid])
-        if gap > t.max_gap[rid]:
-            t.max_gap[rid] = gap
-        t.last_token[rid] = now + total
+    t.decoded(s.running, k, now + durations[0], max(durations), now + total)
     finished = 0
     if finishing:
         done = finish_stretch(s)

@@ -31,6 +31,18 @@ class RequestTimes:
         self.first_hit = [0] * n  # prompt tokens its first admission took from the prefix cache
         self.hit_tokens = [0] * n  # tokens all its admissions took from the prefix cache (prefill saved)
 
+    def decoded(self, running: list[Request], k: int, first_end_us: int, longest_us: int, end_us: int) -> None:
+        """k quiet decode steps of the running requests (a fast-forward stretch): the first ends at first_end_us,
+        the last at end_us, the longest takes longest_us (what observe would record step by step)."""
+        tokens, max_gap, last_token = self.tokens_scheduled, self.max_gap, self.last_token
+        for r in running:
+            rid = r.rid
+            tokens[rid] += k
+            gap = max(longest_us, first_end_us - last_token[rid])
+            if gap > max_gap[rid]:
+                max_gap[rid] = gap
+            last_token[rid] = end_us
+
     def observe(self, d: StepDecision, reqs: list[Request], start_us: int, end_us: int) -> None:
         first_scheduled, tokens = self.first_scheduled, self.tokens_scheduled
         for rid, n in d.cache_hits:  # before first_scheduled is set: a hit at the first admission

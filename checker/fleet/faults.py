@@ -51,6 +51,10 @@ class SlowWindows:
         if f.warmup_ms > 0 and f.warmup_factor > 1:
             self.windows[replica].append((start_us, start_us + us(f.warmup_ms), f.warmup_factor))
 
+    def next_start(self, replica: int, t_us: int) -> int | None:
+        """The first window of the replica that starts after t_us (None: none)."""
+        return min((start for start, _, _ in self.windows[replica] if start > t_us), default=None)
+
     def factor(self, replica: int, t_us: int) -> float:
         factor = 1.0
         for start, end, k in self.windows[replica]:

@@ -21,16 +21,21 @@ from __future__ import annotations
 import gc
 import heapq
 import time
+from bisect import bisect_left
 from dataclasses import dataclass, field
+from itertools import accumulate
 
-from checker.engine import LIVELOCK_SLACK_TOKENS, _livelock_limit, _wake_time
+from checker.engine import LIVELOCK_SLACK_TOKENS, _livelock_limit, _next_internal_event, _wake_time
+from checker.fastforward import (apply_stretch, finish_stretch, finishing_step, may_finish_in_stretch,
+                                 next_steps_are_quiet_decodes, stretch_durations)
 from checker.fleet import canary
 from checker.fleet.clients import NO_RETRY_CLIENT, Budget, backoff_us, client_of_class
 from checker.fleet.faults import FaultEvent, SlowWindows, fault_events, us
 from checker.fleet.router import Router
-from checker.fleet.spec import LoadedFleet, LostFault, LostRule, OnFailure
+from checker.fleet.spec import LoadedFleet, LostFault, LostRule, OnFailure, Strategy
 from checker.metrics import UNSET, RequestTimes
 from checker.requests import RequestSpec
+from checker.semantics.kv import blocks_for
 from checker.semantics.state import TERMINAL, Reason, Request, SchedulerState
 from checker.semantics.step import step
 from checker.semantics.transfer import steps_pending
@@ -111,6 +116,8 @@ class Node:
         self.stall_tokens, self.stall_limit = 0, LIVELOCK_SLACK_TOKENS
         self.livelock = False
         self.steps = self.busy_us = self.kv_peak = 0
+        self.stretch: list[int] | None = None  # a quiet decode stretch not yet applied: its steps' starts and end
+        self.stretch_finishes = False  # its last step finishes requests (fastforward.finish_stretch)
 
     @property
     def life(self) -> Incarnation:
@@ -157,9 +164,11 @@ class FleetResult:
 
 
 class _Run:
-    def __init__(self, fleet: LoadedFleet, requests: RequestSet, max_steps: int):
+    def __init__(self, fleet: LoadedFleet, requests: RequestSet, max_steps: int, fast_forward: bool = True):
         spec = fleet.spec
         self.fleet, self.requests, self.max_steps = fleet, requests, max_steps
+        # quiet decode stretches in one go (the router's view of KV load changes at every step of one: not then)
+        self.fast = fast_forward and spec.router.strategy is not Strategy.LEAST_KV_LOAD
         n_tenants = len(requests.tenant_names)
         self.nodes = [Node(i, r.name, r.policy, r.profile, n_tenants) for i, r in enumerate(fleet.replicas)]
         self.index = {r.name: i for i, r in enumerate(fleet.replicas)}
@@ -213,7 +222,10 @@ class _Run:
                 break
             node = next(n for n in nodes if n.next_us == t_node)
             now = t_node
-            self.step_node(node, t_node)
+            if node.stretch is not None:  # the start of its last step: the whole stretch, as plain stepping
+                self.complete_stretch(node)
+            else:
+                self.step_node(node, t_node)
         for rec in self.records:  # an attempt still live here is stuck (or was cut off by the step limit)
             if rec.outcome is None and rec.live is not None and self.attempts[rec.live].outcome is None:
                 self.attempts[rec.live].outcome = "unfinished"
@@ -282,6 +294,7 @@ class _Run:
             self.end_attempt(att, t, "replica_lost")
             self.failed(rec, t, "replica_lost", self.client(rec).on_reject)
             return
+        self.cut(node, t)
         att.rid = node.add(rec.spec, a, t).rid
         self.router.views[r].record(t, node.unfinished, node.kv_share())
         timeout = self.client(rec).timeout_ms
@@ -297,6 +310,7 @@ class _Run:
             return
         r = node.life.state.requests[att.rid]
         if r.status not in TERMINAL:
+            self.cut(node, t)
             node.cancels.append(r)
             node.wake(t)
 
@@ -342,6 +356,7 @@ class _Run:
             self.router.frozen.pop(node.index, None)
 
     def lose(self, node: Node, t: int, f: LostFault) -> None:
+        self.cut(node, t)
         node.up = False
         node.next_us, node.sleeping = None, True
         node.inbox, node.cancels = [], []
@@ -409,6 +424,8 @@ class _Run:
         if not d.is_quiet:
             node.quiet_since = None
             node.next_us, node.sleeping = node.clock, False
+            if self.fast and dt and next_steps_are_quiet_decodes(s, d):
+                self.plan_stretch(node)
         elif not (s.holding or s.loads_in_flight) or not steps_pending(s):
             node.quiet_since = node.clock if node.quiet_since is None else node.quiet_since
             wake = _wake_time(s, _NoClock, node.clock, node.quiet_since)
@@ -418,13 +435,90 @@ class _Run:
             node.next_us, node.sleeping = node.clock, False
 
 
-def simulate_fleet(fleet: LoadedFleet, requests: RequestSet, max_steps: int = DEFAULT_MAX_STEPS) -> FleetResult:
+    # ------------------------------------------------------------------------------------- quiet decode stretches
+    # After a step whose next steps only decode (checker.fastforward), the replica's steps until an event of its
+    # own (the end of the stretch: a finish, the pool, a queue timeout, a slow window) are planned at once and
+    # applied lazily: all of them when the loop reaches the start of the last one (where plain stepping would
+    # step it, its finishes reported at its end), or those that start before t when something reaches the
+    # replica at t (a request, a cancel, its loss): the step after them then takes it, stepped plainly. The
+    # steps of a stretch produce no first token, no finish but in the last, no rejection, and leave the
+    # router's view (requests outstanding) as it was, so applying them later changes nothing anyone sees
+    # (tests/unit/test_fleet_fastforward.py pins it to plain stepping).
+    def plan_stretch(self, node: Node) -> None:
+        start, s = node.clock, node.life.state
+        if self.slow.factor(node.index, start) != 1.0:
+            return
+        horizon = [t for t in (_next_internal_event(s, start), self.slow.next_start(node.index, start))
+                   if t is not None]
+        last = finishing_step(s) if may_finish_in_stretch(s) else None
+        durations = stretch_durations(s, node.profile, start, min(horizon) if horizon else None,
+                                      self.max_steps - self.steps, last)
+        if durations:
+            node.stretch = list(accumulate(durations, initial=start))
+            node.stretch_finishes = len(durations) == last
+            node.next_us = node.stretch[-2]
+
+    def cut(self, node: Node, t: int) -> None:
+        """Something reaches the replica at t: apply its stretch's steps that start before t; plain stepping goes
+        on from the next one."""
+        starts = node.stretch
+        if starts is None:
+            return
+        node.stretch = None
+        j = bisect_left(starts, t, 0, len(starts) - 2)  # t is at most the last step's start (the loop's order)
+        self.apply_steps(node, starts, j, False)
+        node.clock = node.next_us = starts[j]
+
+    def complete_stretch(self, node: Node) -> None:
+        starts, finishes = node.stretch, node.stretch_finishes
+        node.stretch = None
+        k = len(starts) - 1
+        done = self.apply_steps(node, starts, k, finishes)
+        node.clock = end = starts[k]
+        if done:
+            attempt_of = node.life.attempt_of
+            node.unfinished -= len(done)
+            for r in done:
+                self.push(end, _REPORT, ("finished", attempt_of[r.rid]))
+            self.router.views[node.index].record(starts[k - 1], node.unfinished, node.kv_share())
+        if not (node.unfinished or node.life.state.holding):
+            node.next_us, node.sleeping = None, True
+        else:
+            node.next_us, node.sleeping = end, False
+
+    def apply_steps(self, node: Node, starts: list[int], j: int, finishes: bool) -> list[Request]:
+        """The first j steps of a stretch (the engine's bookkeeping, checker.engine._skip_quiet_decodes): the
+        state, each running request's tokens, gap and last token, the finishes of the last step when
+        ``finishes``; the replica's counts."""
+        if j == 0:
+            return []
+        s, t = node.life.state, node.life.times
+        if finishes:  # the blocks in use before the last step's finishes (they only grow until then)
+            size = s.policy.kv.block_size
+            node.kv_peak = max(node.kv_peak, s.kv_used + sum(max(0, blocks_for(r.num_computed + j - 1, size) - r.blocks)
+                                                             for r in s.running))
+        apply_stretch(s, j)
+        end = starts[j]
+        t.decoded(s.running, j, starts[1], max(b - a for a, b in zip(starts, starts[1:j + 1])), end)
+        done = finish_stretch(s) if finishes else []
+        for r in done:
+            t.done[r.rid] = end
+        node.kv_peak = max(node.kv_peak, s.kv_used)
+        self.steps += j
+        node.steps += j
+        node.busy_us += end - starts[0]
+        node.stall_tokens, node.quiet_since = 0, None
+        return done
+
+
+def simulate_fleet(fleet: LoadedFleet, requests: RequestSet, max_steps: int = DEFAULT_MAX_STEPS,
+                   fast_forward: bool = True) -> FleetResult:
     """Run the requests through the fleet (deterministic: the same inputs give the same run). Python's cyclic
     garbage collector is off while it runs, as in checker.engine.simulate."""
     enabled = gc.isenabled()
     gc.disable()
     try:
-        return _Run(fleet, requests, max_steps).run()
+        return _Run(fleet, requests, max_steps, fast_forward).run()
     finally:
         if enabled:
             gc.enable()
