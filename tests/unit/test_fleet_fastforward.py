@@ -136,3 +136,17 @@ def test_a_request_sent_exactly_at_a_step_start_in_a_stretch_is_taken_by_that_st
     plain, fast, _ = both(fleet, two)
     assert fast == plain
     assert plain["records"][1][1] is not None
+
+
+def test_at_the_step_limit_stretches_stop_no_later_than_plain_stepping():
+    """Planned steps count against the limit: never more steps than allowed, never a decided run where plain
+    stepping is cut off (it may stop a little earlier: UNKNOWN, not a verdict)."""
+    fleet = load_fleet(FLEETS / "mixed_least_outstanding.yaml")
+    requests = fleet_requests(fleet, None, None, limit=150)
+    total = simulate_fleet(fleet, requests, fast_forward=False).steps
+    for limit in (50, 2_000, total - 1, total, total + 1):
+        plain = simulate_fleet(fleet, requests, limit, fast_forward=False)
+        fast = simulate_fleet(fleet, requests, limit)
+        assert fast.steps <= limit and plain.steps <= limit
+        assert plain.step_limit_hit <= fast.step_limit_hit, limit
+    assert not simulate_fleet(fleet, requests, total + 1).step_limit_hit
