@@ -104,8 +104,9 @@ def register(verbs) -> None:
                                      "does and some runs decided nothing; 2: bad input. docs/fleet.md.")
     fleet_requests_flags(p)
     p.add_argument("--knob", action="append", default=[], metavar="NAME=V1,V2,...",
-                   help="a policy field set on every replica group (batch.max_num_seqs=8,16) or replicas=2,3,4 "
-                        "(a one-group fleet's replica count); repeatable: the grid is every combination")
+                   help="a policy field set on every replica group (batch.max_num_seqs=8,16), a router field "
+                        "(router.load_cap=2,4) or replicas=2,3,4 (a one-group fleet's replica count); repeatable: "
+                        "the grid is every combination")
     p.add_argument("--random", type=number(int, 1, MAX_CONFIGURATIONS, unit="configurations"), metavar="N",
                    help="run N configurations drawn from the grid (seeded by --seed) instead of all of it")
     p.add_argument("--seed", type=SEED, default=0, metavar="N", help="--random: the seed (default 0)")

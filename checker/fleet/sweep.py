@@ -2,8 +2,9 @@
 requests, and the best configuration that meets every property of the fleet (its SLOs and the rest), as Vidur's
 config search finds the cheapest deployment that meets the SLOs (docs/fleet.md, Sweep).
 
-A knob is a policy setting FIELD.PATH applied to every replica group (after the group's own ``set:``), or
-``replicas``: the replica count of a one-group fleet. The configurations run serially, on local worker processes
+A knob is a policy setting FIELD.PATH applied to every replica group (after the group's own ``set:``), a router
+field ``router.FIELD`` (``router.load_cap``, ``router.strategy``, ``router.staleness_ms``), or ``replicas``: the
+replica count of a one-group fleet. The configurations run serially, on local worker processes
 (``jobs``) or on a Dask cluster (``scheduler``), through checker.parallel; each task carries its fleet and requests
 (the workers read no files), and its result is the same wherever it runs (the simulation is deterministic)."""
 
@@ -23,6 +24,7 @@ from checker.loading import validate
 from checker.traces import RequestSet
 
 REPLICAS = "replicas"
+ROUTER = "router."  # a knob on the fleet file's router (router.load_cap), not on the policies
 OBJECTIVES = {  # name -> (what it ranks by, larger is better)
     "goodput_per_replica": ("goodput (requests within their TTFT SLO per s) per replica", True),
     "goodput": ("goodput (requests within their TTFT SLO per s)", True),
@@ -43,8 +45,8 @@ def parse_knob(text: str) -> Knob:
     name, eq, raw = text.partition("=")
     values = tuple(v.strip() for v in raw.split(",")) if eq else ()
     if not name or not values or not all(values) or not all(name.split(".")):
-        raise InputError(Problem("--knob", text, "NAME=V1,V2,... with NAME a policy field (batch.max_num_seqs) or "
-                                 "replicas, e.g. batch.max_num_seqs=8,16,32"))
+        raise InputError(Problem("--knob", text, "NAME=V1,V2,... with NAME a policy field (batch.max_num_seqs), a "
+                                 "router field (router.load_cap) or replicas, e.g. batch.max_num_seqs=8,16,32"))
     if len(set(values)) != len(values):
         raise InputError(Problem("--knob", text, "each value once"))
     return Knob(name, values)
@@ -82,8 +84,16 @@ def _nth(knobs: list[Knob], index: int) -> dict[str, str]:
 def configured(fleet: LoadedFleet, config: dict[str, str]) -> LoadedFleet:
     """The fleet with one configuration's knobs applied; an input error naming the configuration when the
     fleet refuses it (a value out of range, faults on replicas it no longer has)."""
+    import yaml
+
     data = fleet.spec.model_dump(mode="json", by_alias=True, exclude_unset=False)
-    settings = [f"{k}={v}" for k, v in config.items() if k != REPLICAS]
+    settings = [f"{k}={v}" for k, v in config.items() if k != REPLICAS and not k.startswith(ROUTER)]
+    for k, v in config.items():
+        if k.startswith(ROUTER):
+            try:
+                data["router"][k[len(ROUTER):]] = yaml.safe_load(v)
+            except yaml.YAMLError:
+                raise InputError(Problem("--knob", f"{k}={v}", "a YAML value after '='"), None) from None
     for group in data["replicas"]:
         group["set"] = list(group["set"]) + settings
     if REPLICAS in config:

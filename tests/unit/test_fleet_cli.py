@@ -171,3 +171,23 @@ def test_recovery_time_without_a_fault_is_vacuous(tmp_path):
         "chat_fleet.slo.yaml", str(FLEETS / "chat_fleet.slo.yaml")))
     run = run_fleet(tmp_path / "f.yaml", limit=30)
     assert [f.verdict for f in run.findings if f.prop.name == "recovery_time"] == ["VACUOUS"]
+
+
+def test_the_shipped_pairs_through_simulate_fleet(capsys):
+    """The issue's three effects through simulate --fleet: a retry storm the budget stops, a lost replica and its
+    recovery time, a prefix-aware router that overloads one replica without its cap."""
+    def doc(name: str) -> dict:
+        main(["simulate", "--fleet", str(FLEETS / f"{name}.yaml"), "--json"])
+        d = json.loads(capsys.readouterr().out)
+        return {"props": {p["name"]: p["verdict"] for p in d["properties"]}, **d}
+
+    storm, budget = doc("lost_replica_retry_storm"), doc("lost_replica_retry_budget")
+    assert storm["props"]["retry_amplification"] == "VIOLATED" and budget["props"]["retry_amplification"] == "HOLDS"
+    assert storm["offered"]["retry"] > 4 * budget["offered"]["retry"]
+    back, never = doc("lost_replica_recovery"), doc("lost_replica_no_recovery")
+    assert back["faults"][0]["recovery_ms"]["interactive"] > 0 and never["faults"][0]["recovery_ms"]["interactive"] is None
+    assert (back["props"]["recovery_time"], never["props"]["recovery_time"]) == ("HOLDS", "VIOLATED")
+    uncapped, capped = doc("prefix_uncapped"), doc("prefix_capped")
+    assert max(r["attempts"] for r in uncapped["replicas"]) > 0.8 * 240 > 0.4 * 240 > max(
+        r["attempts"] for r in capped["replicas"])
+    assert (uncapped["exit_code"], capped["exit_code"]) == (1, 0)

@@ -36,6 +36,14 @@ def test_the_best_configuration_is_the_fewest_replicas_that_meet_the_slo():
     assert _figures(by_p99.results) == _figures(s.results)
 
 
+def test_a_sweep_of_the_prefix_routers_load_cap_finds_the_caps_that_spread_the_hot_prefix():
+    s = fleet_sweep(FLEETS / "prefix_uncapped.yaml", ["router.load_cap=4,64", "replicas=2,3"])
+    meets = {(r["config"]["router.load_cap"], r["config"]["replicas"]): r["meets"] for r in s.results}
+    # a cap high enough never to bind is the uncapped router: one replica takes the hot prefix
+    assert meets == {("4", "2"): False, ("4", "3"): True, ("64", "2"): False, ("64", "3"): False}
+    assert s.results[s.best]["config"] == {"router.load_cap": "4", "replicas": "3"}
+
+
 def test_local_processes_give_the_serial_results():
     serial, two = fleet_sweep(CAPPED, KNOBS, limit=120), fleet_sweep(CAPPED, KNOBS, limit=120, jobs=2)
     assert _figures(two.results) == _figures(serial.results) and two.best == serial.best
@@ -77,7 +85,8 @@ def test_the_command_line_table_json_and_exit_codes(capsys, tmp_path):
 @pytest.mark.parametrize("argv, message", [
     ([str(CAPPED)], "--knob=<none> (expected at least one knob NAME=V1,V2,...)"),
     ([str(CAPPED), "--knob", "batch.max_num_seqs"], "--knob='batch.max_num_seqs' (expected NAME=V1,V2,... with NAME "
-                                                    "a policy field (batch.max_num_seqs) or replicas"),
+                                                    "a policy field (batch.max_num_seqs), a router field "
+                                                    "(router.load_cap) or replicas"),
     ([str(CAPPED), "--knob", "batch.max_num_seqs=8,8"], "--knob='batch.max_num_seqs=8,8' (expected each value once)"),
     ([str(CAPPED), "--knob", "replicas=2", "--knob", "replicas=3"], "--knob='replicas' (expected each knob once"),
     ([str(CAPPED), "--knob", "replicas=0"], "--knob='replicas=0' (expected a whole number of replicas from 1 to 1024)"),
@@ -88,6 +97,10 @@ def test_the_command_line_table_json_and_exit_codes(capsys, tmp_path):
      "--knob='replicas' (expected a fleet of one replica group (this one has 2: base, canary))"),
     ([str(FLEETS / "lost_replica_recovery.yaml"), "--knob", "replicas=1"],
      "--knob='replicas=1' (expected a configuration the fleet accepts: "),
+    ([str(CAPPED), "--knob", "router.nope=2"], "--knob='router.nope=2' (expected a configuration the fleet accepts: "),
+    ([str(CAPPED), "--knob", "router.load_cap=["], "--knob='router.load_cap=[' (expected a YAML value after '=')"),
+    ([str(FLEETS / "mixed_round_robin.yaml"), "--knob", "router.load_cap=2"],
+     "(expected no load_cap with strategy round_robin (it caps prefix_aware's choice only)))"),
     ([str(CAPPED), "--knob", "replicas=2", "--jobs", "2", "--scheduler", "tcp://x:1"],
      "--jobs runs local processes, --scheduler a Dask cluster: one of them"),
     ([str(CAPPED), "--knob", "replicas=2", "--rate-scale", "0"], "argument --rate-scale: '0'"),
