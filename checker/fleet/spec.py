@@ -234,8 +234,9 @@ class Canary(_Strict):
     share: Annotated[float | None, Field(gt=0, lt=1)] = None
     """The share of requests sent to the canary (None: its share of the replicas)."""
     key: Literal["session", "request"] = "session"
-    """What the assignment hashes: the request's session (its prompt's first run: every turn goes to the same arm;
-    a request of its own tokens is its own session) or the request itself (its index in the requests)."""
+    """What the assignment hashes: the request's session (its prompt's first run, as session_affinity reads it:
+    every turn goes to the same arm; a request of its own tokens is its own session; requests behind one shared
+    system prompt share it) or the request itself (its index in the requests)."""
     classes: list[str] | None = None
     """The classes judged (None: every class)."""
     min_requests: Annotated[int, Field(ge=1, le=1_000_000_000)] = 50
