@@ -42,13 +42,14 @@ def show_run(fleet: str, workload: str | None, trace: str | None, limit: int | N
 
 def show_search(fleet: str, workload: str | None, properties: list[str] | None, max_examples: int,
                 time_budget: float, seed: int, max_requests: int, out: str | None, as_json: bool,
-                stresses: list[str] | None = None, database: str | None = None, budget_in_all: bool = False) -> int:
+                stresses: list[str] | None = None, database: str | None = None, budget_in_all: bool = False,
+                jobs: int = 1, scheduler: str | None = None) -> int:
     """Search the fleet (one Hypothesis search per property), print each verdict (or the JSON document)."""
     from checker.api import fleet_search
 
     results = fleet_search(fleet, workload, max_examples, time_budget, seed, max_requests,
                            Path(out) if out else None, properties, stresses,
-                           Path(database) if database else None, budget_in_all)
+                           Path(database) if database else None, budget_in_all, jobs, scheduler)
     code = ExitCode.VIOLATED if any(r.violated for r in results) else ExitCode.OK
     if as_json:
         print(json.dumps({"fleet": fleet, "mode": "search", "results": [r.as_json() for r in results],
@@ -72,12 +73,16 @@ def _fleet(args: argparse.Namespace) -> int:
                          "options")
     if args.property and not args.search:
         raise UsageError("--property chooses what --search looks for: add --search")
+    if (args.jobs or args.scheduler) and not args.search:
+        raise UsageError("--jobs and --scheduler run --search's property searches in parallel: add --search")
+    if args.jobs and args.scheduler:
+        raise UsageError("--jobs runs local processes, --scheduler a Dask cluster: one of them")
     if args.search and (args.trace or trace_flags):
         raise UsageError("--search draws requests from a workload's classes: --workload FILE, not --trace or trace "
                          "options")
     if args.search:
         return show_search(args.fleet, args.workload, args.property, args.max_examples, args.time_budget, args.seed,
-                           args.max_requests, args.out, args.json)
+                           args.max_requests, args.out, args.json, jobs=args.jobs or 1, scheduler=args.scheduler)
     return show_run(args.fleet, args.workload, args.trace, args.limit, options, args.replay, args.json, args.out)
 
 
@@ -147,6 +152,16 @@ def fleet_requests_flags(p: argparse.ArgumentParser) -> None:
     trace_option_flags(p)
 
 
+def jobs_flags(p: argparse.ArgumentParser, jobs_help: str) -> None:
+    """--jobs N (local processes) and --scheduler ADDRESS (a Dask cluster), as ci takes them (checker.parallel)."""
+    from checker.ci.config import MAX_JOBS
+    from checker.commands.shell import number
+
+    p.add_argument("--jobs", type=number(int, 1, MAX_JOBS, unit="processes"), metavar="N", help=jobs_help)
+    p.add_argument("--scheduler", metavar="ADDRESS", help="run on a Dask cluster instead (tcp://HOST:PORT); needs "
+                   "batchcheck[scale]")
+
+
 def register(verbs) -> None:
     from checker.commands.shell import EXAMPLES, SECONDS, SEED, number
 
@@ -172,6 +187,7 @@ def register(verbs) -> None:
     p.add_argument("--seed", type=SEED, default=0, metavar="N", help="--search: Hypothesis seed (default 0)")
     p.add_argument("--max-requests", type=number(int, 1, 100_000), default=20, metavar="N",
                    help="--search: requests per stress segment (default 20)")
+    jobs_flags(p, "--search: the property searches on N local processes (default 1: one after the other here)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--out", metavar="DIR", help="write the result (NAME.fleet.json) and counterexamples here")
     p.set_defaults(run=_fleet)

@@ -92,8 +92,7 @@ def format_sweep(s) -> str:
 
 
 def register(verbs) -> None:
-    from checker.ci.config import MAX_JOBS
-    from checker.commands.fleet import fleet_requests_flags
+    from checker.commands.fleet import fleet_requests_flags, jobs_flags
     from checker.commands.shell import SEED, number
     from checker.fleet.sweep import MAX_CONFIGURATIONS, OBJECTIVES
 
@@ -113,10 +112,7 @@ def register(verbs) -> None:
     p.add_argument("--objective", choices=list(OBJECTIVES), default="goodput_per_replica",
                    help="what 'best' means among the configurations that meet every property (default "
                         "goodput_per_replica)")
-    p.add_argument("--jobs", type=number(int, 1, MAX_JOBS, unit="processes"), metavar="N",
-                   help="configurations run on N local processes (default 1: in this process)")
-    p.add_argument("--scheduler", metavar="ADDRESS", help="run on a Dask cluster instead (tcp://HOST:PORT); needs "
-                   "batchcheck[scale]")
+    jobs_flags(p, "configurations run on N local processes (default 1: in this process)")
     p.add_argument("--json", action="store_true", help="print every configuration's result as JSON")
     p.add_argument("--out", metavar="DIR", help="also write the result (NAME.sweep.json) here")
     p.set_defaults(run=_sweep)

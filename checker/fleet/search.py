@@ -113,52 +113,84 @@ class SearchResult:
         return doc
 
 
+@dataclass(frozen=True)
+class _Task:
+    """One property's search, as a worker runs it (everything it needs, picklable: it reads no file)."""
+
+    fleet: LoadedFleet
+    workload: Workload
+    prop: FleetProperty
+    max_examples: int
+    time_budget_s: float
+    seed: int
+    max_requests: int
+    stresses: list[str] | None
+    database_dir: Path | None
+
+
+def _split(trace: list) -> tuple[list[Draw], list[FaultDraw]]:
+    return [d for d in trace if isinstance(d, Draw)], [d for d in trace if isinstance(d, FaultDraw)]
+
+
+def search_property(task: _Task) -> SearchResult:
+    """One Hypothesis search for one property; a failure shrunk and replayed (not saved: the caller saves)."""
+    fleet, w, prop = task.fleet, task.workload, task.prop
+    make = request_maker(w)
+    horizon = max(1, max(ranges(w).mean_gap_ms) * task.max_requests)
+    strategy = st.tuples(adversarial(w, fleet.replicas[0].policy, task.max_requests, task.stresses),
+                         _faults(fleet, horizon)).map(lambda parts: list(parts[0]) + list(parts[1]))
+
+    def judge(trace: list) -> tuple[bool, Outcome | None, float]:
+        draws, faults = _split(trace)
+        outcome = run_trace(fleet, prop, make(draws), to_faults(fleet, faults))
+        ratio = outcome.observed / outcome.allowed if outcome.observed is not None and outcome.allowed else 0.0
+        return not outcome.holds, outcome, ratio
+
+    h = hunt(strategy, judge, task.max_examples, task.time_budget_s, task.seed, task.database_dir, prop.name)
+    result = SearchResult(prop, h.examples, h.seconds)
+    if h.trace is not None:
+        draws, faults = _split(h.trace)
+        requests, fleet_faults = make(draws, "fleet search"), to_faults(fleet, faults)
+        replayed = run_trace(fleet, prop, requests, fleet_faults)
+        if replayed.holds:  # the simulation is deterministic: a failure that does not replay is a bug
+            raise InternalError(f"fleet search: the shrunk trace of {prop.name} does not fail on replay")
+        result.outcome, result.requests, result.faults = replayed, requests, fleet_faults
+    return result
+
+
 def search(fleet: LoadedFleet, workload: str | Path, max_examples: int = 100, time_budget_s: float = 60.0,
            seed: int = 0, max_requests: int = 20, out_dir: Path | None = None,
            only: list[str] | None = None, stresses: list[str] | None = None, database_dir: Path | None = None,
-           budget_in_all: bool = False) -> list[SearchResult]:
+           budget_in_all: bool = False, jobs: int = 1, scheduler=None) -> list[SearchResult]:
     """One search per property of the fleet (or those named in ``only``), each with ``time_budget_s`` (with
     ``budget_in_all``: that much for all of them, split evenly, as ``fuzz`` splits its budget). ``stresses``: the
     request strategies drawn (default: the first replica policy's, as fuzz's); ``database_dir``: a Hypothesis
-    example database (None: none)."""
+    example database (None: none). The searches run in this process, one after the other, or on ``jobs`` local
+    processes or a Dask cluster (``scheduler``: checker.parallel), each the same wherever it runs; the caller
+    saves the counterexamples."""
+    import os
+
+    from checker.parallel import map_dask, map_processes, quiet_worker
+
     w = load_model(Workload, workload)
-    make = request_maker(w)
-    horizon = max(1, max(ranges(w).mean_gap_ms) * max_requests)
-    strategy = st.tuples(adversarial(w, fleet.replicas[0].policy, max_requests, stresses),
-                         _faults(fleet, horizon)).map(lambda parts: list(parts[0]) + list(parts[1]))
     chosen = [p for p in fleet_properties(fleet) if not only or p.name in only]
     budget = time_budget_s / max(1, len(chosen)) if budget_in_all else time_budget_s
-    results = []
-    for prop in chosen:
-
-        def split(trace: list) -> tuple[list[Draw], list[FaultDraw]]:
-            return [d for d in trace if isinstance(d, Draw)], [d for d in trace if isinstance(d, FaultDraw)]
-
-        def judge(trace: list, prop: FleetProperty = prop) -> tuple[bool, Outcome | None, float]:
-            draws, faults = split(trace)
-            outcome = run_trace(fleet, prop, make(draws), to_faults(fleet, faults))
-            ratio = outcome.observed / outcome.allowed if outcome.observed is not None and outcome.allowed else 0.0
-            return not outcome.holds, outcome, ratio
-
-        h = hunt(strategy, judge, max_examples, budget, seed, database_dir, prop.name)
-        result = SearchResult(prop, h.examples, h.seconds)
-        if h.trace is not None:
-            draws, faults = split(h.trace)
-            requests, fleet_faults = make(draws, "fleet search"), to_faults(fleet, faults)
-            replayed = run_trace(fleet, prop, requests, fleet_faults)
-            if replayed.holds:  # the simulation is deterministic: a failure that does not replay is a bug
-                raise InternalError(f"fleet search: the shrunk trace of {prop.name} does not fail on replay")
-            result.outcome, result.requests, result.faults = replayed, requests, fleet_faults
-            if out_dir is not None:
-                result.counterexample = save_counterexample(fleet, prop.name, replayed, requests, fleet_faults, out_dir)
-        results.append(result)
+    tasks = [_Task(fleet, w, prop, max_examples, budget, seed, max_requests, stresses, database_dir) for prop in chosen]
+    if scheduler is not None:
+        results = map_dask(search_property, tasks, scheduler)
+    else:
+        results = map_processes(search_property, tasks, jobs, None, quiet_worker, (os.getpid(),))
+    for r in results:
+        if r.violated and out_dir is not None:
+            r.counterexample = save_counterexample(fleet, r.prop.name, r.outcome, r.requests, r.faults, out_dir)
     return results
 
 
 def fleet_search(fleet: str | Path, workload: str | Path | None = None, max_examples: int = 100,
                  time_budget_s: float = 60.0, seed: int = 0, max_requests: int = 20,
                  out_dir: Path | None = None, only: list[str] | None = None, stresses: list[str] | None = None,
-                 database_dir: Path | None = None, budget_in_all: bool = False) -> list[SearchResult]:
+                 database_dir: Path | None = None, budget_in_all: bool = False, jobs: int = 1,
+                 scheduler=None) -> list[SearchResult]:
     """``search`` on a fleet file, over the classes of ``workload`` (default: the workload the fleet names), for
     its properties (or those named in ``only``)."""
     from checker.errors import InputError, Problem
@@ -177,4 +209,4 @@ def fleet_search(fleet: str | Path, workload: str | Path | None = None, max_exam
             raise InputError(Problem("--property", name, "a property of the fleet: " + ", ".join(known)))
     check_stresses(stresses, loaded.replicas[0].policy)
     return search(loaded, workload, max_examples, time_budget_s, seed, max_requests, out_dir, only, stresses,
-                  database_dir, budget_in_all)
+                  database_dir, budget_in_all, jobs, scheduler)

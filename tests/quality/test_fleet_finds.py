@@ -93,3 +93,15 @@ def test_fuzz_fleet_is_the_fleet_search(tmp_path, capsys):
         {k: v for k, v in found.items() if k not in ("seconds", "counterexample")}
     assert main(["fleet", str(FIX), "--replay", found["counterexample"]]) == 1  # the budget holds; the request is lost
     assert "HOLDS     retry_amplification" in capsys.readouterr().out
+
+
+def test_the_property_searches_on_two_processes_find_what_they_find_one_after_the_other(tmp_path):
+    def found(**how) -> list[dict]:
+        results = fleet_search(STORM, short_workload(tmp_path), max_examples=60, time_budget_s=120, max_requests=3,
+                               seed=1, out_dir=tmp_path / str(len(how)), **how)
+        return [{k: v for k, v in r.as_json().items() if k not in ("seconds", "counterexample")} |
+                {"saved": r.counterexample.name if r.counterexample else None} for r in results]
+
+    serial, two = found(), found(jobs=2)
+    assert two == serial and len(serial) == 5
+    assert any(r["verdict"] == "VIOLATED" for r in serial)

@@ -42,6 +42,9 @@ def test_usage_errors_exit_2(capsys):
             (["--replay", cex, "--limit", "3"], "--replay runs the counterexample's own requests"),
             (["--search", "--trace", "t.json"], "--search draws requests from a workload's classes"),
             (["--property", "x"], "--property chooses what --search looks for: add --search"),
+            (["--jobs", "2"], "--jobs and --scheduler run --search's property searches in parallel: add --search"),
+            (["--search", "--jobs", "2", "--scheduler", "tcp://x:1"], "--jobs runs local processes, --scheduler a "
+                                                                      "Dask cluster: one of them"),
             (["--search", "--property", "nope"], "--property='nope' (expected a property of the fleet: "
                                                  "interactive_ttft_p99, background_ttft_p99, interactive_lost, "
                                                  "retry_amplification, every_request_accounted)"),
