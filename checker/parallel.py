@@ -13,9 +13,39 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from multiprocessing import get_context
 from typing import Any
 
+from checker.errors import BatchcheckError
+from checker.exitcodes import ExitCode
+
 SCHEDULER_CONNECT_S = 20  # how long --scheduler waits for a Dask scheduler to answer
 
 Done = Callable[[int, Any], None] | None
+
+
+class TaskError(BatchcheckError):
+    """An error batchcheck raised on purpose in a worker's task (bad input: exit 2, ...), carried back to the caller
+    with its message and exit code (the error itself may not pickle)."""
+
+    def __init__(self, message: str, code: int):
+        super().__init__(message, code)
+        self.message, self.exit_code = message, ExitCode(code)
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class _Carrying:
+    """``fn`` in a worker: its BatchcheckError comes back as a TaskError (picklable)."""
+
+    def __init__(self, fn: Callable[[Any], Any]):
+        self.fn = fn
+
+    def __call__(self, task: Any) -> Any:
+        try:
+            return self.fn(task)
+        except TaskError:
+            raise
+        except BatchcheckError as exc:
+            raise TaskError(str(exc), int(exc.exit_code)) from None
 
 
 def quiet_worker(parent: int) -> None:
@@ -46,7 +76,7 @@ def map_processes(fn: Callable[[Any], Any], tasks: Sequence[Any], jobs: int, don
     pool = ProcessPoolExecutor(max_workers=min(jobs, len(tasks)), mp_context=get_context("spawn"),
                                initializer=initializer, initargs=initargs)
     try:
-        futures = {pool.submit(fn, task): i for i, task in enumerate(tasks)}
+        futures = {pool.submit(_Carrying(fn), task): i for i, task in enumerate(tasks)}
         for future in as_completed(futures):
             finished(futures[future], future.result())
     except BaseException:  # Ctrl-C or an error: stop the workers now, run nothing more
@@ -76,7 +106,7 @@ def map_dask(fn: Callable[[Any], Any], tasks: Sequence[Any], scheduler: Any, don
         raise UsageError(f"--scheduler {scheduler}: no Dask scheduler answers there within {SCHEDULER_CONNECT_S} s "
                          f"({type(exc).__name__}: {exc})") from None
     try:
-        futures = client.map(fn, list(tasks), pure=False)
+        futures = client.map(_Carrying(fn), list(tasks), pure=False)
         index = {future.key: i for i, future in enumerate(futures)}
         results: dict[int, Any] = {}
         for future in completed(futures):
