@@ -110,8 +110,8 @@ FILES: dict[str, list[str]] = {
     "config": ["{dir}/vllm.yaml", "{dir}/batchcheck.toml"],
     "files": _glob("spec/policies/*.yaml", "spec/workloads/*.yaml", "spec/profiles/*.json"),
     "certificate": ["{dir}/cert.smt2", "{dir}/proved.smt2", "{dir}/proved.smt2"],
-    "knob": ["replicas=1,2", "batch.max_num_seqs=4,8"],  # sweep's (NEEDS below)
-    "limit": ["20", "60"],
+    "knob": ["replicas=1,2", "batch.max_num_seqs=4,8"],  # sweep's knobs and a short run (NEEDS below): a sweep
+    "limit": ["20", "60"],  # of a whole workload per case would be slow; other verbs' --limit draw these too
     "fleet": [f for f in _glob("spec/fleets/*.yaml") if not f.endswith(".slo.yaml")],
 }
 # What a verb needs to run at all, added (unless drawn) to most of its cases: without it nearly every case
