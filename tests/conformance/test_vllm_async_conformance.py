@@ -1,0 +1,82 @@
+"""The engine under async scheduling (policy.pipeline) against the real vLLM 0.33 AsyncScheduler stepped as the
+engine core's batch queue steps it (tests/vllm_async_driver.py): the kept logs of tests/data/vllm_async/ (no venv
+needed) and, with the venv, fresh logs of smaller generated traces."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from checker.checklog import run_check_log
+from tests.connector_logs import import_args as sync_import_args
+from tests.vllm_async_logs import KEPT, absent_reason, cases, compare, flags, import_args, run_jobs, trace
+from tests.vllm_spec_logs import compare as compare_with
+
+CASES = cases()
+
+
+def _lines(name: str) -> list[dict]:
+    return [json.loads(x) for x in (KEPT / f"{name}.log.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_kept_log_agrees_with_the_engine(name, tmp_path):
+    rows, fl = CASES[name]
+    assert json.loads((KEPT / f"{name}.trace.json").read_text()) == rows  # the kept trace is the case's
+    conf = compare(rows, fl, KEPT / f"{name}.log.jsonl", name, tmp_path)
+    assert conf.steps >= 500
+    assert conf.share >= 0.99, conf.detail
+    assert conf.free_blocks_agreeing >= 0.99 * conf.steps
+
+
+def test_kept_logs_cover_caching_preemptions_and_aborts():
+    preempted = {name: sum(len(line["preempted"]) for line in _lines(name)) for name in CASES}
+    aborted = sum(len(line["aborted"]) for name in CASES for line in _lines(name))
+    assert sum(1 for n in preempted.values() if n) >= 3 and aborted >= 10
+    assert any("--enable-prefix-caching" in fl and preempted[name] for name, (_, fl) in CASES.items())
+    for name in CASES:  # one batch in flight: after the first batch, each step that schedules resolves the one before
+        lines = _lines(name)
+        first = next(i for i, line in enumerate(lines) if line["scheduled"])
+        assert lines[first]["resolved"] is None
+        assert all(line["resolved"] == line["step"] - 1 for line in lines[first + 1:] if line["scheduled"])
+
+
+def test_kept_policies_are_the_imports():
+    from checker.importers import import_policy
+
+    for name, (_, fl) in CASES.items():
+        text = import_policy("vllm", import_args(fl), name=name).text
+        assert (KEPT / f"{name}.yaml").read_text() == text
+        assert "in_flight: 1" in text
+
+
+def test_streaming_check_log_agrees_and_finds_no_violation():
+    for name in ("priority_aborts", "cache_pressure"):
+        result = run_check_log(str(KEPT / f"{name}.yaml"), KEPT / f"{name}.log.jsonl", KEPT / f"{name}.trace.json",
+                               with_conformance=True)
+        assert result.violation is None
+        assert result.conformance.share == 1.0, result.conformance.detail
+
+
+@pytest.mark.parametrize("name", ["pressure_fcfs", "cache_pressure"])
+def test_the_synchronous_model_disagrees(name, tmp_path):
+    """The pipeline matters: the same logs under the synchronous policy (finishes and frees a step earlier) diverge
+    on most steps."""
+    rows, fl = CASES[name]
+    conf = compare_with(rows, fl, KEPT / f"{name}.log.jsonl", name, tmp_path, importer=sync_import_args)
+    assert conf.share < 0.5
+
+
+def test_fresh_logs_agree(tmp_path):
+    reason = absent_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    jobs = {"fresh_pressure": (trace(60, 31, gap=0.6), flags(60)),
+            "fresh_cache": (trace(60, 32, gap=0.6, groups=3), flags(70, extra=("--enable-prefix-caching",))),
+            "fresh_priority": (trace(60, 33, gap=0.7, priority=True, aborts=0.1),
+                               flags(70, extra=("--policy", "priority")))}
+    run_jobs(jobs, keep=tmp_path)
+    for name, (rows, fl) in jobs.items():
+        conf = compare(rows, fl, tmp_path / f"{name}.log.jsonl", name, tmp_path)
+        assert conf.share >= 0.99, (name, conf.detail)
