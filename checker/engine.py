@@ -146,7 +146,7 @@ def _simulate(policy: Policy, requests: RequestSet, profile: Profile, record: bo
     s = SchedulerState(policy, requests.specs, num_tenants=len(requests.tenant_names))
     reqs = s.requests
     clock = _Clock(reqs)
-    times = RequestTimes(len(reqs))
+    times = RequestTimes(len(reqs), done_at_last_token=policy.pipeline.enabled)
     decisions: list[StepDecision] | None = [] if record else None
     result = SimResult(policy, requests, profile, s, times, decisions, 0, 0, 0.0)
     now = clock.arrivals[0].arrival_us if reqs else 0

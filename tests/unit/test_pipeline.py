@@ -149,3 +149,14 @@ def test_simulate_finishes_every_request_with_preemptions():
         step(s, arrivals, [], j * 1000)
         step(c, [c.requests[r.rid] for r in arrivals], [], j * 1000)
         assert c.snapshot() == s.snapshot()
+
+
+def test_a_request_is_done_when_its_last_token_is_out():
+    """The finish is processed a step later, but the client has the last token at the end of the step computing it:
+    the done time (end-to-end latency) is that step's end, as without the pipeline."""
+    specs = [RequestSpec(rid=0, arrival_us=0, prompt_len=40, output_len=5, max_output=5)]
+    profile = load_profile(ROOT / "spec" / "profiles" / "default_linear.json")
+    rs = RequestSet(specs, ["default"], ["default"], "test")
+    on, off = simulate(policy(), rs, profile), simulate(Policy(**BASE), rs, profile)
+    assert on.times.done[0] == on.times.last_token[0] == off.times.done[0]
+    assert on.steps == off.steps + 1  # the step that resolves the finish
