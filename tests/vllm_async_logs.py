@@ -40,6 +40,17 @@ def trace(n: int, seed: int, gap: float = 1.0, priority: bool = False, aborts: f
     return rows
 
 
+def stale_trace(segments: int = 10) -> Trace:
+    """A tight pool (5 usable blocks) where, every 60 steps, a one-token request takes the last free blocks in the
+    step before a long decode crosses a block boundary: the decode preempts it while its only step is in flight, and
+    that step's stale token still finishes it, from the waiting queue (vLLM's stopped_preempted_reqs)."""
+    rows = []
+    for i in range(segments):
+        rows.append({"id": f"a{i}", "arrival_step": 60 * i, "prompt_tokens": 31, "output_tokens": 50})
+        rows.append({"id": f"b{i}", "arrival_step": 60 * i + 1, "prompt_tokens": 48, "output_tokens": 1})
+    return rows
+
+
 def flags(num_blocks: int, max_num_seqs: int = 8, max_num_batched_tokens: int = 256,
           extra: tuple[str, ...] = ()) -> list[str]:
     return ["--num-blocks", str(num_blocks), "--block-size", "16", "--max-num-seqs", str(max_num_seqs),
@@ -48,7 +59,7 @@ def flags(num_blocks: int, max_num_seqs: int = 8, max_num_batched_tokens: int = 
 
 def cases() -> dict[str, Job]:
     """The matrix: a roomy pool, KV pressure (preemptions), prefix caching with and without pressure, priority with
-    aborts, a small budget with the long-prefill threshold."""
+    aborts, a small budget with the long-prefill threshold, and victims whose in-flight step is their last."""
     return {
         "roomy_fcfs": (trace(160, 21, gap=3.0), flags(400)),
         "pressure_fcfs": (trace(200, 22, gap=0.6), flags(90)),
@@ -60,6 +71,7 @@ def cases() -> dict[str, Job]:
                             flags(110, extra=("--policy", "priority"))),
         "budget_threshold": (trace(160, 26, gap=2.5), flags(300, max_num_seqs=12, max_num_batched_tokens=128,
                                                             extra=("--long-prefill-token-threshold", "48"))),
+        "stale_finish": (stale_trace(), flags(6)),
     }
 
 

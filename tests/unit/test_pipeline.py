@@ -69,6 +69,21 @@ def test_the_seat_and_blocks_of_a_finishing_request_are_freed_a_step_later():
     assert [d[0] for d in run(Policy(**{**BASE, **one}), [a, b], 3)] == [{0: 16}, {0: 1}, {1: 16}]
 
 
+def test_a_victim_whose_last_step_is_in_flight_finishes_from_the_queue():
+    """5 usable blocks: b (one output token) takes the last 3 in step 1; in step 2 a's decode needs a third block and
+    preempts b, whose only step is in flight: b's blocks are freed at once, and its token, delivered when step 1 is
+    resolved, finishes it from the waiting queue in the same step."""
+    a = RequestSpec(rid=0, arrival_us=0, prompt_len=31, output_len=50, max_output=50)
+    b = RequestSpec(rid=1, arrival_us=1000, prompt_len=48, output_len=1, max_output=1)
+    p = policy(kv={"num_blocks": 5, "block_size": 16})
+    s = SchedulerState(p, [a, b])
+    decisions = [step(s, [r for r in s.requests if r.arrival_us == j * 1000], [], j * 1000) for j in range(3)]
+    assert dict(decisions[1].scheduled) == {0: 1, 1: 48} and decisions[1].kv_blocks_used == 5
+    d = decisions[2]
+    assert (dict(d.scheduled), list(d.preempted), list(d.finished), d.kv_blocks_used) == ({0: 1}, [1], [1], 3)
+    assert (s.requests[1].status, s.requests[1].num_generated, s.waiting) == (Status.FINISHED, 1, [])
+
+
 def test_default_section_leaves_the_hash_and_the_step_unchanged():
     plain = Policy(**BASE)
     explicit = Policy(**BASE, pipeline={"in_flight": 0})
