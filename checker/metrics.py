@@ -19,9 +19,9 @@ class RequestTimes:
     """Microsecond timestamps per request id (UNSET until they happen)."""
 
     __slots__ = ("first_scheduled", "first_token", "last_token", "done", "max_gap", "tokens_scheduled",
-                 "first_hit", "hit_tokens", "done_at_last_token")
+                 "first_hit", "hit_tokens")
 
-    def __init__(self, n: int, done_at_last_token: bool = False):
+    def __init__(self, n: int):
         self.first_scheduled = [UNSET] * n  # start of the first step that scheduled it
         self.first_token = [UNSET] * n  # end of the step that produced its first output token
         self.last_token = [UNSET] * n
@@ -30,9 +30,6 @@ class RequestTimes:
         self.tokens_scheduled = [0] * n  # tokens computed for it, recompute included
         self.first_hit = [0] * n  # prompt tokens its first admission took from the prefix cache
         self.hit_tokens = [0] * n  # tokens all its admissions took from the prefix cache (prefill saved)
-        # async scheduling (policy.pipeline): a finish is processed in the step after the one computing the last
-        # token, but the client has the token when that step ends: a finished request is done at its last token
-        self.done_at_last_token = done_at_last_token
 
     def observe(self, d: StepDecision, reqs: list[Request], start_us: int, end_us: int) -> None:
         first_scheduled, tokens = self.first_scheduled, self.tokens_scheduled
@@ -53,7 +50,7 @@ class RequestTimes:
                 max_gap[rid] = end_us - last
             last_token[rid] = end_us
         for rid in d.finished:
-            self.done[rid] = last_token[rid] if self.done_at_last_token and last_token[rid] != UNSET else end_us
+            self.done[rid] = end_us
         for rid, _ in d.rejected:
             self.done[rid] = start_us
         for rid in d.cancelled:

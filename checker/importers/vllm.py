@@ -227,7 +227,7 @@ def import_vllm(args: list[str], config: str | None, machine: Machine, version: 
     for name in ("pipeline-parallel-size", "data-parallel-size"):
         arg = given.take(name)
         if arg is not None and arg.value > 1:
-            refuse_later(refuse(arg, "1: the policy model is one engine with at most one batch in flight (pipeline "
+            refuse_later(refuse(arg, "1: the policy model is one engine running one batch at a time (pipeline "
                                 "stages and data-parallel engines are not modelled)"))
     for name, why in (("scheduler-cls", "a custom scheduler class cannot be imported"),):
         arg = given.take(name)

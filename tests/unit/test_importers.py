@@ -354,7 +354,7 @@ REFUSED = [
     ("vllm", ["--max-model-len", "4096", "--num-gpu-blocks-override", "500", "--prefill-schedule-interval", "4"],
      None, "--prefill-schedule-interval=4 (expected 1: admitting prefills only every N steps is not modelled)"),
     ("vllm", ["--max-model-len", "4096", "--num-gpu-blocks-override", "500", "--pipeline-parallel-size", "2"], None,
-     "--pipeline-parallel-size=2 (expected 1: the policy model is one engine with at most one batch in flight (pipeline "
+     "--pipeline-parallel-size=2 (expected 1: the policy model is one engine running one batch at a time (pipeline "
      "stages and data-parallel engines are not modelled))"),
     ("vllm", ["--max-model-len", "8192", "--num-gpu-blocks-override", "500", "--no-enable-chunked-prefill",
               "--max-num-batched-tokens", "4096"], None,
