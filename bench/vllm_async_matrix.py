@@ -1,7 +1,7 @@
 """Conformance of the engine with the real vLLM 0.33 AsyncScheduler (async scheduling), on generated traces.
 
 Each case of tests/vllm_async_logs.py (a seeded trace; roomy pools, KV pressure with preemptions, prefix caching,
-priority with aborts, small budgets with the long-prefill threshold): stepped through the real scheduler as the engine
+priority with aborts, small budgets with the long-prefill threshold, speculative decoding): stepped through the real scheduler as the engine
 core's batch queue steps it (tests/vllm_async_driver.py: one batch in flight), the policy imported with the same flags
 and --async-scheduling (`pipeline.in_flight: 1`), and the engine compared with the log step by step (check-log
 --conformance). The last column is the synchronous model (the import without --async-scheduling) on the same log.
@@ -21,9 +21,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.conformance_table import AgreementTable, first, matrix_logs, share  # noqa: E402
-from tests.connector_logs import import_args as sync_import_args  # noqa: E402
 from tests.vllm_async_logs import KEPT, cases, compare, read_log, run_jobs, venv_python  # noqa: E402
-from tests.vllm_spec_logs import compare as compare_with  # noqa: E402
+from tests.vllm_spec_logs import compare as compare_with, import_args as sync_import_args  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,8 +31,8 @@ def main(argv: list[str] | None = None) -> int:
     if found is None:
         return 0
     folder, logs = found
-    table = AgreementTable(["case", "caching", "steps", "preemptions", "aborts", "steps agree", "share",
-                            "free blocks agree", "first divergence", "synchronous model agrees"])
+    table = AgreementTable(["case", "caching", "drafts (method k)", "steps", "preemptions", "aborts", "steps agree",
+                            "share", "free blocks agree", "first divergence", "synchronous model agrees"])
     table.header()
     for name, (rows, fl) in jobs.items():
         log_path = folder / f"{name}.log.jsonl"
@@ -43,7 +42,9 @@ def main(argv: list[str] | None = None) -> int:
         preemptions = sum(len(line["preempted"]) for line in log)
         aborts = sum(len(line["aborted"]) for line in log)
         caching = "on" if "--enable-prefix-caching" in fl else "off"
-        table.row(name, [name, caching, conf.steps, preemptions, aborts, conf.agreeing, share(conf),
+        method = (f"{sum(sum(line['drafts'].values()) for line in log)} ({fl[fl.index('--spec-method') + 1]} "
+                  f"{fl[fl.index('--num-speculative-tokens') + 1]})" if "--spec-method" in fl else "-")
+        table.row(name, [name, caching, method, conf.steps, preemptions, aborts, conf.agreeing, share(conf),
                          conf.free_blocks_agreeing, first(conf), share(sync)], conf)
     table.footer()
     return 0

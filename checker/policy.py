@@ -670,16 +670,15 @@ class Policy(_Strict):
                         f"{spec.num_tokens}: vLLM refuses a budget that cannot schedule a token beside them)")
 
     def _pipeline_consistent(self) -> None:
-        """Async scheduling (in_flight 1) is modelled under vLLM's rules without speculative decoding, swap, a KV
-        connector, full reservation or another phase mode (refused by name); deeper pipelines are not modelled yet."""
+        """Async scheduling (in_flight 1) is modelled under vLLM's rules, speculative decoding included, without swap,
+        a KV connector, full reservation or another phase mode (refused by name); deeper pipelines are not modelled
+        yet."""
         depth = self.pipeline.in_flight
         if depth > 1:
             raise _fail("pipeline.in_flight", depth, "1: pipeline parallelism (more than one batch in flight, vLLM's "
                         "decode stagger) is not modelled yet")
         for path, value, allowed, why in (
                 ("scheduler", self.scheduler.value, "vllm", "SGLang's overlap loop is not modelled yet"),
-                ("speculative.method", self.speculative.method.value, "none",
-                 "draft placeholders of an in-flight step are not modelled yet"),
                 ("connector.kind", self.connector.kind.value, "none",
                  "vLLM fences a consumer connector's frees until the in-flight step completes: not modelled yet"),
                 ("preemption.mode", self.preemption.mode.value, "recompute", "vLLM v1 preempts by recompute"),

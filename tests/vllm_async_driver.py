@@ -8,8 +8,9 @@ Run INSIDE the vLLM venv (it imports vllm, never batchcheck):
         [every flag of shared/tools/vllm-scheduler/drive_vllm_scheduler.py] [--shared-driver DIR] --out LOG.jsonl
 
 The Scheduler is the speculative driver's build (tests/vllm_spec_driver.py build_scheduler) with
-``async_scheduling=True`` and no speculative config: the AsyncScheduler class, as SchedulerConfig.get_scheduler_cls
-picks it for --async-scheduling. It is stepped as EngineCore.step_with_batch_queue steps it
+``async_scheduling=True``: the AsyncScheduler class, as SchedulerConfig.get_scheduler_cls picks it for
+--async-scheduling; with --spec-method (draft_model or eagle: the V1 model runner refuses async scheduling with ngram)
+a speculative config too, and the speculative driver's flags for the verifier. It is stepped as EngineCore.step_with_batch_queue steps it
 (vllm/v1/engine/core.py) with a batch queue of max_concurrent_batches = 2 (async scheduling, pipeline size 1):
 each engine step
 
@@ -26,11 +27,15 @@ t's output is still in flight (its requests carry num_output_placeholders).
 
 The fake model output of a batch is decided when it is scheduled, as the GPU runner decides it: a request
 scheduled as a prefill chunk (Request.is_prefill_chunk right after schedule()) samples nothing, any other
-samples one token (a fixed non-EOS id; requests use ignore_eos, so each stops at exactly output_tokens).
+samples 1 + a tokens (a fixed non-EOS id; requests use ignore_eos, so each stops at exactly output_tokens), a the
+drafts accepted: 0 without speculative decoding or for the padding drafts of a request admitted in the step, else
+the speculative driver's Verifier (the trace's accepted list, or its seeded rule). The scheduled drafts are the
+AsyncScheduler's placeholders, which the real worker fills with its own proposals.
 
 Log: the shared driver's line per engine step (tests/vllm_connector_driver.step_record: ``scheduled`` and
 ``preempted`` of the batch scheduled in this step, ``finished`` by the batch resolved in it, counts and free blocks
-after it), plus ``resolved``: the engine step whose batch update_from_output took in this step (null: none).
+after it), plus ``resolved``: the engine step whose batch update_from_output took in this step (null: none); with
+--spec-method also ``drafts`` and ``accepted`` ({id: n}) of the batch scheduled in this step.
 """
 
 from __future__ import annotations
@@ -67,21 +72,16 @@ def _drivers():
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("trace")
-    ap.add_argument("--policy", choices=["fcfs", "priority"], default="fcfs")
-    for flag, kind, default in _drivers()[0].SHARED_FLAGS:
-        if kind is None:
-            ap.add_argument(flag, action="store_true")
-        else:
-            ap.add_argument(flag, type=kind, default=default)
-    ap.add_argument("--shared-driver", default=None)
+    """The speculative driver's flags (every shared flag, --spec-method and the verifier's); without --spec-method
+    no speculative config."""
+    ap = _drivers()[1].parser()
+    ap.description = __doc__.split("\n")[0]
+    ap.set_defaults(spec_method=None)
     return ap
 
 
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
-    args.spec_method = None
     connector, _ = _drivers()
     return run(args, connector.load_shared(args.shared_driver))
 
@@ -95,6 +95,8 @@ def run(args, shared) -> int:
     connector, spec_driver = _drivers()
     sched = spec_driver.build_scheduler(args, shared, asynchronous=True)
     pending = shared.make_requests(trace, args.block_size)
+    ids = [str(t.get("id", i)) for i, t in enumerate(trace)]
+    verifier = spec_driver.Verifier(trace, ids, args.accept_rate, args.seed) if args.spec_method else None
     token = shared.SAMPLED_TOKEN
     setup_s = time.perf_counter() - t_setup
 
@@ -111,11 +113,23 @@ def run(args, shared) -> int:
         if step > last_arrival and len(finished) >= total:
             break
         t0 = time.perf_counter()
-        so, resolved, eco = NOTHING, None, {}
+        so, resolved, eco, drafts, accepted = NOTHING, None, {}, {}, {}
         if sched.has_requests():
             so = sched.schedule()
             req_ids = list(so.num_scheduled_tokens.keys())
-            sampled = [[] if sched.requests[rid].is_prefill_chunk else [token] for rid in req_ids]
+            sampled, drafts, accepted = [], {}, {}
+            admitted = {r.req_id for r in so.scheduled_new_reqs} | set(so.scheduled_cached_reqs.resumed_req_ids)
+            for rid in req_ids:
+                if sched.requests[rid].is_prefill_chunk:
+                    sampled.append([])
+                    continue
+                spec = so.scheduled_spec_decode_tokens.get(rid) or []
+                # the drafts are the scheduler's placeholders (-1), which the worker fills with its proposals, except
+                # those of a request admitted in this step: uniform-decode padding, never accepted
+                a = 0 if not spec or rid in admitted else verifier.accepted(rid, step, [0] * len(spec))
+                if spec:
+                    drafts[rid], accepted[rid] = len(spec), a
+                sampled.append([token] * (1 + a))
             mro = ModelRunnerOutput(req_ids=req_ids, req_id_to_index={rid: i for i, rid in enumerate(req_ids)},
                                     sampled_token_ids=sampled)
             queue.appendleft((step, so, mro))
@@ -128,6 +142,8 @@ def run(args, shared) -> int:
         fin_now = connector.finishes(eco, finished)
         if not args.quiet:
             rec = {**connector.step_record(sched, so, step, fin_now, aborted_now), "resolved": resolved}
+            if verifier is not None:  # the drafts of the batch scheduled in this step and how many are accepted
+                rec.update(drafts=drafts, accepted=accepted)
             out.write(json.dumps(rec) + "\n")
     if out is not sys.stdout:
         out.close()

@@ -12,9 +12,8 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from tests.connector_logs import import_args as connector_import_args
-from tests.vllm_spec_logs import absent_reason, compare as spec_compare, read_log, run_jobs as spec_run_jobs
-from tests.vllm_spec_logs import trace as spec_trace, venv_python
+from tests.vllm_spec_logs import absent_reason, compare as spec_compare, import_args as spec_import_args, read_log
+from tests.vllm_spec_logs import run_jobs as spec_run_jobs, trace as spec_trace, venv_python
 
 HERE = Path(__file__).resolve().parent
 KEPT = HERE / "data" / "vllm_async"
@@ -57,6 +56,12 @@ def flags(num_blocks: int, max_num_seqs: int = 8, max_num_batched_tokens: int = 
             "--max-num-batched-tokens", str(max_num_batched_tokens), "--max-model-len", "8192", *extra]
 
 
+def spec_flags(method: str, k: int, num_blocks: int, seed: int, extra: tuple[str, ...] = ()) -> list[str]:
+    """A case with speculative decoding: the speculative driver's flags (its seeded verifier), async scheduling."""
+    return flags(num_blocks, extra=("--spec-method", method, "--num-speculative-tokens", str(k), "--seed", str(seed),
+                                    *extra))
+
+
 def cases() -> dict[str, Job]:
     """The matrix: a roomy pool, KV pressure (preemptions), prefix caching with and without pressure, priority with
     aborts, a small budget with the long-prefill threshold, and victims whose in-flight step is their last."""
@@ -72,6 +77,9 @@ def cases() -> dict[str, Job]:
         "budget_threshold": (trace(160, 26, gap=2.5), flags(300, max_num_seqs=12, max_num_batched_tokens=128,
                                                             extra=("--long-prefill-token-threshold", "48"))),
         "stale_finish": (stale_trace(), flags(6)),
+        "eagle_k2_pressure": (spec_trace(200, 27, gap=0.6), spec_flags("eagle", 2, 100, 27)),
+        "draft_k3_priority_aborts": (spec_trace(200, 28, gap=0.7, priority=True, aborts=0.1),
+                                     spec_flags("draft_model", 3, 120, 28, extra=("--policy", "priority"))),
     }
 
 
@@ -80,9 +88,9 @@ def run_jobs(jobs: dict[str, Job], keep: Path | None = None, timeout: float = 36
 
 
 def import_args(fl: list[str]) -> list[str]:
-    """The driver's flags as `batchcheck import vllm` arguments: the shared driver's (tests/connector_logs.py),
-    with async scheduling on."""
-    return [a for a in connector_import_args(fl) if a != "--no-async-scheduling"] + ["--async-scheduling"]
+    """The driver's flags as `batchcheck import vllm` arguments: the speculative driver's (tests/vllm_spec_logs.py:
+    the shared flags and the speculative config), with async scheduling on."""
+    return [a for a in spec_import_args(fl) if a != "--no-async-scheduling"] + ["--async-scheduling"]
 
 
 def compare(rows: Trace, fl: list[str], log: Path, name: str, folder: Path):

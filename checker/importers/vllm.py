@@ -408,8 +408,7 @@ def _async_scheduling(given: Given, draft: Draft, era: str, ver: tuple) -> None:
         if arg is not None and arg.value:
             draft.ignore(arg, "the V0 engine has no async scheduling")
         return
-    unmodelled = ("speculative decoding" if draft.value("speculative.method", "none") != "none" else
-                  "a KV connector" if draft.value("connector.kind", "none") != "none" else None)
+    unmodelled = "a KV connector" if draft.value("connector.kind", "none") != "none" else None
     if arg is not None and not arg.value:
         draft.set("pipeline.in_flight", 0, arg.shown)
     elif arg is not None and unmodelled is None:

@@ -504,7 +504,9 @@ def _compute(s: SchedulerState, out: DecisionBuilder) -> tuple[int, int, int, in
     by_rid = s.requests
     produced = out.produced
     spec, pipe = s.spec, s.pipe
-    finish = _finish if pipe is None else inflight.defer  # with a batch in flight: when the batch is resolved
+    # with a batch in flight a finish waits for the batch to be resolved: marked now, or (with speculative decoding,
+    # whose accepted drafts are known only then) found then
+    finish = _finish if pipe is None else inflight.defer if spec is None else _not_yet
     for rid, n in out.scheduled.items():
         r = by_rid[rid]
         computed, generated = r.num_computed, r.num_generated
@@ -520,6 +522,10 @@ def _compute(s: SchedulerState, out: DecisionBuilder) -> tuple[int, int, int, in
             decode_kv += total
             prefill_tokens += drafts  # the verified positions are priced as the step's prefill tokens
             prefill_attention += drafts * (computed + n)
+            if pipe is not None:
+                inflight.verify_later(s, r, n, drafts, speculative.choose(s, r, drafts))
+                produced.append(rid)
+                continue
             m, done = speculative.verify(s, r, drafts)
             produced.append(rid)
             if fair:
@@ -573,6 +579,10 @@ def _decide(s: SchedulerState, now_us: int, out: DecisionBuilder, counts: tuple[
         tuple(out.preempted), tuple(out.finished), tuple(out.rejected), tuple(out.cancelled), tuple(out.released),
         prefill_tokens, decode_seqs, prefill_attention, decode_kv, s.kv_used, p.kv.num_blocks - s.kv_used,
         len(s.running), len(s.waiting) + len(s.holders), tuple(out.hits), tuple(out.loads))
+
+
+def _not_yet(s: SchedulerState, r: Request, out: DecisionBuilder) -> None:
+    """A finish found when the batch is resolved (checker.semantics.inflight)."""
 
 
 def _finish(s: SchedulerState, r: Request, out: DecisionBuilder) -> None:

@@ -9,9 +9,9 @@ import json
 import pytest
 
 from checker.checklog import run_check_log
-from tests.connector_logs import import_args as sync_import_args
-from tests.vllm_async_logs import KEPT, absent_reason, cases, compare, flags, import_args, run_jobs, trace
-from tests.vllm_spec_logs import compare as compare_with
+from tests.vllm_async_logs import KEPT, absent_reason, cases, compare, flags, import_args, run_jobs, spec_flags, trace
+from tests.vllm_spec_logs import compare as compare_with, import_args as sync_import_args
+from tests.vllm_spec_logs import trace as spec_trace
 
 CASES = cases()
 
@@ -47,6 +47,17 @@ def test_a_victim_whose_last_step_is_in_flight_finishes_from_the_queue():
     assert len(both) == 10
 
 
+def test_speculative_logs_verify_placeholder_drafts():
+    """With speculative decoding every decode after a sampling step schedules k placeholder drafts; some are
+    accepted, some rejected (the rollback the next line resolves)."""
+    for name in ("eagle_k2_pressure", "draft_k3_priority_aborts"):
+        lines = _lines(name)
+        drafts = sum(sum(line["drafts"].values()) for line in lines)
+        accepted = sum(sum(line["accepted"].values()) for line in lines)
+        assert drafts > 5_000 and 0 < accepted < drafts
+        assert sum(len(line["preempted"]) for line in lines) >= 10
+
+
 def test_kept_policies_are_the_imports():
     from checker.importers import import_policy
 
@@ -80,7 +91,8 @@ def test_fresh_logs_agree(tmp_path):
     jobs = {"fresh_pressure": (trace(60, 31, gap=0.6), flags(60)),
             "fresh_cache": (trace(60, 32, gap=0.6, groups=3), flags(70, extra=("--enable-prefix-caching",))),
             "fresh_priority": (trace(60, 33, gap=0.7, priority=True, aborts=0.1),
-                               flags(70, extra=("--policy", "priority")))}
+                               flags(70, extra=("--policy", "priority"))),
+            "fresh_eagle": (spec_trace(60, 34, gap=0.6, aborts=0.1), spec_flags("eagle", 3, 60, 34))}
     run_jobs(jobs, keep=tmp_path)
     for name, (rows, fl) in jobs.items():
         conf = compare(rows, fl, tmp_path / f"{name}.log.jsonl", name, tmp_path)

@@ -84,6 +84,25 @@ def test_a_victim_whose_last_step_is_in_flight_finishes_from_the_queue():
     assert (s.requests[1].status, s.requests[1].num_generated, s.waiting) == (Status.FINISHED, 1, [])
 
 
+def test_speculative_decoding_hand_traced():
+    """eagle k=2, a 30-token prompt, 8 output tokens, the verifier accepting 2 then none: every draft counts (vLLM's
+    placeholders) until its batch is resolved a step later, when the rejected ones are rolled back; the running pass
+    stops once the in-flight step reaches the 8th token even with every draft rejected, and the finish comes with
+    that step's resolution."""
+    spec = RequestSpec(rid=0, arrival_us=0, prompt_len=30, output_len=8, max_output=8, accepted=(2, 0))
+    p = policy(speculative={"method": "eagle", "num_tokens": 2})
+    s = SchedulerState(p, [spec])
+    seen = []
+    for j in range(8):
+        d = step(s, [r for r in s.requests if r.arrival_us == j * 1000], [], j * 1000)
+        seen.append((dict(d.scheduled), list(d.finished), s.requests[0].num_computed, s.requests[0].num_generated))
+    assert seen[:3] == [({0: 30}, [], 30, 1), ({0: 3}, [], 33, 4), ({0: 3}, [], 36, 7)]
+    # step 3: batch 2 (accepted 0) resolved: 2 drafts rolled back (39 - 2, 10 - 2)
+    assert seen[3] == ({0: 3}, [], 37, 8)
+    assert [x[0] for x in seen[4:7]] == [{0: 3}, {0: 3}, {}] and seen[6][1] == [0]
+    assert (s.requests[0].status, s.requests[0].num_generated) == (Status.FINISHED, 8)
+
+
 def test_default_section_leaves_the_hash_and_the_step_unchanged():
     plain = Policy(**BASE)
     explicit = Policy(**BASE, pipeline={"in_flight": 0})
@@ -95,8 +114,6 @@ def test_default_section_leaves_the_hash_and_the_step_unchanged():
 @pytest.mark.parametrize("extra, field, fragment", [
     ({"pipeline": {"in_flight": 2}}, "pipeline.in_flight", "pipeline parallelism"),
     ({"pipeline": {"in_flight": -1}}, "in_flight", "greater than or equal to 0"),
-    ({"pipeline": {"in_flight": 1}, "speculative": {"method": "eagle", "num_tokens": 2}}, "speculative.method",
-     "not modelled yet"),
     ({"pipeline": {"in_flight": 1}, "connector": {"kind": "decode_node"}}, "connector.kind", "fences"),
     ({"pipeline": {"in_flight": 1}, "batch": {"max_num_batched_tokens": 64, "max_num_seqs": 4,
                                               "phase_mode": "mixed"}}, "batch.phase_mode", "decode_first"),
@@ -123,7 +140,10 @@ def test_import_vllm_async_scheduling():
     old = _imported(version="0.11")
     assert not any("async" in a for a in old.approximated)
     spec = _imported("--async-scheduling", "--speculative-config", '{"method": "eagle", "num_speculative_tokens": 2}')
-    assert spec.policy.pipeline.in_flight == 0 and any("speculative decoding" in a for a in spec.approximated)
+    assert spec.policy.pipeline.in_flight == 1 and spec.policy.speculative.num_tokens == 2
+    kv = json.dumps({"kv_connector": "NixlConnector", "kv_role": "kv_consumer"})
+    connector = _imported("--async-scheduling", "--kv-transfer-config", kv)
+    assert connector.policy.pipeline.in_flight == 0 and any("a KV connector" in a for a in connector.approximated)
 
 
 def test_import_vllm_refuses_pipeline_parallelism_by_name():
