@@ -109,7 +109,7 @@ def done(s: SchedulerState, r: Request) -> bool:
 
 def dead(s: SchedulerState, rid: int) -> bool:
     """A request scheduled after the step that samples its last token (its output is dropped). With speculative
-    decoding that is known only when the batch is resolved (``resolve_verified``)."""
+    decoding that is known only when the batch is resolved (``_resolve_verified``)."""
     return rid in s.pipe.finishing
 
 
