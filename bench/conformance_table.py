@@ -4,7 +4,10 @@ table pastes into docs/check-log.md as it is), and the worst agreement at the en
 
 from __future__ import annotations
 
+import argparse
+import tempfile
 import time
+from pathlib import Path
 
 
 class AgreementTable:
@@ -31,6 +34,24 @@ class AgreementTable:
     def footer(self) -> None:
         print(f"\nworst agreement: {100 * self.worst:.1f} % ({self.rows} logs, "
               f"{time.perf_counter() - self.started:.0f} s)")
+
+
+def matrix_logs(doc: str, argv: list[str] | None, jobs: dict, kept: Path, read_log, run_jobs,
+                venv_python) -> tuple[Path, dict[str, list[dict]]] | None:
+    """The logs a driver-based matrix compares (bench/vllm_spec_matrix.py, bench/vllm_async_matrix.py): with --kept
+    the kept ones, else fresh ones from the venv (kept in --keep DIR); None (after a message) when the venv is
+    absent. Returns the folder of the logs and traces, and each case's log lines."""
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
+    ap.add_argument("--keep", default=None, help="directory to keep traces and logs in")
+    ap.add_argument("--kept", action="store_true", help=f"compare the kept logs ({kept.name}/)")
+    args = ap.parse_args(argv)
+    if args.kept:
+        return kept, {name: read_log(kept / f"{name}.log.jsonl") for name in jobs}
+    if venv_python() is None:
+        print("the vLLM venv is absent (see shared/tools/vllm-scheduler/README.md): nothing to compare")
+        return None
+    folder = Path(args.keep) if args.keep else Path(tempfile.mkdtemp())
+    return folder, run_jobs(jobs, keep=folder)
 
 
 def share(conf) -> str:

@@ -14,32 +14,21 @@ log's accepted counts fed to the engine). Prints the agreement table in markdown
 
 from __future__ import annotations
 
-import argparse
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.conformance_table import AgreementTable, first, share  # noqa: E402
+from bench.conformance_table import AgreementTable, first, matrix_logs, share  # noqa: E402
 from tests.vllm_spec_logs import KEPT, cases, compare, read_log, run_jobs, venv_python  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--keep", default=None, help="directory to keep traces and logs in")
-    ap.add_argument("--kept", action="store_true", help="compare the kept logs (tests/data/vllm_spec/)")
-    args = ap.parse_args(argv)
     jobs = cases()
-    if args.kept:
-        folder = KEPT
-        logs = {name: read_log(folder / f"{name}.log.jsonl") for name in jobs}
-    else:
-        if venv_python() is None:
-            print("the vLLM venv is absent (see shared/tools/vllm-scheduler/README.md): nothing to compare")
-            return 0
-        folder = Path(args.keep) if args.keep else Path(tempfile.mkdtemp())
-        logs = run_jobs(jobs, keep=folder)
+    found = matrix_logs(__doc__, argv, jobs, KEPT, read_log, run_jobs, venv_python)
+    if found is None:
+        return 0
+    folder, logs = found
     table = AgreementTable(["case", "method", "k", "steps", "preemptions", "drafts", "accepted", "steps agree",
                             "share", "free blocks agree", "first divergence"])
     table.header()

@@ -651,6 +651,10 @@ class Observed:
         # speculative decoding: the drafter's lookahead slots (a decode's blocks cover them) and the length cap
         self.lookahead = policy.speculative.lookahead_slots if policy.speculative.enabled else None
         self.max_len = policy.max_model_len
+        # async scheduling (policy.pipeline): a verifying row counts every draft until the next line resolves its
+        # batch; (request, drafts rejected) of the last line's rows, rolled back after the next line's rows
+        self.in_flight = policy.pipeline.enabled
+        self.rollbacks: list[tuple[int, int]] = []
         self.seq = 1
         self.t = -1  # position in the log of the last step applied
         self.keep = keep
@@ -729,6 +733,7 @@ class Observed:
             if self.slots[r]["status"] == PENDING:
                 status(r, w(r), WAITING)
         sched = entry.scheduled
+        rollbacks: list[tuple[int, int]] = []
         # SGLang ends an aborted running request after its next row (the row is in the step): it ends after it
         after = [r for r in entry.aborted if r in sched] if entry.aborted and sched else ()
         if entry.aborted:
@@ -752,7 +757,10 @@ class Observed:
                 admitted.append(r)
             g = s["num_generated"]
             if self.lookahead is not None and entry.accepted and r in entry.accepted:
-                self._verified(r, s, n, entry.accepted[r])
+                if self.in_flight:
+                    self._verified_later(r, s, n, entry.accepted[r], rollbacks)
+                else:
+                    self._verified(r, s, n, entry.accepted[r])
                 produce(r)
                 continue
             c = s["num_computed"] = s["num_computed"] + n
@@ -768,6 +776,8 @@ class Observed:
                 produce(r)
         for r in late:
             self._preempt(r, w(r), touched)
+        if self.in_flight:
+            self._resolve(rollbacks, touched)
         if after:
             self._end(after, CANCELLED, ABORTED, touched, keep=self.keeps_aborted)
         if entry.finished:
@@ -789,6 +799,29 @@ class Observed:
             self._blocks(r, s, need)
         m = max(1, min(1 + a, self.specs[r].output_len - g, self.max_len - total))
         s["num_computed"], s["num_generated"] = c + m, g + m
+
+    def _verified_later(self, r: int, s: dict[str, int], n: int, a: int, rollbacks: list[tuple[int, int]]) -> None:
+        """A row verifying drafts under async scheduling: the blocks of the scheduled tokens and the lookahead slots,
+        every draft counted (vLLM's placeholders) until the next line resolves the batch (``_resolve``)."""
+        c, g = s["num_computed"], s["num_generated"]
+        need = blocks_for(min(c + n + self.lookahead, self.max_len), self.size)
+        if need > s["blocks"]:
+            self._blocks(r, s, need)
+        d = n - (self.prompt[r] + g - c)
+        s["num_computed"], s["num_generated"] = c + n, g + 1 + d
+        rollbacks.append((r, d - a))
+
+    def _resolve(self, rollbacks: list[tuple[int, int]], touched) -> None:
+        """The last line's batch resolved in this one (after this line's rows were scheduled): its rejected drafts
+        rolled back (only the output of a request preempted since: its counters were reset)."""
+        for r, rejected in self.rollbacks:
+            if rejected and self.slots[r]["status"] in (RUNNING, WAITING):
+                s = self._w(r)
+                if s["status"] == RUNNING:
+                    s["num_computed"] -= rejected
+                s["num_generated"] -= rejected
+                touched.add(r)
+        self.rollbacks = rollbacks
 
     def _apply_held(self, entry: LogStep, touched) -> None:
         """A connector log line: the blocks each request that is not running holds, and which are loading

@@ -147,6 +147,9 @@ def _simulate(policy: Policy, requests: RequestSet, profile: Profile, record: bo
     reqs = s.requests
     clock = _Clock(reqs)
     times = RequestTimes(len(reqs))
+    # async scheduling (policy.pipeline): a finish is processed in the step after the one computing the last token,
+    # but the client has that token when the step computing it ends: the request is done at its last token
+    done_at_last_token = policy.pipeline.enabled
     decisions: list[StepDecision] | None = [] if record else None
     result = SimResult(policy, requests, profile, s, times, decisions, 0, 0, 0.0)
     now = clock.arrivals[0].arrival_us if reqs else 0
@@ -166,6 +169,9 @@ def _simulate(policy: Policy, requests: RequestSet, profile: Profile, record: bo
             decisions.append(d)
         dt = profile.step_us(d) if d.scheduled else 0
         times.observe(d, reqs, now, now + dt)
+        if done_at_last_token and d.finished:
+            for rid in d.finished:
+                times.done[rid] = times.last_token[rid]
         unfinished -= len(d.finished) + len(d.rejected) + len(d.cancelled)
         if d.produced or d.rejected or d.cancelled:
             stall_tokens = 0

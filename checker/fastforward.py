@@ -68,6 +68,8 @@ def next_steps_are_quiet_decodes(s: SchedulerState, d: StepDecision) -> bool:
     """
     if not s.running or s.holding or s.holders or s.loads_in_flight:
         return False  # a release, or a transfer report, may come in the middle of a stretch
+    if s.pipe is not None:
+        return False  # async scheduling: finishes and frees come a step after the last token (not modelled here)
     if s.spec is not None:
         return False  # speculative decoding: a decode takes 1 + drafts tokens and 1..k+1 outputs (not a quiet stretch)
     if s.sglang is not None:

@@ -434,6 +434,24 @@ class Speculative(_Strict):
         return 1 if self.method is SpecMethod.DRAFT else 0
 
 
+# ----------------------------------------------------------------------------------------- async scheduling
+class Pipeline(_Strict):
+    """Async scheduling (vLLM's AsyncScheduler stepped by the engine core's batch queue; docs/speculative.md, "Async
+    scheduling"): the scheduler decides step t+1 while step t's batch is still in flight. A request whose in-flight
+    step samples has that token as a placeholder (it counts as generated for what the next step schedules); the
+    outputs, finishes and the frees of finished requests take effect when the batch is resolved, one step later."""
+
+    in_flight: Annotated[int, Field(ge=0, le=64)] = 0
+    """Batches in flight while the scheduler decides the next one: 0 (the default) synchronous scheduling, exactly as
+    without this section (vLLM --no-async-scheduling); 1 async scheduling (vLLM --async-scheduling with
+    pipeline_parallel_size 1). Deeper pipelines (pipeline parallelism, P batches in flight) are refused by name: not
+    modelled yet."""
+
+    @property
+    def enabled(self) -> bool:
+        return self.in_flight > 0
+
+
 # ----------------------------------------------------------------------------------------- scheduler family
 class Scheduler(StrEnum):
     """Whose scheduling rules the step follows. vllm: the rule sections above (vLLM, and the servers mapped onto
@@ -566,6 +584,8 @@ class Policy(_Strict):
     """SGLang's knobs, read when scheduler is sglang."""
     speculative: Speculative = Field(default_factory=Speculative)
     """Speculative decoding: draft tokens and their lookahead slots (off by default)."""
+    pipeline: Pipeline = Field(default_factory=Pipeline)
+    """Async scheduling: a batch in flight while the next is decided (off by default)."""
 
     @model_validator(mode="after")
     def _consistent(self) -> Policy:
@@ -615,6 +635,8 @@ class Policy(_Strict):
                         "its default unless scheduler is sglang (the vllm rules do not read the sglang section)")
         if self.speculative.enabled:
             self._speculative_consistent()
+        if self.pipeline.enabled:
+            self._pipeline_consistent()
         con = self.connector
         if con.loads and b.phase_mode is PhaseMode.MIXED:
             raise _fail("connector.kind", con.kind.value, "none or prefill_node when batch.phase_mode is mixed (the "
@@ -646,6 +668,26 @@ class Policy(_Strict):
             raise _fail("batch.max_num_batched_tokens", b.max_num_batched_tokens,
                         f"> {slots} (the lookahead slots of speculative.method {method} with num_tokens "
                         f"{spec.num_tokens}: vLLM refuses a budget that cannot schedule a token beside them)")
+
+    def _pipeline_consistent(self) -> None:
+        """Async scheduling (in_flight 1) is modelled under vLLM's rules, speculative decoding included, without swap,
+        a KV connector, full reservation or another phase mode (refused by name); deeper pipelines are not modelled
+        yet."""
+        depth = self.pipeline.in_flight
+        if depth > 1:
+            raise _fail("pipeline.in_flight", depth, "1: pipeline parallelism (more than one batch in flight, vLLM's "
+                        "decode stagger) is not modelled yet")
+        for path, value, allowed, why in (
+                ("scheduler", self.scheduler.value, "vllm", "SGLang's overlap loop is not modelled yet"),
+                ("connector.kind", self.connector.kind.value, "none",
+                 "vLLM fences a consumer connector's frees until the in-flight step completes: not modelled yet"),
+                ("preemption.mode", self.preemption.mode.value, "recompute", "vLLM v1 preempts by recompute"),
+                ("kv.allocation", self.kv.allocation.value, "on_demand",
+                 "full reservation under async scheduling is not modelled yet"),
+                ("batch.phase_mode", self.batch.phase_mode.value, "decode_first",
+                 "vLLM v1's passes; other phase modes are not modelled with a batch in flight")):
+            if value != allowed:
+                raise _fail(path, _shown(value), f"{_shown(allowed)} when pipeline.in_flight is {depth} ({why})")
 
     def _sglang_consistent(self) -> None:
         for path, default in SGLANG_UNREAD:

@@ -47,7 +47,8 @@ def import_args(flags: list[str]) -> list[str]:
         else:
             raise ValueError(f"no import argument for the driver flag {flag}")
         i += 2
-    return out + ["--enable-prefix-caching" if caching else "--no-enable-prefix-caching"]
+    # the drivers step the synchronous Scheduler (async_scheduling=False)
+    return out + ["--enable-prefix-caching" if caching else "--no-enable-prefix-caching", "--no-async-scheduling"]
 
 
 def policy_for(flags: list[str], name: str) -> Policy:

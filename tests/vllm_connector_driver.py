@@ -367,14 +367,8 @@ def run(args, shared) -> int:
         eco = sched.update_from_output(so, mro)
         sched_time += time.perf_counter() - t0
         steps += 1
-        fin_now = []
-        for outs in eco.values():
-            for o in outs.outputs:
-                if o.finish_reason is not None:
-                    fin_now.append(o.request_id)
-                    finished.add(o.request_id)
-                    if o.request_id in sched.requests:
-                        held_send.add(o.request_id)
+        fin_now = finishes(eco, finished)
+        held_send.update(rid for rid in fin_now if rid in sched.requests)
         held_send &= set(sched.requests)
         held_load &= set(sched.requests)
         total_tokens += so.total_num_scheduled_tokens
@@ -403,6 +397,33 @@ def by_step(pending) -> tuple[dict[int, list], dict[int, list[str]]]:
         if ab is not None:
             aborts.setdefault(int(ab), []).append(req.request_id)
     return by_arrival, aborts
+
+
+def arrive_and_abort(sched, step: int, by_arrival: dict[int, list], aborts: dict[int, list[str]],
+                     finished: set[str]) -> list[str]:
+    """The shared driver's start of a step: add the requests arriving now, abort those due (finish_requests
+    FINISHED_ABORTED; added to ``finished``); the ids aborted."""
+    from vllm.v1.request import RequestStatus
+
+    for req in by_arrival.get(step, []):
+        sched.add_request(req)
+    aborted = []
+    for rid in aborts.get(step, []):
+        if rid not in finished and sched.finish_requests(rid, RequestStatus.FINISHED_ABORTED):
+            aborted.append(rid)
+            finished.add(rid)
+    return aborted
+
+
+def finishes(engine_outputs: dict, finished: set[str]) -> list[str]:
+    """The ids update_from_output's outputs finish (added to ``finished``)."""
+    done = []
+    for outs in engine_outputs.values():
+        for o in outs.outputs:
+            if o.finish_reason is not None:
+                done.append(o.request_id)
+                finished.add(o.request_id)
+    return done
 
 
 def step_record(sched, so, step: int, finished: list[str], aborted: list[str]) -> dict:

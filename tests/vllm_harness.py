@@ -66,7 +66,8 @@ class Case:
         out = ["--max-model-len", "8192", "--num-gpu-blocks-override", str(self.num_blocks), "--block-size", "16",
                "--max-num-seqs", str(self.max_num_seqs), "--max-num-batched-tokens", str(self.max_num_batched_tokens),
                "--scheduling-policy", self.policy,
-               "--enable-prefix-caching" if self.caching else "--no-enable-prefix-caching"]
+               "--enable-prefix-caching" if self.caching else "--no-enable-prefix-caching",
+               "--no-async-scheduling"]  # the shared driver steps the synchronous Scheduler
         if self.threshold:
             out += ["--long-prefill-token-threshold", str(self.threshold)]
         if not self.chunked:

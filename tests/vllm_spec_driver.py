@@ -68,11 +68,14 @@ def load_shared(path: str | None):
     return _connector_driver().load_shared(path)
 
 
-def build_scheduler(args, shared):
-    """The shared driver's Scheduler, with a SpeculativeConfig."""
+def build_scheduler(args, shared, asynchronous: bool = False):
+    """The shared driver's Scheduler, with a SpeculativeConfig (none when ``args.spec_method`` is None); with
+    ``asynchronous`` the AsyncScheduler under async_scheduling=True, as vLLM builds it for --async-scheduling
+    (SchedulerConfig.get_scheduler_cls)."""
     import torch
     from vllm.config import (CacheConfig, ModelConfig, ParallelConfig, SchedulerConfig, SpeculativeConfig,
                              VllmConfig)
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
     from vllm.v1.structured_output import StructuredOutputManager
@@ -85,13 +88,16 @@ def build_scheduler(args, shared):
         max_model_len=args.max_model_len, is_encoder_decoder=False,
         long_prefill_token_threshold=args.long_prefill_token_threshold,
         enable_chunked_prefill=not args.no_chunked_prefill, policy=args.policy, watermark=args.watermark,
-        scheduler_reserve_full_isl=not args.no_reserve_full_isl, async_scheduling=False)
+        scheduler_reserve_full_isl=not args.no_reserve_full_isl, async_scheduling=asynchronous)
     cache_config = CacheConfig(block_size=args.block_size, enable_prefix_caching=args.enable_prefix_caching)
-    k = args.num_speculative_tokens
-    if args.spec_method == "ngram":
-        spec = SpeculativeConfig(method="ngram", num_speculative_tokens=k, prompt_lookup_max=3, prompt_lookup_min=1)
+    if args.spec_method is None:
+        spec = None
+    elif args.spec_method == "ngram":
+        spec = SpeculativeConfig(method="ngram", num_speculative_tokens=args.num_speculative_tokens,
+                                 prompt_lookup_max=3, prompt_lookup_min=1)
     else:
-        spec = SpeculativeConfig(method=args.spec_method, num_speculative_tokens=k, model=model_dir,
+        spec = SpeculativeConfig(method=args.spec_method, num_speculative_tokens=args.num_speculative_tokens,
+                                 model=model_dir,
                                  target_model_config=model_config, target_parallel_config=ParallelConfig())
     vllm_config = VllmConfig(scheduler_config=scheduler_config, model_config=model_config,
                              cache_config=cache_config, speculative_config=spec)
@@ -100,9 +106,10 @@ def build_scheduler(args, shared):
         kv_cache_groups=[KVCacheGroupSpec(["layer"], FullAttentionSpec(
             block_size=args.block_size, num_kv_heads=1, head_size=1, dtype=torch.float32))])
     cache_config.num_gpu_blocks = args.num_blocks
-    return Scheduler(vllm_config=vllm_config, kv_cache_config=kv_cache_config,
-                     structured_output_manager=StructuredOutputManager(vllm_config),
-                     block_size=args.block_size, log_stats=False)
+    cls = AsyncScheduler if asynchronous else Scheduler
+    return cls(vllm_config=vllm_config, kv_cache_config=kv_cache_config,
+               structured_output_manager=StructuredOutputManager(vllm_config), block_size=args.block_size,
+               log_stats=False)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -157,7 +164,6 @@ def run(args, shared) -> int:
         trace = json.load(f)
     t_setup = time.perf_counter()
     from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
-    from vllm.v1.request import RequestStatus
 
     ids = [str(t.get("id", i)) for i, t in enumerate(trace)]
     sched = build_scheduler(args, shared)
@@ -175,13 +181,7 @@ def run(args, shared) -> int:
     sched_time = 0.0
     steps = total_tokens = drafted = accepted_total = 0
     for step in range(args.max_steps):
-        for req in by_arrival.get(step, []):
-            sched.add_request(req)
-        aborted_now = []
-        for rid in aborts.get(step, []):
-            if rid not in finished and sched.finish_requests(rid, RequestStatus.FINISHED_ABORTED):
-                aborted_now.append(rid)
-                finished.add(rid)
+        aborted_now = _connector_driver().arrive_and_abort(sched, step, by_arrival, aborts, finished)
         if step > last_arrival and len(finished) >= total:
             break
         t0 = time.perf_counter()
@@ -206,12 +206,7 @@ def run(args, shared) -> int:
             sched.update_draft_token_ids(DraftTokenIds(req_ids=live, draft_token_ids=[[token] * k for _ in live]))
         sched_time += time.perf_counter() - t0
         steps += 1
-        fin_now = []
-        for outs in eco.values():
-            for o in outs.outputs:
-                if o.finish_reason is not None:
-                    fin_now.append(o.request_id)
-                    finished.add(o.request_id)
+        fin_now = _connector_driver().finishes(eco, finished)
         total_tokens += so.total_num_scheduled_tokens
         drafted += sum(drafts.values())
         accepted_total += sum(accepted.values())

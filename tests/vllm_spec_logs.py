@@ -66,17 +66,18 @@ def cases() -> dict[str, Job]:
     }
 
 
-_MANY = """import json, sys
+_MANY = """import importlib, json, sys
 sys.path.insert(0, sys.argv[2])
-import vllm_spec_driver as d
+d = importlib.import_module(sys.argv[3])
 for trace, flags, out in json.load(open(sys.argv[1])):
     d.main([trace, *flags, "--out", out])
 """
 
 
-def run_jobs(jobs: dict[str, Job], keep: Path | None = None, timeout: float = 3600) -> dict[str, list[dict]]:
-    """Each named (trace, flags) through the driver in one venv process; the logs by name (trace and log files
-    kept in `keep` when given)."""
+def run_jobs(jobs: dict[str, Job], keep: Path | None = None, timeout: float = 3600,
+             driver: str = "vllm_spec_driver") -> dict[str, list[dict]]:
+    """Each named (trace, flags) through the driver (a module of tests/: this speculative one, or the async one) in
+    one venv process; the logs by name (trace and log files kept in `keep` when given)."""
     python = venv_python()
     if python is None:
         raise RuntimeError(absent_reason())
@@ -88,10 +89,10 @@ def run_jobs(jobs: dict[str, Job], keep: Path | None = None, timeout: float = 36
         spec = Path(tmp) / "jobs.json"
         spec.write_text(json.dumps([[str(t), list(f), str(o)] for t, f, o in files.values()]))
         env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu"}
-        done = subprocess.run([str(python), "-c", _MANY, str(spec), str(HERE)], env=env, capture_output=True,
-                              text=True, timeout=timeout)
+        done = subprocess.run([str(python), "-c", _MANY, str(spec), str(HERE), driver], env=env,
+                              capture_output=True, text=True, timeout=timeout)
         if done.returncode != 0:
-            raise RuntimeError(f"the speculative driver failed (exit {done.returncode}):\n{done.stderr[-4000:]}")
+            raise RuntimeError(f"{driver} failed (exit {done.returncode}):\n{done.stderr[-4000:]}")
         return {name: read_log(log) for name, (_, _, log) in files.items()}
 
 
@@ -118,8 +119,9 @@ def import_args(fl: list[str]) -> list[str]:
     return out
 
 
-def compare(rows: Trace, fl: list[str], log: Path, name: str, folder: Path):
-    """The engine under the imported policy against the log (check-log --conformance's reference path)."""
+def compare(rows: Trace, fl: list[str], log: Path, name: str, folder: Path, importer=None):
+    """The engine under the imported policy against the log (check-log --conformance's reference path); the import
+    arguments from the driver's flags by ``importer`` (default: import_args)."""
     from checker.checklog import conformance, load_arrivals, load_log
     from checker.importers import import_policy
 
@@ -127,5 +129,5 @@ def compare(rows: Trace, fl: list[str], log: Path, name: str, folder: Path):
     if not path.exists():
         path.write_text(json.dumps(rows))
     arrivals = load_arrivals(path)
-    policy = import_policy("vllm", import_args(fl), name=name).policy
+    policy = import_policy("vllm", (importer or import_args)(fl), name=name).policy
     return conformance(policy, arrivals, load_log(log, arrivals))

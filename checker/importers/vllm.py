@@ -39,6 +39,7 @@ OLD = frozenset({V0, V1_EARLY})  # options that went away with the V0 engine
 NEW = frozenset({V1})  # options of the 2026 releases (the reference describes them for 0.33)
 V1_ALL = frozenset({V1_EARLY, V1})
 REFERENCE_VERSION = (0, 33)
+ASYNC_DEFAULT_SINCE = (0, 29)  # async scheduling on unless --no-async-scheduling (docs/speculative.md)
 USAGE_CONTEXTS = ("api-server", "llm-class")
 
 
@@ -237,6 +238,7 @@ def import_vllm(args: list[str], config: str | None, machine: Machine, version: 
     _prefix_caching(given, draft, era)
     _connector(given, draft)
     _speculative(given, draft)
+    _async_scheduling(given, draft, era, ver)
 
     # --- queue and preemption
     policy_arg = given.take("scheduling-policy")
@@ -394,10 +396,31 @@ def _unsupported_new(given: Given, draft: Draft) -> None:
         arg = given.take(name)
         if arg is not None and arg.value != ok:
             raise refuse(arg, f"{str(ok).lower()}: {why}")
+
+
+def _async_scheduling(given: Given, draft: Draft, era: str, ver: tuple) -> None:
+    """--async-scheduling onto pipeline.in_flight 1 (vLLM's AsyncScheduler, one batch in flight); where the model
+    has no async rules (speculative decoding, a KV connector) it stays synchronous, approximated. Not given: vLLM
+    0.33 turns async scheduling on by default (config/vllm.py, VllmConfig.__post_init__), the import keeps
+    synchronous scheduling (docs/importers.md says why) and says so."""
     arg = given.take("async-scheduling")
-    if arg is not None and arg.value:
-        draft.approximate("--async-scheduling", True, "the policy model decides each step after the previous one "
-                          "completed; async scheduling overlaps them (output placeholders)")
+    if era == V0:
+        if arg is not None and arg.value:
+            draft.ignore(arg, "the V0 engine has no async scheduling")
+        return
+    unmodelled = "a KV connector" if draft.value("connector.kind", "none") != "none" else None
+    if arg is not None and not arg.value:
+        draft.set("pipeline.in_flight", 0, arg.shown)
+    elif arg is not None and unmodelled is None:
+        draft.set("pipeline.in_flight", 1, arg.shown)
+    elif arg is not None:
+        draft.approximate("--async-scheduling", True, f"modelled as synchronous scheduling: async scheduling with "
+                          f"{unmodelled} is not modelled yet (each step decided after the previous one completed)")
+    elif tuple(ver[:2]) >= ASYNC_DEFAULT_SINCE:
+        draft.approximate("--async-scheduling", "not given", "vLLM turns async scheduling on by default since 0.29; "
+                          "the import models synchronous scheduling unless --async-scheduling is given (the z3 "
+                          "encoding and the liveness explorer do not cover async scheduling yet); "
+                          "--no-async-scheduling says the server runs synchronously")
 
 
 def _prefix_caching(given: Given, draft: Draft, era: str) -> None:

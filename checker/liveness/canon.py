@@ -589,6 +589,7 @@ class Canon:
         s.sglang = None  # under SGLang's rules: below
         s.pool = None  # with the cache: below
         s.spec = None  # speculative decoding: the explorer refuses it (explore.explore)
+        s.pipe = None  # async scheduling: the explorer refuses it (explore.explore)
         requests: list[Request] = []
         running: list[tuple[int, Request]] = []
         waiting: list[Request] = []

@@ -469,6 +469,10 @@ def explore(policy: Policy, env: LivenessEnv, max_states: int = DEFAULT_MAX_STAT
         raise InputError(Problem("speculative.method", policy.speculative.method.value, "none for the liveness "
                                  "explorer: speculative decoding's drafts and the verifier's choices are not in its "
                                  "canonical states yet; simulate, fuzz and check-log run the engine with it"))
+    if policy.pipeline.enabled:  # its batch in flight is not in the canonical key (checker/liveness/canon.py)
+        raise InputError(Problem("pipeline.in_flight", policy.pipeline.in_flight, "0 for the liveness explorer: async "
+                                 "scheduling's batch in flight is not in its canonical states yet; simulate, fuzz and "
+                                 "check-log run the engine with it"))
     started = time.monotonic()
     env = instance_env(policy, env)
     canon = make_canon(policy, env)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from checker.policy import Allocation
-from checker.semantics import speculative
+from checker.semantics import inflight, speculative
 from checker.semantics.state import Request, SchedulerState
 
 FULL_RESERVATION = Allocation.FULL_RESERVATION  # bound once: an Enum class attribute costs ~0.2 us per use
@@ -123,7 +123,8 @@ def allocate(s: SchedulerState, r: Request, n: int) -> int:
     take(s, r, added)
     pool = s.pool
     if pool is not None:
-        pool.cache(r, min(r.num_computed + n, r.prompt_len + r.num_generated))
+        known = r.prompt_len + r.num_generated if s.pipe is None else inflight.known_tokens(s, r)
+        pool.cache(r, min(r.num_computed + n, known))
         s.kv_used = pool.num_used
     return added
 

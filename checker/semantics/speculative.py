@@ -124,15 +124,21 @@ def accepted(s: SchedulerState, r: Request, d: int) -> int:
     return max(0, min(given[n], d)) if n < len(given) else 0
 
 
-def verify(s: SchedulerState, r: Request, d: int) -> tuple[int, bool]:
-    """Phase 6 for a request that was scheduled one token and d >= 1 drafts: the accepted drafts are kept, the
-    rejected rolled back; returns (output tokens produced, whether it finished)."""
+def choose(s: SchedulerState, r: Request, d: int) -> int:
+    """The verifier's choice for the d drafts scheduled for r (``accepted``), counted in the totals."""
     a = accepted(s, r, d)
     spec = s.spec
     if r.rid not in spec.padded:
         spec.drafted += d
         spec.accepted_total += a
         spec.steps_verified += 1
+    return a
+
+
+def verify(s: SchedulerState, r: Request, d: int) -> tuple[int, bool]:
+    """Phase 6 for a request that was scheduled one token and d >= 1 drafts: the accepted drafts are kept, the
+    rejected rolled back; returns (output tokens produced, whether it finished)."""
+    a = choose(s, r, d)
     total = r.prompt_len + r.num_generated
     m = min(1 + a, r.output_len - r.num_generated, s.policy.max_model_len - total)
     r.num_computed += m  # computed + 1 + d scheduled, d - a rolled back, the tokens trimmed at a stop too

@@ -208,6 +208,8 @@ class SchedulerState:
                        if policy.scheduler is Scheduler.SGLANG else None)
         # Speculative decoding's drafts (policy.speculative; checker.semantics.speculative), None when it is off
         self.spec = _spec_state(policy) if policy.speculative.enabled else None
+        # Async scheduling's batches in flight (policy.pipeline; checker.semantics.inflight), None when it is off
+        self.pipe = _pipe_state(policy) if policy.pipeline.enabled else None
 
     def copy(self) -> SchedulerState:
         """An independent state (requests copied; the policy shared), for stepping one state several ways."""
@@ -224,6 +226,7 @@ class SchedulerState:
         c.pool = None if self.pool is None else self.pool.copy()
         c.sglang = None if self.sglang is None else self.sglang.copy()
         c.spec = None if self.spec is None else self.spec.copy()
+        c.pipe = None if self.pipe is None else self.pipe.copy()
         return c
 
     def take_seq(self) -> int:
@@ -236,10 +239,17 @@ class SchedulerState:
         snap = (tuple(r.snapshot() for r in self.requests), self.kv_used, self.swap_used,
                 self.next_seq, self.step, tuple(self.tenant_counters))
         snap = snap if self.sglang is None else snap + (self.sglang.snapshot(),)
-        return snap if self.spec is None else snap + (self.spec.snapshot(),)
+        snap = snap if self.spec is None else snap + (self.spec.snapshot(),)
+        return snap if self.pipe is None else snap + (self.pipe.snapshot(),)
 
 
 def _spec_state(policy: Policy):
     from checker.semantics.speculative import SpecState  # it imports this module
 
     return SpecState(policy)
+
+
+def _pipe_state(policy: Policy):
+    from checker.semantics.inflight import PipeState  # it imports this module
+
+    return PipeState(policy)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from checker.errors import InternalError
 from checker.policy import HeadOfLine, PhaseMode, PreemptMode, QueueOrder
-from checker.semantics import kv, sglang, speculative, transfer
+from checker.semantics import inflight, kv, sglang, speculative, transfer
 from checker.semantics.decision import DecisionBuilder, StepDecision
 from checker.semantics.order import enqueue, key_function, norm_priority, pick_victim, sort_waiting, victim_key
 from checker.semantics.state import PAST_TRANSFER, Reason, Request, SchedulerState, Status
@@ -261,7 +261,9 @@ def _running_pass(s: SchedulerState, budget: Budget, out: DecisionBuilder, prefi
     block_size = s.policy.kv.block_size
     capacity = s.policy.kv.num_blocks if s.policy.kv.check_allocation else None
     pool = s.pool  # block identity (prefix caching): a decode's block comes from the pool and is cached when full
-    plain = s.spec is None  # with speculative decoding a decode schedules its drafts too: the general path
+    # with speculative decoding a decode schedules its drafts too, and with a batch in flight a request may be one
+    # not to schedule (inflight.done): the general path
+    plain = s.spec is None and s.pipe is None
     i = 0
     while i < len(running) and budget.tokens > 0:
         r = running[i]
@@ -301,6 +303,8 @@ def _running_pass(s: SchedulerState, budget: Budget, out: DecisionBuilder, prefi
 
 def _serve_running(s: SchedulerState, r: Request, i: int, budget: Budget, out: DecisionBuilder) -> int:
     """Schedule running request r (at index i of the running list); return the next index."""
+    if s.pipe is not None and inflight.done(s, r):
+        return i + 1  # its in-flight step samples its last token
     n = num_new_tokens(s, r, budget)
     if n == 0:
         return i + 1
@@ -333,6 +337,8 @@ def _preempt(s: SchedulerState, victim: Request, budget: Budget, out: DecisionBu
         budget.refund(tokens, victim.in_prefill)
     if s.spec is not None:
         speculative.drop(s, victim)
+    if s.pipe is not None:
+        inflight.preempt(s, victim)
     s.running.remove(victim)
     victim.num_preemptions += 1
     out.preempted.append(victim.rid)
@@ -497,17 +503,29 @@ def _compute(s: SchedulerState, out: DecisionBuilder) -> tuple[int, int, int, in
     prefill_tokens = decode_seqs = prefill_attention = decode_kv = 0
     by_rid = s.requests
     produced = out.produced
-    spec = s.spec
+    spec, pipe = s.spec, s.pipe
+    # with a batch in flight a finish waits for the batch to be resolved: marked now, or (with speculative decoding,
+    # whose accepted drafts are known only then) found then
+    finish = _finish if pipe is None else inflight.defer if spec is None else _not_yet
     for rid, n in out.scheduled.items():
         r = by_rid[rid]
         computed, generated = r.num_computed, r.num_generated
         total = r.prompt_len + generated
+        if pipe is not None and inflight.dead(s, rid):  # a step after the one sampling its last token: dropped
+            decode_seqs += 1
+            decode_kv += total
+            r.num_computed = computed + n
+            continue
         if spec is not None and n > total - computed:  # a decode verifying drafts (checker.semantics.speculative)
             drafts = n - (total - computed)
             decode_seqs += 1
             decode_kv += total
             prefill_tokens += drafts  # the verified positions are priced as the step's prefill tokens
             prefill_attention += drafts * (computed + n)
+            if pipe is not None:
+                inflight.verify_later(s, r, n, drafts, speculative.choose(s, r, drafts))
+                produced.append(rid)
+                continue
             m, done = speculative.verify(s, r, drafts)
             produced.append(rid)
             if fair:
@@ -524,7 +542,7 @@ def _compute(s: SchedulerState, out: DecisionBuilder) -> tuple[int, int, int, in
             if fair:
                 s.tenant_counters[r.tenant] += weights.output_weight
             if generated >= r.output_len or total + 1 >= max_len:
-                _finish(s, r, out)
+                finish(s, r, out)
             continue
         prefill_tokens += n  # a prefill chunk (or a recompute)
         prefill_attention += n * (computed + n)
@@ -537,7 +555,10 @@ def _compute(s: SchedulerState, out: DecisionBuilder) -> tuple[int, int, int, in
             if fair:
                 s.tenant_counters[r.tenant] += weights.output_weight
             if r.num_generated >= r.output_len or total + 1 >= max_len:
-                _finish(s, r, out)
+                finish(s, r, out)
+    if pipe is not None:
+        inflight.launch(s, out.scheduled, produced)
+        inflight.resolve(s, out, _finish)
     if out.finished:
         s.running = [r for r in s.running if r.status is RUNNING]
     if spec is not None:
@@ -558,6 +579,10 @@ def _decide(s: SchedulerState, now_us: int, out: DecisionBuilder, counts: tuple[
         tuple(out.preempted), tuple(out.finished), tuple(out.rejected), tuple(out.cancelled), tuple(out.released),
         prefill_tokens, decode_seqs, prefill_attention, decode_kv, s.kv_used, p.kv.num_blocks - s.kv_used,
         len(s.running), len(s.waiting) + len(s.holders), tuple(out.hits), tuple(out.loads))
+
+
+def _not_yet(s: SchedulerState, r: Request, out: DecisionBuilder) -> None:
+    """A finish found when the batch is resolved (checker.semantics.inflight)."""
 
 
 def _finish(s: SchedulerState, r: Request, out: DecisionBuilder) -> None:

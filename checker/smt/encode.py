@@ -147,6 +147,16 @@ def require_no_speculative(policy: Policy) -> None:
                                  "simulate, fuzz and check-log run the engine with it"))
 
 
+def require_no_pipeline(policy: Policy) -> None:
+    """Async scheduling (checker/semantics/inflight.py: a batch in flight, its placeholders and deferred finishes) has
+    no z3 terms yet: refuse (exit 2) rather than check the synchronous scheduler instead."""
+    depth = policy.pipeline.in_flight
+    if depth:
+        raise InputError(Problem("pipeline.in_flight", depth, "0 for the z3 encoding: async scheduling (a batch in "
+                                 "flight, its output placeholders, finishes resolved a step later) is not encoded in "
+                                 "z3 yet; simulate, fuzz and check-log run the engine with it"))
+
+
 def require_connector_state(policy: Policy, state: SlotState) -> None:
     """A KV connector needs its slot fields in the state (the bounded unrolling has them); a proof's symbolic
     state (induction) does not: refuse (exit 2) rather than prove a different system."""
@@ -174,6 +184,7 @@ class SymbolicStep:
                  cancels: list[Term]):
         require_vllm_rules(policy)
         require_no_speculative(policy)
+        require_no_pipeline(policy)
         if state.pool is None:
             require_encodable(policy)  # a caching policy needs the pool in the state
         require_connector_state(policy, state)

@@ -33,7 +33,8 @@ LATER_FIELDS = (("chunking", "threshold_when_alone", True), ("chunking", "thresh
 LATER_SECTIONS = (("connector", Policy.model_fields["connector"].default_factory().model_dump(mode="json")),
                   ("scheduler", "vllm"),
                   ("sglang", Policy.model_fields["sglang"].default_factory().model_dump(mode="json")),
-                  ("speculative", Policy.model_fields["speculative"].default_factory().model_dump(mode="json")))
+                  ("speculative", Policy.model_fields["speculative"].default_factory().model_dump(mode="json")),
+                  ("pipeline", Policy.model_fields["pipeline"].default_factory().model_dump(mode="json")))
 
 
 def policy_hash(policy: Policy) -> str:
