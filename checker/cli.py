@@ -233,6 +233,9 @@ def _verify(args: argparse.Namespace) -> int:
     if given:
         raise UsageError(f"--{given[0].replace('_', '-')} needs --liveness (it describes a liveness instance)")
     args.requests = 3 if args.requests is None else args.requests
+    if args.any_n and args.unbounded:
+        raise UsageError("--any-n and --unbounded are two proofs: give one (--any-n: any number of requests; "
+                         "--unbounded: N slots)")
     if args.workload is not None and not args.no_audit:  # an impossible plan stops here, before any solver call
         from checker.api import run_derived_audit
 

@@ -114,7 +114,8 @@ class Checked:
                 "counterexample": str(self.counterexample) if self.counterexample else None,
                 "certificate": str(self.certificate) if self.certificate else None,
                 "seconds": round(self.seconds, 3), "notes": self.notes, "method": self.method or None,
-                "vacuity": self.vacuity, **({"abstraction": self.abstraction} if self.abstraction else {})}
+                "vacuity": self.vacuity, **({"abstraction": self.abstraction} if self.abstraction else {}),
+                **({"any_n": True} if self.any_n else {})}
 
 
 # How verify checks a policy with prefix caching (both bounded, over the same finite domains; docs/prefix-caching.md)

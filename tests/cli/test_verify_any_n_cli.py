@@ -29,3 +29,20 @@ def test_any_n_refuses_an_uncovered_policy_by_name(capsys):
 def test_any_n_is_not_an_option_of_liveness(capsys):
     code, _, err = run(capsys, "verify", V1, "--any-n", "--liveness")
     assert code == 2 and "--any-n" in err
+
+
+def test_any_n_and_unbounded_together_is_a_usage_error(capsys):
+    code, _, err = run(capsys, "verify", V1, "--any-n", "--unbounded")
+    assert code == 2 and "--any-n and --unbounded" in err
+
+
+def test_any_n_json_marks_the_verdict_and_recheck_json_names_the_method(capsys, tmp_path):
+    import json
+
+    code, out, _ = run(capsys, "verify", V1, "--any-n", "--invariant", "token_budget", "--out", str(tmp_path),
+                       "--json")
+    assert code == 0
+    (result,) = json.loads(out)["results"]
+    assert result["verdict"] == "PROVED" and result["any_n"] is True
+    code, out, _ = run(capsys, "recheck", result["certificate"], "--policy", V1, "--json")
+    assert code == 0 and json.loads(out)["binding"]["method"] == "any-n"
