@@ -492,22 +492,42 @@ def recheck_rebuilt(policy: Policy, alive: dict[str, list[str]], timeout_s: floa
 
 
 # ---------------------------------------------------------------------------------------------- side conditions
+SYMBOLIC_SIZES = (2, 3, 4)  # N at which z3 proves instance = concrete action from every state of the predicate
+
+
 @dataclass(frozen=True)
 class SideConditions:
     states: int  # random concrete states compared, all actions and N together
     sizes: tuple[int, ...]
     mismatches: list[str]
+    queries: int = 0  # z3 equality queries proved (instance = concrete action), SYMBOLIC_SIZES together
+    symbolic: tuple[int, ...] = ()
+    undecided: tuple[str, ...] = ()  # z3 equality queries not decided (timeout, unknown): the proof is not complete
 
     def summary(self) -> str:
-        return (f"instance = concrete action on {self.states} random states of N = "
-                f"{min(self.sizes)}..{max(self.sizes)} slots, the rest untouched, the invariants' sum forms equal "
-                "to the catalogue's")
+        proved = (f"instance = concrete action proved by z3 from every state of the predicate at N = "
+                  f"{min(self.symbolic)}..{max(self.symbolic)} ({self.queries} queries) and " if self.symbolic else
+                  "instance = concrete action ")
+        return (f"{proved}compared on {self.states} random states of N = {min(self.sizes)}..{max(self.sizes)}, the "
+                "rest untouched, the invariants' sum forms equal to the catalogue's")
 
 
-def side_conditions(policy: Policy, states_per_size: int = 40, sizes: tuple[int, ...] = (1, 2, 3, 4),
-                    seed: int = 0) -> SideConditions:
-    """Compare the instances with the concrete actions on random states (checker/verify/anyn_conformance.py)."""
+def side_conditions(policy: Policy, alive: dict[str, list[str]] | None = None, states_per_size: int = 40,
+                    sizes: tuple[int, ...] = (1, 2, 3, 4), seed: int = 0, timeout_s: float = 120.0) -> SideConditions:
+    """Compare the instances with the concrete actions on random states (checker/verify/anyn_conformance.py) and,
+    given the proof's surviving candidates, prove them equal from every state of the predicate at SYMBOLIC_SIZES
+    (checker/verify/anyn_symbolic.py)."""
+    from checker.verify import anyn_symbolic
     from checker.verify.anyn_conformance import compare_random
 
     mismatches, count = compare_random(policy, states_per_size, sizes, seed)
-    return SideConditions(count, sizes, mismatches)
+    if alive is None:
+        return SideConditions(count, sizes, mismatches)
+    before = anyn_symbolic.QUERIES[0]
+    problems: list[str] = []
+    for n in SYMBOLIC_SIZES:
+        problems += anyn_symbolic.check_rounds(policy, n, alive, timeout_s)
+        problems += anyn_symbolic.check_maps(policy, n, alive, timeout_s)
+    mismatches += [p for p in problems if p.endswith(": sat")]
+    undecided = tuple(p for p in problems if not p.endswith(": sat"))
+    return SideConditions(count, sizes, mismatches, anyn_symbolic.QUERIES[0] - before, SYMBOLIC_SIZES, undecided)

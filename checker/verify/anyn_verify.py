@@ -39,10 +39,10 @@ def refuse_uncovered(policy: Policy, chosen: list[tuple[Invariant, dict[str, int
                                      "proves it for N slots)"))
 
 
-def side_conditions(policy: Policy) -> anyn.SideConditions:
+def side_conditions(policy: Policy, alive: dict[str, list[str]]) -> anyn.SideConditions:
     key = policy.model_dump_json()
     if key not in _SIDE:
-        side = anyn.side_conditions(policy)
+        side = anyn.side_conditions(policy, alive)
         if side.mismatches:  # the abstraction and the concrete step disagree: a bug in batchcheck
             raise InternalError(f"any-N: the instance differs from the concrete step ({len(side.mismatches)} "
                                 f"mismatches; first: {side.mismatches[0]})")
@@ -77,24 +77,29 @@ def check_many(policy: Policy, policy_file: str | None, chosen: list[tuple[Invar
     refuse_uncovered(policy, chosen)
     started = time.monotonic()
     if progress is not None:
-        progress("any-N: side conditions on concrete states")
-    side = side_conditions(policy)
-    if progress is not None:
         progress("any-N: the aggregate proof")
     proof = anyn.prove(policy, timeout_s)
+    side, shared_s = None, proof.seconds
+    if proof.status == "done":
+        if progress is not None:
+            progress("any-N: side conditions (instance = concrete action)")
+        began = time.monotonic()
+        side = side_conditions(policy, proof.alive)
+        shared_s += time.monotonic() - began  # shared by the invariants, as the proof is
     results = []
     for inv, params in chosen:
         began = time.monotonic()
-        if proof.proved(inv.name):
+        if proof.proved(inv.name) and side is not None and not side.undecided:
             how = occurs(policy, inv, params, env)
             notes = [how or "its situation was not shown to occur by an engine probe (a PROVED that may be vacuous)"]
             method = f"method: {anyn.METHOD}, {pool_words(policy)}, side conditions checked: {side.summary()}"
-            checked = Checked(inv, params, Verdict.PROVED, env, time.monotonic() - began + proof.seconds,
+            checked = Checked(inv, params, Verdict.PROVED, env, time.monotonic() - began + shared_s,
                               depth=env.depth, lemmas=len(proof.alive["P"]) - 1, method=method, notes=notes,
                               any_n=True)
             checked.certificate = write_certificate(policy, inv.name, proof, proof_dir, policy_file)
         else:
             why = (proof.reason if proof.status != "done" else
+                   f"a side condition was not decided: {side.undecided[0]}" if side and side.undecided else
                    f"the {proof.broken_by.get(anyn.target_name(inv.name), 'initial state')} breaks it on the "
                    "instance (not a counterexample: the abstraction may be too coarse)")
             left = max(1.0, timeout_s - (time.monotonic() - started))
