@@ -51,9 +51,10 @@ from checker.verify.anyn_model import (
 )
 from invariants.catalogue import CATALOGUE
 
-METHOD = "aggregate abstraction: cursor and victim slots kept whole, sums over the rest"
+METHOD = "aggregate abstraction: cursor, victim and one bystander slot kept whole, sums over the rest"
 TARGETS = ("kv_never_overcommitted", "token_budget", "seq_cap", "request_conservation")
 STRUCTURE = "structure: "
+KEPT = 3  # slots a round's instance keeps whole: the cursor, the victim (or any other), a bystander of the rest
 # Candidates the abstraction itself needs wherever they are: running requests have distinct admission numbers
 # (the victim is then one slot, never none), each below next_seq (so a new admission's number differs from the
 # rest's, which the instance does not see)
@@ -236,25 +237,29 @@ class Instances:
 
     # -- actions
     def round(self, smt: SmtSession, k: int) -> Query:
+        """Slot 0 the cursor, slot 1 the victim (or any other slot), slot 2 a bystander: a slot of the rest kept
+        whole, which the round must not touch, so that its facts (and its pairs with the others) are checked
+        under the round's new globals, as every slot of the rest is some instance's bystander."""
         kind = self.kinds()[k]
         rest, cons = self._rest(smt, "")
-        step, c2 = self._step(smt, "", 2, rest, mid=True)
-        loop = self._loop(smt, "loop_", k, 2)
+        step, c2 = self._step(smt, "", KEPT, rest, mid=True)
+        loop = self._loop(smt, "loop_", k, KEPT)
         pre = Scene(snapshot_step(step), copy_loop(loop), list(step.sched), rest, kind)
         self.passes[k].round(step, loop)
         post = Scene(step, loop, list(step.sched), rest, kind)
         o = Z3Ops
-        assumed = cons + c2 + step.assumed + [o.not_(pre.reached(1))]
+        b = KEPT - 1
+        assumed = cons + c2 + step.assumed + [o.not_(pre.reached(j)) for j in range(1, KEPT)]
         required = [(STRUCTURE + "a round never adds a candidate of its pass nor changes a candidate's key", o.and_(*(
-            o.or_(o.not_(post.cand(j)), o.and_(pre.cand(j), *(a == b for a, b in zip(post.key(j), pre.key(j)))))
-            for j in range(2)))),
+            o.or_(o.not_(post.cand(j)), o.and_(pre.cand(j), *(x == y for x, y in zip(post.key(j), pre.key(j)))))
+            for j in range(KEPT)))),
             (STRUCTURE + "next_seq never decreases", post.step.s.next_seq >= pre.step.s.next_seq),
-            (STRUCTURE + "a slot runs with its admission number, or a new one", o.and_(*(
-                o.or_(o.not_(post.running(j)), o.and_(pre.running(j), post.slot(j)["admitted_seq"] ==
-                                                      pre.slot(j)["admitted_seq"]),
-                      post.slot(j)["admitted_seq"] >= pre.step.s.next_seq) for j in range(2))))]
+            (STRUCTURE + "the bystander is untouched", o.and_(
+                *(post.slot(b)[f] == pre.slot(b)[f] for f in FIELDS), post.sched[b] == pre.sched[b],
+                *(_same(post.loop[name][b], pre.loop[name][b]) for name, v in loop.items() if isinstance(v, list))))]
         if kind in ("RunningPass", "MixedPass"):
-            required.append((STRUCTURE + "only the cursor has tokens fixed by the pass", o.not_(post.reached(1))))
+            required.append((STRUCTURE + "only the cursor has tokens fixed by the pass",
+                             o.and_(*(o.not_(post.reached(j)) for j in range(1, KEPT)))))
         return Query(pre, post, kind, kind, assumed, required)
 
     def _map_slot(self, smt: SmtSession, pre_kind: str, post_kind: str, mid: bool, k: int | None,
@@ -344,6 +349,12 @@ class Instances:
         cons += [rest.blocks == 0, rest.sched == 0, step.s.next_seq == 1]
         cons += [c == 0 for s, c in rest.counts.items() if s != int(Status.PENDING)]
         return Query(None, Scene(step, None, list(step.sched), rest, ""), "", "P", cons + c2)
+
+
+def _same(a, b):
+    if isinstance(a, tuple):
+        return Z3Ops.and_(*(x == y for x, y in zip(a, b)))
+    return a == b
 
 
 @dataclass
@@ -492,7 +503,7 @@ def recheck_rebuilt(policy: Policy, alive: dict[str, list[str]], timeout_s: floa
 
 
 # ---------------------------------------------------------------------------------------------- side conditions
-SYMBOLIC_SIZES = (2, 3, 4)  # N at which z3 proves instance = concrete action from every state of the predicate
+SYMBOLIC_SIZES = (2, 3, 4, 5)  # N (up to two slots in the rest) at which z3 proves instance = concrete action from every state of the predicate
 
 
 @dataclass(frozen=True)

@@ -208,7 +208,8 @@ def compare_round(policy: Policy, c: Concrete, kind: str, k: int, rng: random.Ra
     victim = _victim(conc, kind, cursor)
     first = cursor if cursor is not None else 0
     other = victim if victim not in (None, first) else next((i for i in range(n) if i != first), -1)
-    kept = [first, other]
+    bystander = next((i for i in range(n) if i not in (first, other)), -1)  # a rest slot kept whole (or a pad)
+    kept = [first, other, bystander]
     rest_cand = any(cand[i] for i in range(n) if i not in kept)
     inst = instance_step(policy, c, kept, rest_of(c, kept, rest_cand), True,
                          {"victim_is_slot1": victim is not None and victim == other})

@@ -11,7 +11,8 @@ candidate of the pass). The instance runs the **concrete code** (``SymbolicStep`
   whenever slot 1 or a rest slot is one: slot 0 *is* the cursor (the extraction);
 - ``last`` (a preemption victim) selects slot 0 or slot 1, whichever is running, a free choice when both are
   (slot 1 is the victim when the victim is another slot: any running slot may be chosen, a superset of "the
-  last one").
+  last one"); a third kept slot (a bystander: a slot of the rest kept whole, so that its facts are checked under
+  the round's new globals) is never chosen, and is a victim candidate only if slot 0 or 1 is one.
 
 What the instance leaves out is checked, not assumed: tests/conformance/test_anyn_conformance.py runs the
 concrete N-slot action (N = 1..4, random states) and the instance extracted from it (cursor and victim as slots
@@ -91,6 +92,8 @@ class RestStep(SymbolicStep):
         o = self.o
         if self.n == 1:
             return [cand[0]]
+        if self.n > 2:  # a bystander (a rest slot kept whole) is never the victim: one of slots 0, 1 is, if any
+            self.assumed.append(o.or_(o.not_(o.or_(*cand[2:])), cand[0], cand[1]))
         pick = self.choose("victim_is_slot1")
         one = o.and_(cand[1], o.or_(pick, o.not_(cand[0])))
         return [o.and_(cand[0], o.not_(one)), one] + [False] * (self.n - 2)

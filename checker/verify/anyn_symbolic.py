@@ -15,13 +15,16 @@ import time
 
 from checker.policy import Policy
 from checker.semantics.state import FIELDS, Status
-from checker.smt.encode import SymbolicStep
+from checker.smt.encode import SlotParams, SymbolicStep
 from checker.smt.ops import SmtSession, Z3Ops, sum_terms
 from checker.verify.anyn import Instances, candidate_terms
-from checker.verify.anyn_model import STATUSES, Rest, RestState, RestStep, Scene, copy_loop, empty_rest
+from checker.verify.anyn_conformance import _pad
+from checker.verify.anyn_model import STATUSES, Rest, RestState, RestStep, Scene, blank_fields, copy_loop, empty_rest
 
 STEP_FIELDS = ("sched", "grown", "preempted", "admitted")
-QUERIES = [0]  # equality queries posed (cases that can happen), for the verdict line
+QUERIES = [0]
+PAD_PARAMS = SlotParams(10**9, 1, 1, 1, 0, 0)  # a slot that never arrives (fills the instance where N is small)
+PAD_STEP = {"sched": 0, "grown": 0, "preempted": False, "admitted": False}  # equality queries posed (cases that can happen), for the verdict line
 GLOBALS = ("budget", "prefill_budget", "running", "growth_preempted")
 
 
@@ -89,26 +92,31 @@ def _check_case(inst: Instances, k: int, kind: str, n: int, c: int | None, v: in
         smt.add(*(vsel[i] == (i == v) for i in range(n)))
     first = 0 if c is None else c
     other = v if v is not None and v != first else next(i for i in range(n) if i != first)
-    kept = [first, other]
+    bystander = next((i for i in range(n) if i not in (first, other)), -1)  # -1: a pad (never arrives)
+    kept = [first, other, bystander]  # the proof's instance (anyn.KEPT slots)
     others = [i for i in range(n) if i not in kept]
     counts = {int(s): sum_terms([o.b2i(base.st(i) == int(s)) for i in others]) for s in STATUSES}
     rest = Rest(sum_terms([base.s.slots[i]["blocks"] for i in others]), sum_terms([base.sched[i] for i in others]),
                 counts, o.or_(*(cand[i] for i in others)))
-    state = RestState([dict(base.s.slots[i]) for i in kept], base.s.next_seq, base.s.step, [0], rest_blocks=rest.blocks)
+    state = RestState([dict(base.s.slots[i]) if i >= 0 else blank_fields() for i in kept], base.s.next_seq,
+                      base.s.step, [0], rest_blocks=rest.blocks)
     choice = v is not None and v == other
-    ins = RestStep(o, inst.policy, [base.params[i] for i in kept], state, base.now, [base.cancels[i] for i in kept],
-                   rest, lambda name: choice)
+    ins = RestStep(o, inst.policy, [base.params[i] if i >= 0 else PAD_PARAMS for i in kept], state, base.now,
+                   [base.cancels[i] if i >= 0 else False for i in kept], rest, lambda name: choice)
     for name in STEP_FIELDS:
-        setattr(ins, name, [getattr(base, name)[i] for i in kept])
+        setattr(ins, name, [getattr(base, name)[i] if i >= 0 else PAD_STEP[name] for i in kept])
     for name in GLOBALS + ("running_at_start", "threshold"):
         setattr(ins, name, getattr(base, name))
-    iloop = {name: [val[i] for i in kept] if isinstance(val, list) else val for name, val in loop.items()}
+    iloop = {name: [val[i] if i >= 0 else _pad(name) for i in kept] if isinstance(val, list) else val
+             for name, val in loop.items()}
     cloop = copy_loop(loop)
     before = [dict(slot) for slot in conc.s.slots]
     inst.passes[k].round(conc, cloop)
     inst.passes[k].round(ins, iloop)
     same = list(ins.assumed)
     for j, i in enumerate(kept):
+        if i < 0:
+            continue
         same += [conc.s.slots[i][f] == ins.s.slots[j][f] for f in FIELDS]
         same += [getattr(conc, name)[i] == getattr(ins, name)[j] for name in STEP_FIELDS]
         same += [_eq(cloop[name][i], iloop[name][j]) for name, val in cloop.items() if isinstance(val, list)]
