@@ -9,15 +9,17 @@ slot (the cursor) and maybe preempting one other (the victim). The predicate pro
     G(sums, step globals)  and  for every slot i: S(i)  and  for every two slots i != j: R(i, j)
 
 with S and R from a fixed list of candidates (Houdini keeps the ones no action breaks). Each action is checked
-on an **instance** (checker/verify/anyn_model.py): a round on the cursor and one other slot kept whole plus sums
-over all the others; a per-slot map on one slot kept whole (its S facts, and that it never gains blocks or starts
+on an **instance** (checker/verify/anyn_model.py): a round on the cursor, the victim (or another slot) and a
+bystander kept whole (the bystander, untouched, stands for every slot of the rest: its S and R facts are checked
+under the round's new globals) plus sums over all the others; a per-slot map on one slot kept whole (its S facts, and that it never gains blocks or starts
 running), then on the sums alone (the sums after a map are sums of slots that each kept those facts). No N
 appears in any query: the sums are unbounded integers, so one proof covers every N and, by induction over the
 actions, every depth. The sides of the argument that the queries cannot see:
 
 1. the instance computes what the concrete N-slot action computes on the kept slots, leaves the other slots
-   untouched and reads them only through the sums: checked by running both on random states of N = 1..4 slots
-   (``side_conditions``; tests/conformance/test_anyn_conformance.py, more states);
+   untouched and reads them only through the sums: proved by z3 from every state of the predicate at N = 2..5
+   (checker/verify/anyn_symbolic.py) and compared on random states of N = 1..4 (checker/verify/anyn_conformance.py),
+   at every run (``side_conditions``); tests/conformance/test_anyn_conformance.py shows both catch a wrong instance;
 2. the cursor is the first candidate of the pass: the instance lets it be any candidate, except that a slot whose
    tokens the pass fixed when it first reached it (``want``) is the cursor until it is done, which holds because
    a round never adds a candidate nor changes a candidate's key (a goal of every round query, "structure: ...");

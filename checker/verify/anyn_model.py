@@ -14,10 +14,10 @@ candidate of the pass). The instance runs the **concrete code** (``SymbolicStep`
   last one"); a third kept slot (a bystander: a slot of the rest kept whole, so that its facts are checked under
   the round's new globals) is never chosen, and is a victim candidate only if slot 0 or 1 is one.
 
-What the instance leaves out is checked, not assumed: tests/conformance/test_anyn_conformance.py runs the
-concrete N-slot action (N = 1..4, random states) and the instance extracted from it (cursor and victim as slots
-0 and 1, the rest summed) and compares every field, per-slot variable and global, and that the rest's slots are
-untouched; ``side_conditions`` runs the same comparison at verify time.
+What the instance leaves out is checked, not assumed (anyn.side_conditions, at every run): the concrete N-slot
+action and the instance extracted from it (cursor, victim and a bystander as slots 0, 1, 2, the rest summed) agree
+on every field, per-slot variable and global, and the rest's slots are untouched: proved by z3 from every state of
+the proof's predicate at N = 2..5 (anyn_symbolic.py), compared on random states of N = 1..4 (anyn_conformance.py).
 """
 
 from __future__ import annotations
