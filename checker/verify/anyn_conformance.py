@@ -8,7 +8,8 @@ They must agree on every kept slot's fields and per-slot step and loop variables
 other slots must be untouched by a round; the extraction's assumptions must hold; a map must keep the sums'
 claims (blocks and the running count only fall, a pass start changes nothing). The invariants' sum forms
 (anyn.aggregate_form) are compared with the catalogue's on the frames. A pool of the policy's size rarely fills
-on small random states, so each state is also run on the policy with a pool of a few blocks (preemptions).
+on small random states, so each state is also run on the policy with a pool of a few blocks (preemptions) and its
+admission limits at a few requests (rejections at arrival).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from checker.policy import Policy
 from checker.semantics.state import FIELDS, Status
 from checker.smt.encode import SlotParams, SlotState, SymbolicStep
 from checker.smt.ops import IntOps, sum_terms
-from checker.verify.anyn_model import STATUSES, Rest, RestState, RestStep, blank_fields
+from checker.verify.anyn_model import STATUSES, Rest, RestState, RestStep, blank_fields, limit_choices
 from invariants.catalogue import CATALOGUE
 
 STEP_FIELDS = ("sched", "grown", "preempted", "admitted")
@@ -270,7 +271,8 @@ def compare_maps(policy: Policy, c: Concrete, rng: random.Random) -> list[str]:
         run0 = sum(1 for s in before if s["status"] == int(Status.RUNNING))
         cloop = run(conc, which)
         for i in range(n):
-            inst = instance_step(policy, c, [i], rest_of(c, [i], False), mid, {})
+            choices = limit_choices(IntOps, before[i], conc.s.slots[i], 0)  # the concrete arrival's answers
+            inst = instance_step(policy, c, [i], rest_of(c, [i], False), mid, choices)
             iloop = run(inst, which)
             for f in FIELDS:
                 if conc.s.slots[i][f] != inst.s.slots[0][f]:
@@ -319,7 +321,11 @@ def compare_random(policy: Policy, states_per_size: int = 40, sizes: tuple[int, 
                    seed: int = 0) -> tuple[list[str], int]:
     """Every comparison above on random states; returns (mismatches, states compared)."""
     rng = random.Random(seed)
-    small = policy.model_copy(update={"kv": policy.kv.model_copy(update={"num_blocks": 12})})
+    a = policy.admission  # the pool and the admission limits small enough for a few requests to reach them
+    limits = {name: low for name, low in (("max_inflight", 2), ("max_queue_len", 1), ("max_queued_tokens", 64))
+              if getattr(a, name) is not None}
+    small = policy.model_copy(update={"kv": policy.kv.model_copy(update={"num_blocks": 12}),
+                                      "admission": a.model_copy(update=limits)})
     mismatches: list[str] = []
     count = 0
     for pol in (policy, small):

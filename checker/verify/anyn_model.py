@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from checker.policy import Policy, PreemptMode, QueueOrder, Scheduler
-from checker.semantics.state import FIELDS, Status
+from checker.semantics.state import FIELDS, Reason, Status
 from checker.smt.encode import SlotParams, SlotState, SymbolicStep
 from checker.smt.ops import Term, sum_terms
 
@@ -46,6 +46,14 @@ class Rest:
     @property
     def running(self) -> Term:
         return self.counts[int(Status.RUNNING)]
+
+
+def limit_choices(o, pre: dict[str, Term], post: dict[str, Term], i: int) -> dict[str, Term]:
+    """The answers of ``admission_limits`` that reproduce a concrete arrival of slot i (its fields before and after
+    the step's arrivals): the reason it was rejected for (a witness for the side-condition checks)."""
+    rejected = o.and_(pre["status"] == int(Status.PENDING), post["status"] == int(Status.REJECTED))
+    return {f"arrival_over_{i}": o.and_(rejected, post["reason"] == int(Reason.OVERLOADED)),
+            f"arrival_full_{i}": o.and_(rejected, post["reason"] == int(Reason.QUEUE_FULL))}
 
 
 def empty_rest() -> Rest:
@@ -82,6 +90,15 @@ class RestStep(SymbolicStep):
     def count(self, *statuses: Status) -> Term:
         return super().count(*statuses) + sum_terms([self.rest.counts[int(s)] for s in statuses])
 
+    def admission_limits(self, i: int, waiting: Term, running: Term, queued_tokens: Term) -> tuple[Term, Term]:
+        """Over max_inflight, queue full: any answer (they read the requests that arrived before in this step, in
+        arrival order); a rejection at arrival holds nothing and runs nothing, so any answer keeps the sums' claims."""
+        adm = self.p.admission
+        over = False if adm.max_inflight is None else self.choose(f"arrival_over_{i}")
+        full = False if adm.max_queue_len is None and adm.max_queued_tokens is None else \
+            self.choose(f"arrival_full_{i}")
+        return over, full
+
     def first(self, cand: list[Term], keys: list[tuple]) -> list[Term]:
         o = self.o
         others = o.or_(self.rest.cand, *cand[1:])
@@ -111,10 +128,6 @@ def not_covered(policy: Policy) -> list[str]:
         out.append("speculative decoding (not encoded in z3)")
     if policy.connector.enabled:
         out.append("connector (KV transfers: holders' queue and load order across slots)")
-    a = policy.admission
-    for name in ("max_inflight", "max_queue_len", "max_queued_tokens"):
-        if getattr(a, name) is not None:
-            out.append(f"admission.{name} (arrival reads the queue's length or tokens in arrival order)")
     if policy.queue.order is QueueOrder.TENANT_FAIR:
         out.append("queue.order: tenant_fair (counters lifted from the other tenants' slots)")
     c = policy.chunking

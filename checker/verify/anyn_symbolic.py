@@ -19,7 +19,8 @@ from checker.smt.encode import SlotParams, SymbolicStep
 from checker.smt.ops import SmtSession, Z3Ops, sum_terms
 from checker.verify.anyn import Instances, candidate_terms
 from checker.verify.anyn_conformance import _pad
-from checker.verify.anyn_model import STATUSES, Rest, RestState, RestStep, Scene, blank_fields, copy_loop, empty_rest
+from checker.verify.anyn_model import (STATUSES, Rest, RestState, RestStep, Scene, blank_fields, copy_loop, empty_rest,
+                                        limit_choices)
 
 STEP_FIELDS = ("sched", "grown", "preempted", "admitted")
 QUERIES = [0]
@@ -187,13 +188,16 @@ def _check_map(inst: Instances, name: str, loc: str, k: int | None, n: int, i: i
     rest = Rest(sum_terms([base.s.slots[j]["blocks"] for j in others]), sum_terms([base.sched[j] for j in others]),
                 counts, False)
     state = RestState([dict(base.s.slots[i])], base.s.next_seq, base.s.step, [0], rest_blocks=rest.blocks)
-    ins = RestStep(o, inst.policy, [base.params[i]], state, base.now, [base.cancels[i]], rest, lambda _: False)
+    pre_i = dict(conc.s.slots[i])
+    cloop = _run_map(inst, name, conc)
+    choices = limit_choices(o, pre_i, conc.s.slots[i], 0)  # the concrete arrival's answers (a witness)
+    ins = RestStep(o, inst.policy, [base.params[i]], state, base.now, [base.cancels[i]], rest,
+                   lambda key: choices[key])
     for f in STEP_FIELDS:
         setattr(ins, f, [getattr(base, f)[i]])
     if mid:
         for f in GLOBALS + ("running_at_start", "threshold"):
             setattr(ins, f, getattr(base, f))
-    cloop = _run_map(inst, name, conc)
     iloop = _run_map(inst, name, ins)
     same = [conc.s.slots[i][f] == ins.s.slots[0][f] for f in FIELDS] + [conc.sched[i] == ins.sched[0]]
     same += [_eq(val[i], iloop[key][0]) for key, val in (cloop or {}).items() if isinstance(val, list) and key != "keys"]

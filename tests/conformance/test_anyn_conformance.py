@@ -13,7 +13,7 @@ from tests.helpers import POLICIES
 
 COVERED = ["vllm_v1.yaml", "orca.yaml", "sarathi_serve.yaml", "static_batching.yaml", "strict_priority.yaml",
            "tiered_shedding.yaml", "trtllm_guaranteed_no_evict.yaml", "vllm_v0_no_chunking.yaml",
-           "priority_aging.yaml", "broken/unchecked_growth.yaml"]
+           "priority_aging.yaml", "tgi_router.yaml", "broken/unchecked_growth.yaml"]
 
 
 @pytest.mark.parametrize("policy", COVERED)
@@ -64,3 +64,14 @@ def test_the_symbolic_check_catches_a_wrong_instance(monkeypatch):
     assert any(p.endswith(": sat") for p in anyn_symbolic.check_rounds(pol, 4, proof.alive))
     monkeypatch.setattr(anyn_model.RestStep, "cancel", lambda self: None)
     assert any(p.endswith(": sat") for p in anyn_symbolic.check_maps(pol, 2, proof.alive))
+
+
+def test_admission_limits_answered_freely_match_the_concrete_arrivals(monkeypatch):
+    """tgi_router's max_inflight: the instance answers "over the limit" freely; the concrete arrival's answer must
+    be one of its answers (a variant with max_inflight 2 makes arrivals hit it), and an instance that never
+    rejects is caught."""
+    pol = load_policy(POLICIES / "tgi_router.yaml")
+    assert anyn_model.not_covered(pol) == []
+    assert compare_random(pol, states_per_size=60, seed=3)[0] == []
+    monkeypatch.setattr(anyn_model.RestStep, "admission_limits", lambda self, i, w, r, q: (False, False))
+    assert any("status=" in m for m in compare_random(pol, states_per_size=60, seed=3)[0])

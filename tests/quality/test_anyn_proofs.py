@@ -73,7 +73,8 @@ def test_planted_overcommit_is_not_proved_and_is_found(tmp_path):
 
 
 @pytest.mark.parametrize(("policy", "rule"), [("vtc_fair.yaml", "queue.order: tenant_fair"),
-                                              ("tgi_router.yaml", "admission.max_inflight"),
+                                              ("connector/vllm_v1_decode_node.yaml", "connector"),
+                                              ("sglang/sglang_v05.yaml", "scheduler: sglang"),
                                               ("prefix_caching/vllm_v1.yaml", "kv.prefix_caching.enabled")])
 def test_uncovered_rules_are_refused_by_name(policy, rule):
     with pytest.raises(InputError, match=f"any-N: not covered: {rule}"):
