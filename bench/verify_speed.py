@@ -79,7 +79,7 @@ CASES = [
     Case("anyn", policy, tuple(SAFETY), 3, 5, any_n=True)
     for policy in ("sarathi_serve", "orca", "static_batching", "strict_priority", "priority_aging", "tiered_shedding",
                    "tiered_unprotected", "trtllm_guaranteed_no_evict", "trtllm_max_utilization",
-                   "vllm_v0_no_chunking", "tgi_router", "broken/unchecked_growth")
+                   "vllm_v0_no_chunking", "tgi_router", "vtc_fair", "broken/unchecked_growth")
 ] + [  # issue 3's finds, exactly as tests/quality/test_verify_finds.py checks them
     Case("finds", policy, (invariant,), requests, depth, prompt=prompt)
     for policy, invariant, requests, depth, prompt, *_ in FINDS

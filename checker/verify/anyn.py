@@ -11,14 +11,14 @@ slot (the cursor) and maybe preempting one other (the victim). The predicate pro
 with S and R from a fixed list of candidates (Houdini keeps the ones no action breaks). Each action is checked
 on an **instance** (checker/verify/anyn_model.py): a round on the cursor, the victim (or another slot) and a
 bystander kept whole (the bystander, untouched, stands for every slot of the rest: its S and R facts are checked
-under the round's new globals) plus sums over all the others; a per-slot map on one slot kept whole (its S facts, and that it never gains blocks or starts
-running), then on the sums alone (the sums after a map are sums of slots that each kept those facts). No N
-appears in any query: the sums are unbounded integers, so one proof covers every N and, by induction over the
+under the round's new globals) plus sums over all the others; a per-slot map on one slot kept whole (its S facts,
+and that it never gains blocks or starts running), then on the sums alone (the sums after a map are sums of slots
+that each kept those facts). No N appears in any query: the sums are unbounded integers, so one proof covers every N and, by induction over the
 actions, every depth. The sides of the argument that the queries cannot see:
 
 1. the instance computes what the concrete N-slot action computes on the kept slots, leaves the other slots
    untouched and reads them only through the sums: proved by z3 from every state of the predicate at N = 2..5
-   (checker/verify/anyn_symbolic.py) and compared on random states of N = 1..4 (checker/verify/anyn_conformance.py),
+   (checker/verify/anyn_symbolic.py) and compared on random states of N = 1..6 (checker/verify/anyn_conformance.py),
    at every run (``side_conditions``); tests/conformance/test_anyn_conformance.py shows both catch a wrong instance;
 2. the cursor is the first candidate of the pass: the instance lets it be any candidate, except that a slot whose
    tokens the pass fixed when it first reached it (``want``) is the cursor until it is done, which holds because
@@ -156,7 +156,8 @@ def candidate_terms(policy: Policy, kind: str, sc: Scene, alive: set[str] | None
 
 
 def all_names(policy: Policy, kind: str) -> set[str]:
-    return ({"slot." + n for n, _ in slot_candidates(policy, kind)} | {"pair." + n for n, _ in pair_candidates(policy, kind)}
+    return ({"slot." + n for n, _ in slot_candidates(policy, kind)}
+            | {"pair." + n for n, _ in pair_candidates(policy, kind)}
             | {n for n, _ in global_candidates(policy, kind)})
 
 
@@ -505,7 +506,8 @@ def recheck_rebuilt(policy: Policy, alive: dict[str, list[str]], timeout_s: floa
 
 
 # ---------------------------------------------------------------------------------------------- side conditions
-SYMBOLIC_SIZES = (2, 3, 4, 5)  # N (up to two slots in the rest) at which z3 proves instance = concrete action from every state of the predicate
+# N (up to two slots in the rest) at which z3 proves instance = concrete action from every state of the predicate
+SYMBOLIC_SIZES = (2, 3, 4, 5)
 
 
 @dataclass(frozen=True)
@@ -525,8 +527,9 @@ class SideConditions:
                 "rest untouched, the invariants' sum forms equal to the catalogue's")
 
 
-def side_conditions(policy: Policy, alive: dict[str, list[str]] | None = None, states_per_size: int = 40,
-                    sizes: tuple[int, ...] = (1, 2, 3, 4), seed: int = 0, timeout_s: float = 120.0) -> SideConditions:
+def side_conditions(policy: Policy, alive: dict[str, list[str]] | None = None, states_per_size: int = 30,
+                    sizes: tuple[int, ...] = (1, 2, 3, 4, 5, 6), seed: int = 0,
+                    timeout_s: float = 120.0) -> SideConditions:
     """Compare the instances with the concrete actions on random states (checker/verify/anyn_conformance.py) and,
     given the proof's surviving candidates, prove them equal from every state of the predicate at SYMBOLIC_SIZES
     (checker/verify/anyn_symbolic.py)."""

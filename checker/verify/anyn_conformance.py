@@ -1,6 +1,6 @@
 """The any-N abstraction's side conditions, checked on concrete states (checker/verify/anyn.py).
 
-For random states of N = 1..4 slots (that satisfy the facts the proof assumes: running slots with distinct
+For random states of N = 1..6 slots (that satisfy the facts the proof assumes: running slots with distinct
 admission numbers, tokens scheduled only for running slots, a pass's fixed tokens only at its first candidate),
 each action runs twice on plain ints: the concrete N-slot action (``SymbolicStep``), and the instance the proof
 reasons about (``RestStep``: the cursor and the victim kept, the rest summed; a per-slot map on each slot alone).
@@ -26,6 +26,7 @@ from checker.verify.anyn_model import STATUSES, Rest, RestState, RestStep, blank
 from invariants.catalogue import CATALOGUE
 
 STEP_FIELDS = ("sched", "grown", "preempted", "admitted")
+TENANTS = 2  # random states spread requests over two tenants (tenant_fair orders them by counters)
 GLOBALS = ("budget", "prefill_budget", "running", "growth_preempted")
 
 
@@ -45,6 +46,7 @@ class Concrete:
     prefill_budget: int
     running: int
     growth_preempted: bool
+    counters: tuple[int, ...] = (0,) * 2  # per tenant (tenant_fair's virtual token counters)
 
 
 def random_state(policy: Policy, n: int, rng: random.Random) -> Concrete:
@@ -56,7 +58,8 @@ def random_state(policy: Policy, n: int, rng: random.Random) -> Concrete:
     for i in range(n):
         prompt = rng.randint(1, min(policy.max_model_len - 1, 4 * bs * 8))
         out = rng.randint(1, 16)
-        params.append(SlotParams(rng.randint(0, 5) * 1000, prompt, out, out + rng.randint(0, 8), rng.randint(0, 2), 0))
+        params.append(SlotParams(rng.randint(0, 5) * 1000, prompt, out, out + rng.randint(0, 8), rng.randint(0, 2),
+                                 rng.randint(0, TENANTS - 1)))
         slot = blank_fields()
         status = rng.choice([Status.PENDING, Status.WAITING, Status.RUNNING, Status.RUNNING, Status.FINISHED,
                              Status.REJECTED, Status.CANCELLED])
@@ -85,7 +88,7 @@ def random_state(policy: Policy, n: int, rng: random.Random) -> Concrete:
     return Concrete(params, slots, next_seq, rng.randint(0, 5), rng.randint(0, 8) * 1000,
                     [rng.random() < 0.2 for _ in range(n)], sched, grown, [False] * n,
                     [rng.random() < 0.1 for _ in range(n)], budget, policy.batch.prefill_token_cap, running,
-                    rng.random() < 0.2)
+                    rng.random() < 0.2, tuple(rng.randint(0, 500) for _ in range(TENANTS)))
 
 
 def _apply(step: SymbolicStep, c: Concrete, mid: bool, idx: list[int]) -> None:
@@ -102,7 +105,7 @@ def _apply(step: SymbolicStep, c: Concrete, mid: bool, idx: list[int]) -> None:
 
 def concrete_step(policy: Policy, c: Concrete, mid: bool) -> SymbolicStep:
     n = len(c.slots)
-    state = SlotState([dict(s) for s in c.slots], c.next_seq, c.step, [0])
+    state = SlotState([dict(s) for s in c.slots], c.next_seq, c.step, list(c.counters))
     step = SymbolicStep(IntOps, policy, list(c.params), state, c.now, list(c.cancels))
     _apply(step, c, mid, list(range(n)))
     return step
@@ -119,12 +122,14 @@ def instance_step(policy: Policy, c: Concrete, kept: list[int], rest: Rest, mid:
     pad_params = SlotParams(10**9, 1, 1, 1, 0, 0)  # a slot that never arrives (N = 1: no second slot)
     params = [c.params[i] if i >= 0 else pad_params for i in kept]
     slots = [dict(c.slots[i]) if i >= 0 else blank_fields() for i in kept]
-    state = RestState(slots, c.next_seq, c.step, [0], rest_blocks=rest.blocks)
+    # the proof's instance knows no tenant counters (they only order the queue, which it leaves free): zeros here,
+    # the concrete step's own in concrete_step, so that a decision that read them would differ
+    state = RestState(slots, c.next_seq, c.step, [0] * len(c.counters), rest_blocks=rest.blocks)
     cancels = [c.cancels[i] if i >= 0 else False for i in kept]
     step = RestStep(IntOps, policy, params, state, c.now, cancels, rest, lambda name: choices[name])
     padded = Concrete(c.params, c.slots + [blank_fields()], c.next_seq, c.step, c.now, c.cancels,
                       c.sched + [0], c.grown + [0], c.preempted + [False], c.admitted + [False], c.budget,
-                      c.prefill_budget, c.running, c.growth_preempted)
+                      c.prefill_budget, c.running, c.growth_preempted, c.counters)
     _apply(step, padded, mid, [i if i >= 0 else len(c.slots) for i in kept])
     return step
 

@@ -17,7 +17,7 @@ candidate of the pass). The instance runs the **concrete code** (``SymbolicStep`
 What the instance leaves out is checked, not assumed (anyn.side_conditions, at every run): the concrete N-slot
 action and the instance extracted from it (cursor, victim and a bystander as slots 0, 1, 2, the rest summed) agree
 on every field, per-slot variable and global, and the rest's slots are untouched: proved by z3 from every state of
-the proof's predicate at N = 2..5 (anyn_symbolic.py), compared on random states of N = 1..4 (anyn_conformance.py).
+the proof's predicate at N = 2..5 (anyn_symbolic.py), compared on random states of N = 1..6 (anyn_conformance.py).
 """
 
 from __future__ import annotations
@@ -128,8 +128,6 @@ def not_covered(policy: Policy) -> list[str]:
         out.append("speculative decoding (not encoded in z3)")
     if policy.connector.enabled:
         out.append("connector (KV transfers: holders' queue and load order across slots)")
-    if policy.queue.order is QueueOrder.TENANT_FAIR:
-        out.append("queue.order: tenant_fair (counters lifted from the other tenants' slots)")
     c = policy.chunking
     if c.long_prefill_token_threshold and (c.threshold_adaptive or not c.threshold_when_alone):
         out.append("chunking.long_prefill_token_threshold adaptive or not when alone (reads the number of "

@@ -5,7 +5,7 @@ from it (checker/verify/anyn_model.py) compute the same thing.
 For each pass and each (cursor, victim) pair of slot indices (or none), one z3 query: the concrete N-slot round and
 the instance on [cursor, victim] with the sums over the other slots; unsat when every kept slot's fields, per-slot
 step and loop variables, the step's globals and next_seq agree, the other slots are untouched and the extraction's
-assumptions hold. The random comparison (anyn_conformance.py) covers N = 1..4 on sampled states; this covers every
+assumptions hold. The random comparison (anyn_conformance.py) covers N = 1..6 on sampled states; this covers every
 state of the given N (bench/anyn_sweep.py --symbolic; tests/conformance/test_anyn_conformance.py at N = 2).
 """
 
@@ -23,9 +23,9 @@ from checker.verify.anyn_model import (STATUSES, Rest, RestState, RestStep, Scen
                                         limit_choices)
 
 STEP_FIELDS = ("sched", "grown", "preempted", "admitted")
-QUERIES = [0]
+QUERIES = [0]  # equality queries posed (cases that can happen), for the verdict line
 PAD_PARAMS = SlotParams(10**9, 1, 1, 1, 0, 0)  # a slot that never arrives (fills the instance where N is small)
-PAD_STEP = {"sched": 0, "grown": 0, "preempted": False, "admitted": False}  # equality queries posed (cases that can happen), for the verdict line
+PAD_STEP = {"sched": 0, "grown": 0, "preempted": False, "admitted": False}
 GLOBALS = ("budget", "prefill_budget", "running", "growth_preempted")
 
 
@@ -200,7 +200,8 @@ def _check_map(inst: Instances, name: str, loc: str, k: int | None, n: int, i: i
             setattr(ins, f, getattr(base, f))
     iloop = _run_map(inst, name, ins)
     same = [conc.s.slots[i][f] == ins.s.slots[0][f] for f in FIELDS] + [conc.sched[i] == ins.sched[0]]
-    same += [_eq(val[i], iloop[key][0]) for key, val in (cloop or {}).items() if isinstance(val, list) and key != "keys"]
+    same += [_eq(val[i], iloop[key][0]) for key, val in (cloop or {}).items()
+             if isinstance(val, list) and key != "keys"]
     if smt.check() == "unsat":
         return "unsat"
     QUERIES[0] += 1

@@ -13,7 +13,8 @@ from tests.helpers import POLICIES
 
 COVERED = ["vllm_v1.yaml", "orca.yaml", "sarathi_serve.yaml", "static_batching.yaml", "strict_priority.yaml",
            "tiered_shedding.yaml", "trtllm_guaranteed_no_evict.yaml", "vllm_v0_no_chunking.yaml",
-           "priority_aging.yaml", "tgi_router.yaml", "broken/unchecked_growth.yaml"]
+           "priority_aging.yaml", "tgi_router.yaml", "vtc_fair.yaml",
+           "broken/unchecked_growth.yaml"]
 
 
 @pytest.mark.parametrize("policy", COVERED)
@@ -29,8 +30,9 @@ def test_an_instance_that_ignores_the_rest_is_caught(monkeypatch):
     """kv_used without the rest's blocks: rounds decide differently once the small pool fills."""
     monkeypatch.setattr(anyn_model.RestState, "kv_used",
                         property(lambda self: sum(slot["blocks"] for slot in self.slots)))
-    mismatches, _ = compare_random(load_policy(POLICIES / "vllm_v1.yaml"), states_per_size=40, seed=0)
-    assert any("blocks=" in m or "sched=" in m for m in mismatches)
+    mismatches, _ = compare_random(load_policy(POLICIES / "vllm_v1.yaml"), states_per_size=60, sizes=(4, 5, 6),
+                                   seed=0)
+    assert any("blocks=" in m or "sched=" in m or "status=" in m for m in mismatches)
 
 
 def test_a_victim_choice_limited_to_the_cursor_is_caught(monkeypatch):

@@ -72,8 +72,7 @@ def test_planted_overcommit_is_not_proved_and_is_found(tmp_path):
     assert r.verdict.value != "PROVED"
 
 
-@pytest.mark.parametrize(("policy", "rule"), [("vtc_fair.yaml", "queue.order: tenant_fair"),
-                                              ("connector/vllm_v1_decode_node.yaml", "connector"),
+@pytest.mark.parametrize(("policy", "rule"), [("connector/vllm_v1_decode_node.yaml", "connector"),
                                               ("sglang/sglang_v05.yaml", "scheduler: sglang"),
                                               ("prefix_caching/vllm_v1.yaml", "kv.prefix_caching.enabled")])
 def test_uncovered_rules_are_refused_by_name(policy, rule):
