@@ -13,8 +13,8 @@ on an **instance** (checker/verify/anyn_model.py): a round on the cursor, the vi
 bystander kept whole (the bystander, untouched, stands for every slot of the rest: its S and R facts are checked
 under the round's new globals) plus sums over all the others; a per-slot map on one slot kept whole (its S facts,
 and that it never gains blocks or starts running), then on the sums alone (the sums after a map are sums of slots
-that each kept those facts). No N appears in any query: the sums are unbounded integers, so one proof covers every N and, by induction over the
-actions, every depth. The sides of the argument that the queries cannot see:
+that each kept those facts). No N appears in any query: the sums are unbounded integers, so one proof covers every
+N and, by induction over the actions, every depth. The sides of the argument that the queries cannot see:
 
 1. the instance computes what the concrete N-slot action computes on the kept slots, leaves the other slots
    untouched and reads them only through the sums: proved by z3 from every state of the predicate at N = 2..5
