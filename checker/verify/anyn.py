@@ -87,7 +87,9 @@ def _one_slot_frame(sc: Scene, i: int) -> TraceContext:
 
 
 def slot_candidates(policy: Policy, kind: str) -> list[tuple[str, SlotFn]]:
-    """Facts of one slot (and the step's globals) at a location: "P" or the kind of the pass under way."""
+    """Facts of one slot (and the step's globals) at a location: "P" or the kind of the pass under way. Among the
+    globals they read only next_seq and the budget, which a per-slot map's one-slot instance computes exactly (the
+    running count it computes from the rest's sums before the map is not the step's: no slot fact may read it)."""
     rc = CATALOGUE["request_conservation"]
 
     def is_(sc: Scene, i: int, *statuses: Status) -> Term:
