@@ -6,7 +6,8 @@ For each pass and each (cursor, victim) pair of slot indices (or none), one z3 q
 the instance on [cursor, victim] with the sums over the other slots; unsat when every kept slot's fields, per-slot
 step and loop variables, the step's globals and next_seq agree, the other slots are untouched and the extraction's
 assumptions hold. The random comparison (anyn_conformance.py) covers N = 1..6 on sampled states; this covers every
-state of the given N (bench/anyn_sweep.py --symbolic; tests/conformance/test_anyn_conformance.py at N = 2).
+state of the given N (every verify --any-n run at anyn.SYMBOLIC_SIZES, N = 2..5; tests/conformance/
+test_anyn_conformance.py at N = 4 on four policies, and with wrong instances that it must catch).
 """
 
 from __future__ import annotations
