@@ -3,7 +3,7 @@ predicate (the candidates that survived, on all N slots), a round of the concret
 from it (checker/verify/anyn_model.py) compute the same thing.
 
 For each pass and each (cursor, victim) pair of slot indices (or none), one z3 query: the concrete N-slot round and
-the instance on [cursor, victim] with the sums over the other slots; unsat when every kept slot's fields, per-slot
+the instance on [cursor, victim, bystander] with the sums over the other slots; unsat when every kept slot's fields, per-slot
 step and loop variables, the step's globals and next_seq agree, the other slots are untouched and the extraction's
 assumptions hold. The random comparison (anyn_conformance.py) covers N = 1..6 on sampled states; this covers every
 state of the given N (every verify --any-n run at anyn.SYMBOLIC_SIZES, N = 2..5; tests/conformance/
