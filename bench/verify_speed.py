@@ -7,6 +7,7 @@ search, minimality, engine replay, and with --unbounded the induction). Prints a
     python bench/verify_speed.py --only targets  # the three speed targets
     python bench/verify_speed.py --only proved --timeout 300
     python bench/verify_speed.py --only finds
+    python bench/verify_speed.py --only anyn     # verify --any-n: every number of requests, the real pools
 """
 
 from __future__ import annotations
@@ -44,11 +45,13 @@ class Case:
     prompt: tuple[int, int] | None = None
     target_s: float | None = None  # the issue's bound on the total seconds of the case
     num_blocks: int | None = None  # a smaller KV pool (a copy of the policy), so that few requests can fill it
+    any_n: bool = False  # verify --any-n (checker/verify/anyn.py): N and K are only the bounded fallback's
 
     @property
     def label(self) -> str:
         pool = f" pool={self.num_blocks}" if self.num_blocks else ""
-        return f"{self.policy}{pool} {','.join(self.invariants)} {self.requests}x{self.depth}"
+        size = "any N" if self.any_n else f"{self.requests}x{self.depth}"
+        return f"{self.policy}{pool} {','.join(self.invariants)} {size}"
 
 
 # Small prompts let the pool fill with few requests only where the pool is small; the shipped pools
@@ -70,6 +73,13 @@ CASES = [
 ] + [
     Case("proved", policy, ("kv_never_overcommitted",), n, 3, unbounded=True, prompt=(1, 1024), num_blocks=64)
     for policy in ("vllm_v1", "sarathi_serve") for n in (2, 3, 4, 8)
+] + [  # issue 20: every number of requests, any depth, on the shipped pools (the first row: the 60 s target)
+    Case("anyn", "vllm_v1", tuple(SAFETY), 3, 5, any_n=True, target_s=60.0),
+] + [
+    Case("anyn", policy, tuple(SAFETY), 3, 5, any_n=True)
+    for policy in ("sarathi_serve", "orca", "static_batching", "strict_priority", "priority_aging", "tiered_shedding",
+                   "tiered_unprotected", "trtllm_guaranteed_no_evict", "trtllm_max_utilization",
+                   "vllm_v0_no_chunking", "tgi_router", "vtc_fair", "broken/unchecked_growth")
 ] + [  # issue 3's finds, exactly as tests/quality/test_verify_finds.py checks them
     Case("finds", policy, (invariant,), requests, depth, prompt=prompt)
     for policy, invariant, requests, depth, prompt, *_ in FINDS
@@ -86,7 +96,8 @@ def run_case(case: Case, timeout_s: float, out: Path) -> list[str]:
         policy_file = out / f"{case.policy.replace('/', '_')}_pool{case.num_blocks}.yaml"
         write_atomic(policy_file, yaml.safe_dump(small.model_dump(mode="json"), sort_keys=False))
     _, results = run_verify(policy_file, list(case.invariants), case.requests, case.depth, timeout_s=timeout_s,
-                            out_dir=out, prompt=case.prompt, unbounded=case.unbounded, proof_dir=out)
+                            out_dir=out, prompt=case.prompt, unbounded=case.unbounded, proof_dir=out,
+                            any_n=case.any_n)
     total = time.perf_counter() - started
     for r in results:
         what = r.verdict.value
@@ -96,7 +107,10 @@ def run_case(case: Case, timeout_s: float, out: Path) -> list[str]:
         elif r.notes:
             what += " (" + "; ".join(r.notes)[:120] + ")"
         pool = f" ({case.num_blocks}-block pool, prompts {case.prompt[0]}-{case.prompt[1]})" if case.num_blocks else ""
-        rows.append(f"| `{case.policy}`{pool} | {r.label} | {case.requests} x {case.depth}"
+        size = "any N, any depth" if case.any_n else f"{case.requests} x {case.depth}"
+        if case.any_n and r.verdict.value == "PROVED":
+            what = "PROVED for any N" + (f" ({r.notes[0][:60]})" if r.notes else "")
+        rows.append(f"| `{case.policy}`{pool} | {r.label} | {size}"
                     f"{' + induction' if case.unbounded else ''} | {what} | {r.seconds:.2f} |")
     if case.target_s is not None:
         decided = all(r.verdict.value != "UNKNOWN" for r in results)
@@ -107,7 +121,7 @@ def run_case(case: Case, timeout_s: float, out: Path) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", choices=["targets", "proved", "finds"], help="one group of cases")
+    ap.add_argument("--only", choices=["targets", "proved", "finds", "anyn"], help="one group of cases")
     ap.add_argument("--match", default="", help="only cases whose label contains this text")
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds per invariant (default 120)")
     args = ap.parse_args(argv)

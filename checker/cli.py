@@ -172,7 +172,7 @@ def _audit(args: argparse.Namespace) -> int:
 
 # verify's options that the bounded check reads and verify --liveness does not
 _BMC_ONLY = ("invariant", "invariant_module", "depth", "workload", "no_audit", "prompt_range", "output_range",
-             "no_cancellations", "unbounded", "proof_dir", "cache_method", "split_vacuous")
+             "no_cancellations", "unbounded", "proof_dir", "cache_method", "split_vacuous", "any_n")
 
 
 def _verify(args: argparse.Namespace) -> int:
@@ -197,6 +197,9 @@ def _verify(args: argparse.Namespace) -> int:
     if given:
         raise UsageError(f"--{given[0].replace('_', '-')} needs --liveness (it describes a liveness instance)")
     args.requests = 3 if args.requests is None else args.requests
+    if args.any_n and args.unbounded:
+        raise UsageError("--any-n and --unbounded are two proofs: give one (--any-n: any number of requests; "
+                         "--unbounded: N slots)")
     if args.workload is not None and not args.no_audit:  # an impossible plan stops here, before any solver call
         from checker.api import run_derived_audit
 
@@ -216,7 +219,7 @@ def _verify(args: argparse.Namespace) -> int:
     env, results = run_verify(args.policy, args.invariant, args.requests, args.depth, args.timeout, args.workload,
                               out, args.prompt_range, args.output_range, not args.no_cancellations, args.step_ms,
                               args.unbounded, proof_dir, args.invariant_module, terminal_progress(),
-                              cache_method=args.cache_method)
+                              cache_method=args.cache_method, any_n=args.any_n)
     terminal_progress.clear()
     code = overall_exit(results, args.split_vacuous)
     if args.json:
@@ -268,7 +271,7 @@ def _recheck(args: argparse.Namespace) -> int:
         print(f"{args.certificate}: certificate does NOT hold (the fresh solver says {result})")
     b = r.binding
     print(f"  bound to: policy {b.policy} (sha256 {b.policy_sha256[:12]}), {b.invariant}"
-          + "".join(f" {k}={v}" for k, v in sorted(b.params.items())) + f", N={b.requests}, {b.method}"
+          + "".join(f" {k}={v}" for k, v in sorted(b.params.items())) + (", any N" if b.method == "any-n" else f", N={b.requests}") + f", {b.method}"
           + (f" k={b.k}" if b.method == "induction" else ""))
     for line in r.checked:
         print(f"  checked: {line}")
@@ -495,6 +498,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--step-ms", type=STEP_MS, default=10.0, metavar="MS", help="clock: ms per iteration (default 10)")
     p.add_argument("--unbounded", action="store_true",
                    help="after the bounded check, try to prove the invariant for any number of iterations (induction)")
+    p.add_argument("--any-n", action="store_true",
+                   help="prove the state invariants for any number of requests and iterations, on the policy's own "
+                        "pool (aggregate abstraction, docs/invariants.md); a policy rule it does not cover is refused")
     p.add_argument("--split-vacuous", action="store_true", help="exit 4 instead of 3 when the only undecided "
                    "checks are VACUOUS ones whose situation is proved never to occur at any depth (those not "
                    "reached within the bounds still exit 3)")

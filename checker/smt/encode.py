@@ -396,10 +396,7 @@ class SymbolicStep:
             never = False
             if adm.reject_never_fits:
                 never = self.blocks_for(self.max_context(self.view(i))) > p.kv.num_blocks
-            over = False if adm.max_inflight is None else waiting + running >= adm.max_inflight
-            full = False if adm.max_queue_len is None else waiting >= adm.max_queue_len
-            if adm.max_queued_tokens is not None:
-                full = o.or_(full, queued_tokens + prm.prompt_len > adm.max_queued_tokens)
+            over, full = self.admission_limits(i, waiting, running, queued_tokens)
             reject = o.or_(too_long, never, over, full)
             reason = o.ite(too_long, int(Reason.PROMPT_TOO_LONG), o.ite(never, int(Reason.NEVER_FITS),
                            o.ite(over, int(Reason.OVERLOADED), int(Reason.QUEUE_FULL))))
@@ -410,6 +407,16 @@ class SymbolicStep:
             self.set(i, "status", arriving, o.ite(reject, int(Status.REJECTED), int(Status.WAITING)))
             waiting = waiting + o.b2i(accepted)
             queued_tokens = queued_tokens + o.ite(accepted, prm.prompt_len, 0)
+
+    def admission_limits(self, i: int, waiting: Term, running: Term, queued_tokens: Term) -> tuple[Term, Term]:
+        """Whether slot i, arriving now, finds the server over max_inflight, and the queue full (max_queue_len,
+        max_queued_tokens), given the requests waiting and running and the tokens queued before it."""
+        o, adm = self.o, self.p.admission
+        over = False if adm.max_inflight is None else waiting + running >= adm.max_inflight
+        full = False if adm.max_queue_len is None else waiting >= adm.max_queue_len
+        if adm.max_queued_tokens is not None:
+            full = o.or_(full, queued_tokens + self.params[i].prompt_len > adm.max_queued_tokens)
+        return over, full
 
     def lift_counter(self, i: int, accepted: Term) -> None:
         """VTC counter lift (mirrors step._lift_counter)."""

@@ -112,31 +112,10 @@ class ActionModel:
 
     def _mid_step(self, smt: SmtSession, tag: str) -> SymbolicStep:
         """A step stopped between two actions of its schedule, every running variable fresh."""
-        step = self._new_step(smt, tag, cancels=False)
-        n = self.n
-        step.sched = [smt.int_var(f"{tag}sched_{i}") for i in range(n)]
-        step.grown = [smt.int_var(f"{tag}grown_{i}") for i in range(n)]
-        step.preempted = [smt.bool_var(f"{tag}preempted_{i}") for i in range(n)]
-        step.admitted = [smt.bool_var(f"{tag}admitted_{i}") for i in range(n)]
-        step.growth_preempted = smt.bool_var(f"{tag}growth_preempted")
-        for name in ("budget", "prefill_budget", "running", "running_at_start"):
-            setattr(step, name, smt.int_var(f"{tag}{name}"))
-        return step
+        return stop_mid_step(smt, self._new_step(smt, tag, cancels=False), tag)
 
     def _loop(self, smt: SmtSession, tag: str, pass_: Pass) -> dict:
-        """The pass's loop variables, fresh. Queue keys become any distinct order: an integer per slot,
-        the slot index breaking ties (every order the real keys can give is one of these)."""
-        n, loop = self.n, {}
-        for name, kind in pass_.loop_kinds.items():
-            if kind == "bool":
-                loop[name] = smt.bool_var(f"{tag}{name}")
-            elif kind == "bools":
-                loop[name] = [smt.bool_var(f"{tag}{name}_{i}") for i in range(n)]
-            elif kind == "ints":
-                loop[name] = [smt.int_var(f"{tag}{name}_{i}") for i in range(n)]
-            else:  # "keys"
-                loop[name] = [(smt.int_var(f"{tag}{name}_{i}"), i) for i in range(n)]
-        return loop
+        return fresh_loop(smt, tag, pass_, self.n)
 
     def _boundary_view(self, step: SymbolicStep, scheduled=None, produced=None) -> View:
         zeros = [0] * self.n
@@ -310,6 +289,35 @@ class ActionModel:
                 o.not_(v.loop["snapshot"][i]), v.loop["processed"][i],
                 is_(v, Status.RUNNING, Status.WAITING, Status.SWAPPED))))
         return out
+
+
+def stop_mid_step(smt: SmtSession, step: SymbolicStep, tag: str) -> SymbolicStep:
+    """The step stopped between two actions of its schedule: every running variable fresh."""
+    n = step.n
+    step.sched = [smt.int_var(f"{tag}sched_{i}") for i in range(n)]
+    step.grown = [smt.int_var(f"{tag}grown_{i}") for i in range(n)]
+    step.preempted = [smt.bool_var(f"{tag}preempted_{i}") for i in range(n)]
+    step.admitted = [smt.bool_var(f"{tag}admitted_{i}") for i in range(n)]
+    step.growth_preempted = smt.bool_var(f"{tag}growth_preempted")
+    for name in ("budget", "prefill_budget", "running", "running_at_start"):
+        setattr(step, name, smt.int_var(f"{tag}{name}"))
+    return step
+
+
+def fresh_loop(smt: SmtSession, tag: str, pass_: Pass, n: int) -> dict:
+    """The pass's loop variables over n slots, fresh. Queue keys become any distinct order: an integer per slot,
+    the slot index breaking ties (every order the real keys can give is one of these)."""
+    loop: dict = {}
+    for name, kind in pass_.loop_kinds.items():
+        if kind == "bool":
+            loop[name] = smt.bool_var(f"{tag}{name}")
+        elif kind == "bools":
+            loop[name] = [smt.bool_var(f"{tag}{name}_{i}") for i in range(n)]
+        elif kind == "ints":
+            loop[name] = [smt.int_var(f"{tag}{name}_{i}") for i in range(n)]
+        else:  # "keys"
+            loop[name] = [(smt.int_var(f"{tag}{name}_{i}"), i) for i in range(n)]
+    return loop
 
 
 def _blank_slots(n: int) -> list[dict[str, int]]:

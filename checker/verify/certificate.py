@@ -44,7 +44,7 @@ class Binding(BaseModel):
     params: dict[str, int]
     requests: Annotated[int, Field(ge=1, le=MAX_REQUESTS)]
     kv_blocks: Annotated[int, Field(ge=0)]
-    method: Literal["induction", "action-wise"]
+    method: Literal["induction", "action-wise", "any-n"]
     k: Annotated[int, Field(ge=1, le=16)]
     lemmas: list[str]
     environment: dict
@@ -171,7 +171,9 @@ def recheck(path: str | Path, policy: Policy | None = None, policy_file: str | N
             raise _refuse(source, line, "binding.params", shown, ",".join(f"{k}={v}" for k, v in sorted(params.items()))
                           + ", the parameters given by --invariant")
         checked.append(f"made for {binding.invariant}")
-    if requests is not None:
+    if requests is not None and binding.method == "any-n":
+        checked.append(f"made for any N (so for N={requests})")
+    elif requests is not None:
         if requests != binding.requests:
             raise _refuse(source, line, "binding.requests", binding.requests, f"{requests}, the request slots given by "
                           "--requests")
@@ -203,18 +205,25 @@ def recheck(path: str | Path, policy: Policy | None = None, policy_file: str | N
                           f"k={binding.k} (rebuilt from the binding: the file was edited, or written by another "
                           "version of batchcheck)")
         checked.append("its query is the one rebuilt from the policy")
-    if policy is not None and binding.method == "action-wise":
-        from checker.verify.actions import recheck_rebuilt
+    if policy is not None and binding.method in ("action-wise", "any-n"):
+        if binding.method == "action-wise":
+            from checker.verify.actions import recheck_rebuilt
 
-        inv, env = _invariant_and_environment(binding, source, line)
-        answer, where = recheck_rebuilt(policy, inv, binding.params, env, binding.tier, binding.alive,
-                                        timeout_ms / 1000)
+            inv, env = _invariant_and_environment(binding, source, line)
+            answer, where = recheck_rebuilt(policy, inv, binding.params, env, binding.tier, binding.alive,
+                                            timeout_ms / 1000)
+            what = "action queries"
+        else:  # every number of requests (checker/verify/anyn.py)
+            from checker.verify.anyn import recheck_rebuilt as recheck_any_n
+
+            answer, where = recheck_any_n(policy, binding.alive, timeout_ms / 1000)
+            what = "instance queries (any N)"
         if answer != "unsat":
             checked.append(f"rebuilt from the policy and the candidates that survived: {where} is not shown to keep "
                            f"them (the fresh solver says {answer})")
             return Recheck(source, answer, binding, checked, missing)
-        checked.append(f"its {binding.queries} action queries, rebuilt from the policy and the candidates that "
-                       "survived, are unsat")
+        checked.append(f"its {binding.queries} {what}, rebuilt from the policy and the candidates that survived, "
+                       "are unsat")
     if undecided:
         return Recheck(source, "unknown", binding, checked, missing)
     try:

@@ -58,6 +58,7 @@ class Checked:
     specs: list[RequestSpec] = field(default_factory=list)  # the counterexample's requests (VIOLATED)
     never_occurs: bool = False  # VACUOUS because its situation is proved never to occur, at any depth
     abstraction: str = ""  # how the environment was changed for this invariant (or why not, and what to change)
+    any_n: bool = False  # PROVED for every number of requests (verify --any-n, checker/verify/anyn.py)
 
     @property
     def vacuity(self) -> str | None:
@@ -80,6 +81,9 @@ class Checked:
                       + ("minimal: no violation with fewer requests up to depth "
                          f"{e.depth}, none shorter with {self.requests}" if not self.notes else "; ".join(self.notes))
                       + f"; replayed on the engine: {self.counterexample}")
+        elif self.verdict is Verdict.PROVED and self.any_n:
+            detail = (f"for any N, any number of iterations ({self.method}); "
+                      + "".join(f"{note}; " for note in self.notes) + f"certificate: {self.certificate}")
         elif self.verdict is Verdict.PROVED and self.method:
             detail = (f"for {e.requests} request slots and any number of iterations ({self.method}); "
                       + "".join(f"{note}; " for note in self.notes) + f"certificate: {self.certificate}")
@@ -110,7 +114,8 @@ class Checked:
                 "counterexample": str(self.counterexample) if self.counterexample else None,
                 "certificate": str(self.certificate) if self.certificate else None,
                 "seconds": round(self.seconds, 3), "notes": self.notes, "method": self.method or None,
-                "vacuity": self.vacuity, **({"abstraction": self.abstraction} if self.abstraction else {})}
+                "vacuity": self.vacuity, **({"abstraction": self.abstraction} if self.abstraction else {}),
+                **({"any_n": True} if self.any_n else {})}
 
 
 # How verify checks a policy with prefix caching (both bounded, over the same finite domains; docs/prefix-caching.md)
@@ -326,7 +331,7 @@ def run_verify(policy: PolicyInput, invariants: list[str] | None = None, request
                prompt: tuple[int, int] | None = None, output: tuple[int, int] | None = None,
                cancellations: bool = True, step_ms: float = 10.0, unbounded: bool = False,
                proof_dir: str | Path | None = "proofs", invariant_modules: list[str] | None = None,
-               progress=None, cache_method: str = DEFAULT_CACHE_METHOD):
+               progress=None, cache_method: str = DEFAULT_CACHE_METHOD, any_n: bool = False):
     """Check invariants of a policy (a file, or a Policy object) with z3 (bounded model checking); a policy with
     prefix caching by
     ``cache_method``: "explicit", explicit-state search on the engine (checker/verify/explicit.py), or "z3", z3
@@ -343,6 +348,10 @@ def run_verify(policy: PolicyInput, invariants: list[str] | None = None, request
     proofs = Path(proof_dir) if proof_dir is not None else None
     if cache_method not in CACHE_METHODS:
         raise InputError(Problem("--cache-method", cache_method, " or ".join(CACHE_METHODS)))
+    if any_n:  # every number of requests (checker/verify/anyn_verify.py); refuses what it does not cover
+        from checker.verify import anyn_verify
+        return env, anyn_verify.check_many(pol, source, chosen, env, timeout_s, out, proofs, progress,
+                                           output is None and wl is None)
     if engine_only(pol):
         from checker.verify import explicit
         env = explicit.explicit_environment(pol, env, [inv for inv, _ in chosen])
