@@ -208,7 +208,7 @@ def _audit(args: argparse.Namespace) -> int:
 
 # verify's options that the bounded check reads and verify --liveness does not
 _BMC_ONLY = ("invariant", "invariant_module", "depth", "workload", "no_audit", "prompt_range", "output_range",
-             "no_cancellations", "unbounded", "proof_dir", "cache_method", "split_vacuous")
+             "no_cancellations", "unbounded", "bounded_only", "proof_dir", "cache_method", "split_vacuous")
 
 
 def _verify(args: argparse.Namespace) -> int:
@@ -248,10 +248,13 @@ def _verify(args: argparse.Namespace) -> int:
                       "anyway: the solver uses only the workload's length ranges, priorities and tenants)")
             return ExitCode.VIOLATED
 
+    if args.unbounded and args.bounded_only:
+        raise UsageError("--unbounded and --bounded-only contradict each other (the proof is tried by default; "
+                         "--bounded-only runs the bounded search alone)")
     out, proof_dir = verify_dirs(args.out, args.proof_dir)
     env, results = run_verify(args.policy, args.invariant, args.requests, args.depth, args.timeout, args.workload,
                               out, args.prompt_range, args.output_range, not args.no_cancellations, args.step_ms,
-                              args.unbounded, proof_dir, args.invariant_module, terminal_progress(),
+                              not args.bounded_only, proof_dir, args.invariant_module, terminal_progress(),
                               cache_method=args.cache_method)
     terminal_progress.clear()
     code = overall_exit(results, args.split_vacuous)
@@ -521,7 +524,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-cancellations", action="store_true", help="clients never cancel")
     p.add_argument("--step-ms", type=STEP_MS, default=10.0, metavar="MS", help="clock: ms per iteration (default 10)")
     p.add_argument("--unbounded", action="store_true",
-                   help="after the bounded check, try to prove the invariant for any number of iterations (induction)")
+                   help="the default (kept for scripts): the proof for any number of iterations first (action-wise "
+                        "induction), then the bounded search, then whole-step induction")
+    p.add_argument("--bounded-only", action="store_true",
+                   help="the bounded search alone (N requests, K iterations: HOLDS_UP_TO at best), no proof")
     p.add_argument("--split-vacuous", action="store_true", help="exit 4 instead of 3 when the only undecided "
                    "checks are VACUOUS ones whose situation is proved never to occur at any depth (those not "
                    "reached within the bounds still exit 3)")

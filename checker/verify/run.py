@@ -99,6 +99,8 @@ class Checked:
                       "so nothing was checked")
         else:
             detail = f"timeout or solver unknown; no violation up to depth {self.depth} with {e.requests} requests"
+            if self.notes:
+                detail += "; " + "; ".join(self.notes)
         if self.abstraction:
             detail += f"; {self.abstraction}"
         return f"{self.verdict.value:<12} {self.label:<40} {detail}  [{self.seconds:.2f} s]"
@@ -151,22 +153,29 @@ def engine_only(policy: Policy) -> bool:
 def check_one(policy: Policy, policy_file: str | None, inv: Invariant, params: dict[str, int], env: Environment,
               timeout_s: float, out_dir: Path | None, unbounded: bool = False,
               proof_dir: Path | None = None, progress: Callable[[str], None] | None = None) -> Checked:
+    """The cheapest decisive method first: with ``unbounded``, the action-wise proof (PROVED for N slots and any
+    depth); then the bounded search for a counterexample (VIOLATED, or HOLDS_UP_TO up to the depth); then, with
+    ``unbounded``, whole-step induction (HOLDS_UP_TO -> PROVED)."""
     if engine_only(policy):  # not in the z3 encoding: explicit-state search on the engine instead
         from checker.verify.explicit import check_many
         return check_many(policy, policy_file, [(inv, params)], env, timeout_s, out_dir, unbounded, progress)[0]
     started = time.monotonic()
+    tried: list[str] = []  # what was tried before the bounded search and did not decide (said with the verdict)
     if unbounded:
-        proved = _try_actionwise(policy, inv, params, env, timeout_s, proof_dir, progress, policy_file)
+        proved = _try_actionwise(policy, inv, params, env, timeout_s, proof_dir, progress, policy_file, tried)
         if proved is not None:
             return proved
     outcome = search(policy, inv, params, env, timeout_s - (time.monotonic() - started), progress)
     seconds = time.monotonic() - started
     if outcome.status == "unknown":
-        return Checked(inv, params, Verdict.UNKNOWN, env, seconds, depth=outcome.depth_reached)
+        return Checked(inv, params, Verdict.UNKNOWN, env, seconds, depth=outcome.depth_reached,
+                       notes=tried + [next_step(env, timeout_s, unbounded)])
     if outcome.status == "holds":
         if outcome.vacuous:
             return Checked(inv, params, Verdict.VACUOUS, env, seconds, depth=outcome.depth_reached)
-        checked = Checked(inv, params, Verdict.HOLDS_UP_TO, env, seconds, depth=outcome.depth_reached)
+        checked = Checked(inv, params, Verdict.HOLDS_UP_TO, env, seconds, depth=outcome.depth_reached, notes=tried)
+        if outcome.vacuity_undecided:
+            checked.notes.append(VACUITY_UNDECIDED)
         if unbounded:
             _try_induction(checked, policy, timeout_s - seconds, proof_dir, policy_file)
             checked.seconds = time.monotonic() - started
@@ -206,37 +215,47 @@ ACTIONWISE_SHARE = 0.5
 # The same in an environment derived to fill the KV pool (more slots: the proof costs more, and a bounded search
 # of K iterations cannot fill the pool anyway)
 FILL_ACTIONWISE_SHARE = 0.95
-# How long each vacuity check of a proved invariant may take when no engine probe reached its situation:
-# proving its negation (action-wise), then z3's search within the depth (the proof stands either way; the
-# verdict then says that vacuity was not decided): this share of the timeout each.
-VACUITY_SHARE = 0.05
+# Said with a HOLDS_UP_TO or PROVED verdict whose vacuity side check did not decide within its fixed resource count
+VACUITY_UNDECIDED = ("vacuity not decided: no engine probe reached its situation and z3 did not decide within its "
+                     "fixed budget whether it can occur within the bounds")
+
+
+def next_step(env: Environment, timeout_s: float, unbounded: bool) -> str:
+    """What an UNKNOWN verdict's line suggests trying next."""
+    fewer = (f", or fewer slots (--requests {env.requests - 1})" if env.requests > 2 and not env.fill_blocks else "")
+    return (f"try next: more time (--timeout {3 * timeout_s:g})"
+            + (", or a shallower bounded search (--depth " + str(max(1, env.depth - 2)) + ")" if env.depth > 2 else "")
+            + fewer + ("" if unbounded else ", or the proof (drop --bounded-only)"))
 
 
 def _try_actionwise(policy: Policy, inv: Invariant, params: dict[str, int], env: Environment, timeout_s: float,
                     proof_dir: Path | None, progress: Callable[[str], None] | None,
-                    policy_file: str | None = None) -> Checked | None:
+                    policy_file: str | None = None, tried: list[str] | None = None) -> Checked | None:
     """PROVED (or VACUOUS) by action-wise induction (checker/verify/actions.py), or None to go on with the
-    bounded search and whole-step induction."""
+    bounded search and whole-step induction (with why in ``tried``). Its vacuity side checks (is the invariant's
+    situation reachable?) conclude the same on every run: an engine probe, then the negation of the situation
+    proved by action-wise induction, then z3's search within the depth, each bounded by a resource count
+    (vacuity.VACUITY_RLIMIT), not by the clock; undecided, the proof stands and the verdict says so."""
     from checker.verify import actions, vacuity
 
     if not actions.supported(inv):
         return None
-    started = time.monotonic()
     if progress is not None:
         progress(f"{inv.name}: action-wise induction, {env.requests} request slots")
     share = FILL_ACTIONWISE_SHARE if env.fill_blocks else ACTIONWISE_SHARE
+    started = time.monotonic()
     result = actions.prove(policy, inv, params, env, timeout_s * share)
     if result.status != "proved":
+        if tried is not None:
+            tried.append(f"the action-wise proof did not finish within {timeout_s * share:.0f} s"
+                         if result.status == "unknown" else "the action-wise proof failed (its lemmas are too weak)")
         return None
     how = vacuity.engine_witness(policy, inv, params, env)
     if how is None:  # no probe reaches its situation: prove it never occurs, else search within the depth
-        def side_check_s() -> float:
-            return max(1.0, min(VACUITY_SHARE * timeout_s, timeout_s - (time.monotonic() - started)))
-
-        if actions.never_triggered(policy, inv, params, env, side_check_s()):
+        if actions.never_triggered(policy, inv, params, env, vacuity.VACUITY_RLIMIT):
             return Checked(inv, params, Verdict.VACUOUS, env, time.monotonic() - started, depth=env.depth,
                            notes=["action-wise induction proves its negation"], never_occurs=True)
-        reach = vacuity.search_within_depth(policy, inv, params, env, side_check_s())
+        reach = vacuity.search_within_depth(policy, inv, params, env)
         if reach.status == "unreachable":
             return Checked(inv, params, Verdict.VACUOUS, env, time.monotonic() - started, depth=env.depth)
         how = reach.how
@@ -393,14 +412,19 @@ def check_filling_pool(policy: Policy, policy_file: str | None, inv: Invariant, 
     raised = None
     if unbounded and need.least <= MAX_FILL_REQUESTS:
         raised = pool_fill_environment(policy, env, headroom, outputs_free, fills)
-    if raised is None:  # kept: the verdict is check_one's; a VACUOUS one whose N cannot fill the pool says so
-        checked = check_one(policy, policy_file, inv, params, env, timeout_s, out_dir, unbounded, proof_dir, progress)
-        if checked.verdict is Verdict.VACUOUS and not need.can_fill:
-            todo = (f"--unbounded checks it with N raised to {need.least}" if need.least <= MAX_FILL_REQUESTS else
-                    f"{need.least} requests could fill it, more than the {MAX_FILL_REQUESTS} slots verify raises N to "
-                    f"(the proof's cost grows with N): --requests {need.least} --unbounded checks it, slowly"
-                    + (", or a longer --prompt-range" if env.prompt[1] < policy.max_model_len - 1 else ""))
-            checked.abstraction = f"{need.shortfall()}: {todo}"
+    if raised is None and need.can_fill:  # kept: the verdict is check_one's
+        return check_one(policy, policy_file, inv, params, env, timeout_s, out_dir, unbounded, proof_dir, progress)
+    if raised is None:  # N requests cannot hold the pool: its situation (and so a violation, which implies it)
+        # never occurs, by arithmetic: VACUOUS at once, the same on every run, saying why and what to change
+        checked = Checked(inv, params, Verdict.VACUOUS, env, time.monotonic() - started, depth=env.depth,
+                          notes=[f"arithmetic: {need.requests} x {need.per_request:,} blocks < {need.blocks:,}"],
+                          never_occurs=True)
+        todo = (f"the proof (the default; not with --bounded-only) checks it with N raised to {need.least}"
+                if need.least <= MAX_FILL_REQUESTS else
+                f"{need.least} requests could fill it, more than the {MAX_FILL_REQUESTS} slots verify raises N to "
+                f"(the proof's cost grows with N): --requests {need.least} checks it, slowly"
+                + (", or a longer --prompt-range" if env.prompt[1] < policy.max_model_len - 1 else ""))
+        checked.abstraction = f"{need.shortfall()}: {todo}"
         return checked
     wider, why = raised
     if progress is not None:
