@@ -254,7 +254,7 @@ def _verify(args: argparse.Namespace) -> int:
     out, proof_dir = verify_dirs(args.out, args.proof_dir)
     env, results = run_verify(args.policy, args.invariant, args.requests, args.depth, args.timeout, args.workload,
                               out, args.prompt_range, args.output_range, not args.no_cancellations, args.step_ms,
-                              not args.bounded_only, proof_dir, args.invariant_module, terminal_progress(),
+                              True if args.unbounded else False if args.bounded_only else None, proof_dir, args.invariant_module, terminal_progress(),
                               cache_method=args.cache_method)
     terminal_progress.clear()
     code = overall_exit(results, args.split_vacuous)
@@ -524,8 +524,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-cancellations", action="store_true", help="clients never cancel")
     p.add_argument("--step-ms", type=STEP_MS, default=10.0, metavar="MS", help="clock: ms per iteration (default 10)")
     p.add_argument("--unbounded", action="store_true",
-                   help="the default (kept for scripts): the proof for any number of iterations first (action-wise "
-                        "induction), then the bounded search, then whole-step induction")
+                   help="the proof for any number of iterations first (action-wise induction), then the bounded "
+                        "search, then whole-step induction: the default where a proof method covers the policy "
+                        "(given, a policy none covers is refused: prefix caching, SGLang, a KV connector)")
     p.add_argument("--bounded-only", action="store_true",
                    help="the bounded search alone (N requests, K iterations: HOLDS_UP_TO at best), no proof")
     p.add_argument("--split-vacuous", action="store_true", help="exit 4 instead of 3 when the only undecided "

@@ -150,6 +150,12 @@ def engine_only(policy: Policy) -> bool:
     return policy.kv.prefix_caching.enabled or policy.scheduler is Scheduler.SGLANG
 
 
+def proof_applies(policy: Policy) -> bool:
+    """Whether a proof method (action-wise or whole-step induction) covers the policy: not the rules checked on the
+    engine (prefix caching, SGLang) nor a KV connector's states (each refused by name with --unbounded)."""
+    return not engine_only(policy) and not policy.connector.enabled
+
+
 def check_one(policy: Policy, policy_file: str | None, inv: Invariant, params: dict[str, int], env: Environment,
               timeout_s: float, out_dir: Path | None, unbounded: bool = False,
               proof_dir: Path | None = None, progress: Callable[[str], None] | None = None) -> Checked:
@@ -343,18 +349,22 @@ def overall_exit(results: list[Checked], split_vacuous: bool = False) -> ExitCod
 def run_verify(policy: PolicyInput, invariants: list[str] | None = None, requests: int = 3, depth: int = 5,
                timeout_s: float = 60.0, workload: str | Path | None = None, out_dir: str | Path | None = "counterexamples",
                prompt: tuple[int, int] | None = None, output: tuple[int, int] | None = None,
-               cancellations: bool = True, step_ms: float = 10.0, unbounded: bool = False,
+               cancellations: bool = True, step_ms: float = 10.0, unbounded: bool | None = False,
                proof_dir: str | Path | None = "proofs", invariant_modules: list[str] | None = None,
                progress=None, cache_method: str = DEFAULT_CACHE_METHOD):
     """Check invariants of a policy (a file, or a Policy object) with z3 (bounded model checking); a policy with
     prefix caching by
     ``cache_method``: "explicit", explicit-state search on the engine (checker/verify/explicit.py), or "z3", z3
     bounded model checking with the block pool (checker/verify/cache_bmc.py), both over the same finite domains;
-    returns (environment, results)."""
+    returns (environment, results). ``unbounded``: try the proofs (True), the bounded check alone (False), or None
+    (verify's default): the proofs where a proof method covers the policy (proof_applies), else the bounded check
+    as before."""
     load_entry_points()
     for module in invariant_modules or []:
         load_module(module)
     pol, source = load_policy(policy), policy_source(policy)  # a Policy object: no file (its spec is recorded)
+    if unbounded is None:
+        unbounded = proof_applies(pol)
     chosen = [parse_invariant(text) for text in (invariants or DEFAULT_INVARIANTS)]
     wl = load_model(Workload, workload) if workload is not None else None
     env = default_environment(pol, requests, depth, wl, prompt, output, cancellations, round(step_ms * 1000))
