@@ -387,6 +387,9 @@ def run_verify(policy: PolicyInput, invariants: list[str] | None = None, request
             return env, cache_bmc.check_many(pol, source, chosen, env, timeout_s, out, progress)
         # one explicit-state search on the engine for all of them (explicit.py)
         return env, explicit.check_many(pol, source, chosen, env, timeout_s, out, unbounded, progress)
+    if unbounded:  # refused by name before any check (not only where a proof is reached)
+        from checker.smt.encode import refuse_proof_with_connector
+        refuse_proof_with_connector(pol)
     outputs_free = output is None and wl is None  # the output domain is the default one: it may be raised
     return env, [check_filling_pool(pol, source, inv, params, env, timeout_s, out, unbounded, proofs, progress,
                                     outputs_free) for inv, params in chosen]
