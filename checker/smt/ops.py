@@ -210,11 +210,6 @@ class SmtSession:
         every run of the same query, whatever the machine's load), not by the clock; 0: no bound."""
         self.solver.set("rlimit", max(0, int(units)))
 
-    @property
-    def timed_out(self) -> bool:
-        """Whether the last 'unknown' came from the clock (a timeout or an interrupt), not from a count."""
-        return self.last_reason in ("timeout", "canceled")
-
     def check(self, *assumptions: Term) -> str:
         """'sat', 'unsat' or 'unknown' (with the reason in last_reason)."""
         self.last_reason = ""

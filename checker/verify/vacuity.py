@@ -102,8 +102,8 @@ def engine_witnesses(policy: Policy, targets: list[tuple[Invariant, dict[str, in
 
 # z3's resource count (rlimit) each side check of vacuity may spend on one query: a count of solver steps, the same on
 # every run of the same query whatever the machine's load, so that the check concludes the same on every run
-# (a clock limit would make VACUOUS on an idle machine PROVED or HOLDS_UP_TO on a busy one). About 2-4 s of one
-# core on the reference machine (docs/benchmarks.md, "Deterministic side checks").
+# (a clock limit would make VACUOUS on an idle machine PROVED or HOLDS_UP_TO on a busy one). 10 M: 8.6 s of solving
+# at load 6 on the project's 2-core machine (docs/benchmarks.md, "verify's defaults").
 VACUITY_RLIMIT = 10_000_000
 
 
