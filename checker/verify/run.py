@@ -173,13 +173,21 @@ def check_one(policy: Policy, policy_file: str | None, inv: Invariant, params: d
             return proved
     outcome = search(policy, inv, params, env, timeout_s - (time.monotonic() - started), progress)
     seconds = time.monotonic() - started
+    notes = list(tried)
     if outcome.status == "unknown":
         return Checked(inv, params, Verdict.UNKNOWN, env, seconds, depth=outcome.depth_reached,
-                       notes=tried + [next_step(env, timeout_s, unbounded)])
+                       notes=notes + [next_step(env, timeout_s, unbounded)])
+    if outcome.status == "holds" and (outcome.vacuous or outcome.vacuity_undecided) and PROOF_CUT in tried:
+        # the proof was cut by the clock: with time it may have said PROVED or VACUOUS at any depth, so a bounded
+        # verdict that is not also implied by those (HOLDS_UP_TO with the situation reached) would be a different
+        # decided verdict: UNKNOWN (issue 19: a time budget may turn a verdict into UNKNOWN, never into another)
+        return Checked(inv, params, Verdict.UNKNOWN, env, seconds, depth=outcome.depth_reached,
+                       notes=notes + ["its situation not shown to occur within the depth",
+                                      next_step(env, timeout_s, unbounded)])
     if outcome.status == "holds":
         if outcome.vacuous:
             return Checked(inv, params, Verdict.VACUOUS, env, seconds, depth=outcome.depth_reached)
-        checked = Checked(inv, params, Verdict.HOLDS_UP_TO, env, seconds, depth=outcome.depth_reached, notes=tried)
+        checked = Checked(inv, params, Verdict.HOLDS_UP_TO, env, seconds, depth=outcome.depth_reached, notes=notes)
         if outcome.vacuity_undecided:
             checked.notes.append(VACUITY_UNDECIDED)
         if unbounded:
@@ -226,10 +234,14 @@ VACUITY_UNDECIDED = ("vacuity not decided: no engine probe reached its situation
                      "fixed budget whether it can occur within the bounds")
 
 
+# Said when the action-wise proof was cut by the clock
+PROOF_CUT = "the action-wise proof did not finish within the time given"
+
+
 def next_step(env: Environment, timeout_s: float, unbounded: bool) -> str:
     """What an UNKNOWN verdict's line suggests trying next."""
     fewer = (f", or fewer slots (--requests {env.requests - 1})" if env.requests > 2 and not env.fill_blocks else "")
-    return (f"try next: more time (--timeout {3 * timeout_s:g})"
+    return (f"try next: more time (--timeout {max(1, round(3 * timeout_s))})"
             + (", or a shallower bounded search (--depth " + str(max(1, env.depth - 2)) + ")" if env.depth > 2 else "")
             + fewer + ("" if unbounded else ", or the proof (drop --bounded-only)"))
 
@@ -253,8 +265,8 @@ def _try_actionwise(policy: Policy, inv: Invariant, params: dict[str, int], env:
     result = actions.prove(policy, inv, params, env, timeout_s * share)
     if result.status != "proved":
         if tried is not None:
-            tried.append(f"the action-wise proof did not finish within {timeout_s * share:.0f} s"
-                         if result.status == "unknown" else "the action-wise proof failed (its lemmas are too weak)")
+            tried.append(PROOF_CUT if result.status == "unknown" else
+                         "the action-wise proof failed (its lemmas are too weak)")
         return None
     how = vacuity.engine_witness(policy, inv, params, env)
     if how is None:  # no probe reaches its situation: prove it never occurs, else search within the depth
@@ -445,8 +457,5 @@ def check_filling_pool(policy: Policy, policy_file: str | None, inv: Invariant, 
     left = max(1.0, timeout_s - (time.monotonic() - started))  # the probes that derived it count against the budget
     checked = check_one(policy, policy_file, inv, params, wider, left, out_dir, unbounded, proof_dir, progress)
     checked.abstraction = why
-    if checked.verdict is Verdict.UNKNOWN:  # the proof's cost grows with N: say what to try next
-        checked.abstraction += (f"; the proof for {wider.requests} slots did not finish within {timeout_s:g} s: give "
-                                f"it more time (--timeout {3 * timeout_s:g})")
     checked.seconds = time.monotonic() - started
     return checked

@@ -104,3 +104,21 @@ def test_proof_with_two_very_different_budgets(tmp_path):
                       unbounded=True)
     assert big == [Verdict.PROVED]
     assert small[0] in (Verdict.PROVED, Verdict.UNKNOWN), small
+
+
+def test_a_proof_cut_by_the_clock_never_leaves_a_vacuous_verdict(tmp_path, monkeypatch):
+    """When the action-wise proof does not finish in time (simulated: it answers "unknown", as on a clock cut), the
+    bounded search goes on; a bounded VACUOUS then could contradict the PROVED the finished proof gives, so it is
+    UNKNOWN, saying what was tried and what to try next. The same check with the proof finishing: PROVED."""
+    from checker.verify import actions
+    from checker.verify.induction import InductionResult
+
+    # vllm_v1, N raised to 3 for the pool: the pool fills at iteration 7 of an engine run, not within 2 iterations
+    policy, kw = V1, dict(requests=2, depth=2, timeout_s=120, unbounded=True)
+    _, (finished,) = run_verify(policy, ["kv_never_overcommitted"], out_dir=tmp_path / "a", proof_dir=tmp_path, **kw)
+    monkeypatch.setattr(actions, "prove", lambda *a, **k: InductionResult("unknown", 0.0))
+    _, (cut,) = run_verify(policy, ["kv_never_overcommitted"], out_dir=tmp_path / "b", proof_dir=tmp_path, **kw)
+    assert finished.verdict is Verdict.PROVED
+    assert cut.verdict is Verdict.UNKNOWN
+    assert "the action-wise proof did not finish within the time given" in cut.line()
+    assert "try next: more time (--timeout 360)" in cut.line()
