@@ -172,7 +172,8 @@ def _audit(args: argparse.Namespace) -> int:
 
 # verify's options that the bounded check reads and verify --liveness does not
 _BMC_ONLY = ("invariant", "invariant_module", "depth", "workload", "no_audit", "prompt_range", "output_range",
-             "no_cancellations", "unbounded", "proof_dir", "cache_method", "split_vacuous", "any_n")
+             "no_cancellations", "unbounded", "bounded_only", "proof_dir", "cache_method", "split_vacuous",
+             "any_n")
 
 
 def _verify(args: argparse.Namespace) -> int:
@@ -200,6 +201,9 @@ def _verify(args: argparse.Namespace) -> int:
     if args.any_n and args.unbounded:
         raise UsageError("--any-n and --unbounded are two proofs: give one (--any-n: any number of requests; "
                          "--unbounded: N slots)")
+    if args.any_n and args.bounded_only:
+        raise UsageError("--any-n and --bounded-only contradict each other (--any-n is a proof; --bounded-only runs "
+                         "the bounded search alone)")
     if args.workload is not None and not args.no_audit:  # an impossible plan stops here, before any solver call
         from checker.api import run_derived_audit
 
@@ -215,11 +219,15 @@ def _verify(args: argparse.Namespace) -> int:
                       "anyway: the solver uses only the workload's length ranges, priorities and tenants)")
             return ExitCode.VIOLATED
 
+    if args.unbounded and args.bounded_only:
+        raise UsageError("--unbounded and --bounded-only contradict each other (the proof is tried by default; "
+                         "--bounded-only runs the bounded search alone)")
     out, proof_dir = verify_dirs(args.out, args.proof_dir)
     env, results = run_verify(args.policy, args.invariant, args.requests, args.depth, args.timeout, args.workload,
                               out, args.prompt_range, args.output_range, not args.no_cancellations, args.step_ms,
-                              args.unbounded, proof_dir, args.invariant_module, terminal_progress(),
-                              cache_method=args.cache_method, any_n=args.any_n)
+                              True if args.unbounded else False if args.bounded_only else None, proof_dir,
+                              args.invariant_module, terminal_progress(), cache_method=args.cache_method,
+                              any_n=args.any_n)
     terminal_progress.clear()
     code = overall_exit(results, args.split_vacuous)
     if args.json:
@@ -497,7 +505,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-cancellations", action="store_true", help="clients never cancel")
     p.add_argument("--step-ms", type=STEP_MS, default=10.0, metavar="MS", help="clock: ms per iteration (default 10)")
     p.add_argument("--unbounded", action="store_true",
-                   help="after the bounded check, try to prove the invariant for any number of iterations (induction)")
+                   help="the proof for any number of iterations first (action-wise induction), then the bounded "
+                        "search, then whole-step induction: the default where a proof method covers the policy "
+                        "(given, a policy none covers is refused: prefix caching, SGLang, a KV connector)")
+    p.add_argument("--bounded-only", action="store_true",
+                   help="the bounded search alone (N requests, K iterations: HOLDS_UP_TO at best), no proof")
     p.add_argument("--any-n", action="store_true",
                    help="prove the state invariants for any number of requests and iterations, on the policy's own "
                         "pool (aggregate abstraction, docs/invariants.md); a policy rule it does not cover is refused")

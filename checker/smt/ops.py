@@ -205,8 +205,14 @@ class SmtSession:
     def set_timeout(self, timeout_ms: int) -> None:
         self.solver.set("timeout", max(1, int(timeout_ms)))
 
+    def set_rlimit(self, units: int) -> None:
+        """Bound each later check by z3's resource counter (``rlimit``: counted in solver steps, the same on
+        every run of the same query, whatever the machine's load), not by the clock; 0: no bound."""
+        self.solver.set("rlimit", max(0, int(units)))
+
     def check(self, *assumptions: Term) -> str:
         """'sat', 'unsat' or 'unknown' (with the reason in last_reason)."""
+        self.last_reason = ""
         result = self.solver.check(*assumptions)
         if result == z3.sat:
             return "sat"

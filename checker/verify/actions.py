@@ -418,35 +418,31 @@ def _targets(inv: Invariant, params: dict[str, int]) -> tuple[Target, ...]:
                         key=lambda t: target_name(*t)))
 
 
-# A tier not yet run is run for a "never occurs" candidate only if this many times the seconds of the tier
-# before it fit the time given (the full tier costs about 2x the core one; beyond that it would only time out).
-TIER_COST_FACTOR = 3.0
-
-
 def never_triggered(policy: Policy, inv: Invariant, params: dict[str, int], env: Environment,
-                    timeout_s: float) -> bool:
+                    rlimit: int) -> bool:
     """Whether the invariant's situation never occurs, at any depth: the negation of its trigger is
-    inductive (it survives Houdini, proved alongside the invariants)."""
-    return _survives(policy, inv, params, env, NEVER + target_name(inv, params), timeout_s,
-                     cost_factor=TIER_COST_FACTOR)[0] == "survives"
+    inductive (it survives Houdini, proved alongside the invariants). A side check: each of its queries is
+    bounded by z3's resource count ``rlimit``, not by the clock, so that it concludes the same on every run
+    whatever the load (a tier the proof already ran is looked up, not run again)."""
+    return _survives(policy, inv, params, env, NEVER + target_name(inv, params), None, rlimit=rlimit)[0] == "survives"
 
 
 def _survives(policy: Policy, inv: Invariant, params: dict[str, int], env: Environment, name: str,
-              timeout_s: float, cost_factor: float | None = None) -> tuple[str, str, Houdini | None]:
+              timeout_s: float | None, rlimit: int = 0) -> tuple[str, str, Houdini | None]:
     """Run (or look up) Houdini tier by tier until the candidate ``name`` survives: ("survives", tier,
-    result), ("dropped", last tier, result) or ("unknown", tier, None) on a timeout (or, with
-    ``cost_factor``, when the next tier is not expected to fit the time left)."""
+    result), ("dropped", last tier, result) or ("unknown", tier, None) when a query was not decided within
+    ``timeout_s`` seconds in all (None: no clock) or, with ``rlimit``, within that resource count."""
     started = time.monotonic()
     targets = _targets(inv, params)
     result = None
     for tier in TIERS:
         key = (policy.model_dump_json(), env, tuple(target_name(i, p) for i, p in targets), tier)
         if key not in _DONE:
-            left = timeout_s - (time.monotonic() - started)
-            if left <= 0 or (cost_factor is not None and result is not None and cost_factor * result.seconds > left):
+            left = float("inf") if timeout_s is None else timeout_s - (time.monotonic() - started)
+            if left <= 0:
                 return "unknown", tier, None
             began = time.monotonic()
-            result = _houdini(ActionModel(policy, targets, env, tier), began + left)
+            result = _houdini(ActionModel(policy, targets, env, tier), began + left, rlimit)
             if result.status == "unknown":
                 return "unknown", tier, None
             result.seconds = time.monotonic() - began
@@ -457,7 +453,7 @@ def _survives(policy: Policy, inv: Invariant, params: dict[str, int], env: Envir
     return "dropped", TIERS[-1], result
 
 
-def _houdini(model: ActionModel, deadline: float) -> Houdini:
+def _houdini(model: ActionModel, deadline: float, rlimit: int = 0) -> Houdini:
     actions = model.actions()
     locations = ["P"] + [f"M{k}" for k in range(len(model.passes))]
     alive = {loc: {name for name, _ in model.candidates(loc)} for loc in locations}
@@ -478,7 +474,7 @@ def _houdini(model: ActionModel, deadline: float) -> Houdini:
         left = deadline - time.monotonic()
         if left <= 0:
             return Houdini("unknown", alive)
-        status, dropped, block = _check_action(model, action, alive, left)
+        status, dropped, block = _check_action(model, action, alive, left, rlimit)
         if status == "unknown":
             return Houdini("unknown", alive)
         blocks[action.name] = block
@@ -534,13 +530,14 @@ def _drop_until_unsat(smt: SmtSession, goals: list[tuple[str, Term]], assumption
 
 
 def _check_action(model: ActionModel, action: Action, alive: dict[str, set[str]],
-                  timeout_s: float) -> tuple[str, set[str], str]:
+                  timeout_s: float, rlimit: int = 0) -> tuple[str, set[str], str]:
     """Assume the pre-location's live candidates, run the action, and drop the post-location's candidates it
     can break: one query for all of them; while it is satisfiable, drop every candidate false in the model
     and ask again. An action that starts and ends at the same location (a round) is repeated in the same
     solver until it drops nothing: its pre-candidates are assumptions, withdrawn as they are dropped.
     Returns the status, the dropped names and the final (unsat) query as SMT-LIB2."""
-    smt = SmtSession(timeout_ms=int(timeout_s * 1000))
+    smt = SmtSession(timeout_ms=int(min(timeout_s, 2**31 / 1000) * 1000))
+    smt.set_rlimit(rlimit)
     pre, post = action.run(smt, "")
     loop = action.pre == action.post
     assumed: dict[str, Term] = {}

@@ -124,6 +124,7 @@ class Search:
     depth_reached: int = 0  # deepest depth decided for the widest encoding
     found: Found | None = None
     vacuous: bool = False
+    vacuity_undecided: bool = False  # the trigger check was not decided within its resource count
     minimal_checked: bool = False
     notes: list[str] = field(default_factory=list)
 
@@ -145,18 +146,20 @@ Progress = Callable[[str], None]
 
 def _shortest_violation(policy: Policy, inv: Invariant, params: dict[str, int], env: Environment, n: int,
                         max_depth: int, deadline: Deadline, check_trigger: bool = False,
-                        progress: Progress | None = None) -> tuple[str, int, Found | None, bool]:
-    """Check depths 1..max_depth with n slots. Returns (status, depth reached, found, trigger reachable)."""
+                        progress: Progress | None = None) -> tuple[str, int, Found | None, str]:
+    """Check depths 1..max_depth with n slots. Returns (status, depth reached, found, whether the trigger is
+    reachable: "reachable", "unreachable" or "unknown"; with ``check_trigger``, decided within a fixed resource
+    count, not the clock: the same answer on every run)."""
     smt = SmtSession()
     try:
         with within(deadline.left_ms() / 1000):  # building counts against the time limit (checker/verify/budget.py)
             u = Unrolling(smt, policy, env, n)
     except BuildTimeout:
-        return "unknown", 0, None, True
+        return "unknown", 0, None, "unknown"
     trigger_seen = []
     for depth in range(1, max_depth + 1):
         if deadline.passed:
-            return "unknown", depth - 1, None, True
+            return "unknown", depth - 1, None, "unknown"
         if progress is not None:
             progress(f"{inv.name}: {n} requests, depth {depth}/{max_depth}")
         t = depth - 1
@@ -168,21 +171,27 @@ def _shortest_violation(policy: Policy, inv: Invariant, params: dict[str, int], 
                 if check_trigger:
                     trigger_seen.append(inv.triggered(Z3Ops, u.ctx, t, params))
         except BuildTimeout:
-            return "unknown", depth - 1, None, True
+            return "unknown", depth - 1, None, "unknown"
         smt.set_timeout(deadline.left_ms())
         result = smt.check(fails)
         if result == "unknown":
-            return "unknown", depth - 1, None, True
+            return "unknown", depth - 1, None, "unknown"
         if result == "sat":
             found = Found(n, depth, u.concrete_requests(depth), u.frame_values(depth))
-            return "violated", depth, found, True
-    reachable = True
-    if check_trigger:
+            return "violated", depth, found, "reachable"
+    reachable = "reachable"
+    if check_trigger:  # a side check: bounded by z3's resource count, not by the clock (vacuity.VACUITY_RLIMIT)
+        from checker.verify.vacuity import VACUITY_RLIMIT, reach_answer
+
         seen = smt.bool_var("trigger_seen")
         smt.add(smt.implies(seen, Z3Ops.or_(*trigger_seen)))
-        smt.set_timeout(max(1, deadline.left_ms()))
-        reachable = smt.check(seen) != "unsat"
+        smt.set_timeout(NO_CLOCK_MS)
+        smt.set_rlimit(VACUITY_RLIMIT)
+        reachable = reach_answer(smt.check(seen), env).status
     return "holds", max_depth, None, reachable
+
+
+NO_CLOCK_MS = 2**32 - 1  # z3's "timeout" that never fires (a side check bounded by a resource count instead)
 
 
 # Seconds an induction attempt may take to rule out violations with fewer requests before unrolling them.
@@ -202,13 +211,14 @@ def _proved_for_any_depth(policy: Policy, inv: Invariant, params: dict[str, int]
 
 
 def search(policy: Policy, inv: Invariant, params: dict[str, int], env: Environment, timeout_s: float,
-           progress: Progress | None = None) -> Search:
+           progress: Progress | None = None, check_trigger: bool = True) -> Search:
     """The shortest violation with the fewest requests, or how far the invariant holds.
 
     Fewer slots first (their encodings are far smaller): for n = 1, 2, ... N-1, either induction shows
     that n slots never violate the invariant, or the n-slot unrolling is searched up to the depth; the
     first violation found is minimal (fewest requests, then fewest iterations). The N-slot search then
-    decides the rest and checks the trigger (vacuity). The smaller searches get half the time at most; if
+    decides the rest and checks the trigger (vacuity; not with ``check_trigger`` False, when the caller
+    knows the answer). The smaller searches get half the time at most; if
     they run out, the N-slot search goes on and a violation it finds is reported as not checked minimal."""
     deadline = Deadline(timeout_s)
     fewer = Deadline(timeout_s / 2)  # the smaller searches leave at least half the time to the N-slot one
@@ -225,11 +235,11 @@ def search(policy: Policy, inv: Invariant, params: dict[str, int], env: Environm
             break
         excluded = n
     status, reached, found, reachable = _shortest_violation(policy, inv, params, env, env.requests, env.depth,
-                                                             deadline, check_trigger=True, progress=progress)
+                                                             deadline, check_trigger, progress=progress)
     if status == "unknown":
         return Search("unknown", reached)
     if status == "holds":
-        return Search("holds", reached, vacuous=not reachable)
+        return Search("holds", reached, vacuous=reachable == "unreachable", vacuity_undecided=reachable == "unknown")
     if excluded >= env.requests - 1:
         return Search("violated", reached, found, minimal_checked=True)
     return Search("violated", reached, found, minimal_checked=False,

@@ -103,6 +103,8 @@ class Checked:
                       "so nothing was checked")
         else:
             detail = f"timeout or solver unknown; no violation up to depth {self.depth} with {e.requests} requests"
+            if self.notes:
+                detail += "; " + "; ".join(self.notes)
         if self.abstraction:
             detail += f"; {self.abstraction}"
         return f"{self.verdict.value:<12} {self.label:<40} {detail}  [{self.seconds:.2f} s]"
@@ -153,25 +155,46 @@ def engine_only(policy: Policy) -> bool:
     return policy.kv.prefix_caching.enabled or policy.scheduler is Scheduler.SGLANG
 
 
+def proof_applies(policy: Policy) -> bool:
+    """Whether a proof method (action-wise or whole-step induction) covers the policy: not the rules checked on the
+    engine (prefix caching, SGLang) nor a KV connector's states (each refused by name with --unbounded)."""
+    return not engine_only(policy) and not policy.connector.enabled
+
+
 def check_one(policy: Policy, policy_file: str | None, inv: Invariant, params: dict[str, int], env: Environment,
               timeout_s: float, out_dir: Path | None, unbounded: bool = False,
               proof_dir: Path | None = None, progress: Callable[[str], None] | None = None) -> Checked:
+    """The cheapest decisive method first: with ``unbounded``, the action-wise proof (PROVED for N slots and any
+    depth); then the bounded search for a counterexample (VIOLATED, or HOLDS_UP_TO up to the depth); then, with
+    ``unbounded``, whole-step induction (HOLDS_UP_TO -> PROVED)."""
     if engine_only(policy):  # not in the z3 encoding: explicit-state search on the engine instead
         from checker.verify.explicit import check_many
         return check_many(policy, policy_file, [(inv, params)], env, timeout_s, out_dir, unbounded, progress)[0]
     started = time.monotonic()
+    tried: list[str] = []  # what was tried before the bounded search and did not decide (said with the verdict)
     if unbounded:
-        proved = _try_actionwise(policy, inv, params, env, timeout_s, proof_dir, progress, policy_file)
+        proved = _try_actionwise(policy, inv, params, env, timeout_s, proof_dir, progress, policy_file, tried)
         if proved is not None:
             return proved
     outcome = search(policy, inv, params, env, timeout_s - (time.monotonic() - started), progress)
     seconds = time.monotonic() - started
+    notes = list(tried)
     if outcome.status == "unknown":
-        return Checked(inv, params, Verdict.UNKNOWN, env, seconds, depth=outcome.depth_reached)
+        return Checked(inv, params, Verdict.UNKNOWN, env, seconds, depth=outcome.depth_reached,
+                       notes=notes + [next_step(env, timeout_s, unbounded)])
+    if outcome.status == "holds" and (outcome.vacuous or outcome.vacuity_undecided) and PROOF_CUT in tried:
+        # the proof was cut by the clock: with time it may have said PROVED or VACUOUS at any depth, so a bounded
+        # verdict that is not also implied by those (HOLDS_UP_TO with the situation reached) would be a different
+        # decided verdict: UNKNOWN (issue 19: a time budget may turn a verdict into UNKNOWN, never into another)
+        return Checked(inv, params, Verdict.UNKNOWN, env, seconds, depth=outcome.depth_reached,
+                       notes=notes + ["its situation not shown to occur within the depth",
+                                      next_step(env, timeout_s, unbounded)])
     if outcome.status == "holds":
         if outcome.vacuous:
             return Checked(inv, params, Verdict.VACUOUS, env, seconds, depth=outcome.depth_reached)
-        checked = Checked(inv, params, Verdict.HOLDS_UP_TO, env, seconds, depth=outcome.depth_reached)
+        checked = Checked(inv, params, Verdict.HOLDS_UP_TO, env, seconds, depth=outcome.depth_reached, notes=notes)
+        if outcome.vacuity_undecided:
+            checked.notes.append(VACUITY_UNDECIDED)
         if unbounded:
             _try_induction(checked, policy, timeout_s - seconds, proof_dir, policy_file)
             checked.seconds = time.monotonic() - started
@@ -211,37 +234,51 @@ ACTIONWISE_SHARE = 0.5
 # The same in an environment derived to fill the KV pool (more slots: the proof costs more, and a bounded search
 # of K iterations cannot fill the pool anyway)
 FILL_ACTIONWISE_SHARE = 0.95
-# How long each vacuity check of a proved invariant may take when no engine probe reached its situation:
-# proving its negation (action-wise), then z3's search within the depth (the proof stands either way; the
-# verdict then says that vacuity was not decided): this share of the timeout each.
-VACUITY_SHARE = 0.05
+# Said with a HOLDS_UP_TO or PROVED verdict whose vacuity side check did not decide within its fixed resource count
+VACUITY_UNDECIDED = ("vacuity not decided: no engine probe reached its situation and z3 did not decide within its "
+                     "fixed budget whether it can occur within the bounds")
+
+
+# Said when the action-wise proof was cut by the clock
+PROOF_CUT = "the action-wise proof did not finish within the time given"
+
+
+def next_step(env: Environment, timeout_s: float, unbounded: bool) -> str:
+    """What an UNKNOWN verdict's line suggests trying next."""
+    fewer = (f", or fewer slots (--requests {env.requests - 1})" if env.requests > 2 and not env.fill_blocks else "")
+    return (f"try next: more time (--timeout {max(1, round(3 * timeout_s))})"
+            + (", or a shallower bounded search (--depth " + str(max(1, env.depth - 2)) + ")" if env.depth > 2 else "")
+            + fewer + ("" if unbounded else ", or the proof (drop --bounded-only)"))
 
 
 def _try_actionwise(policy: Policy, inv: Invariant, params: dict[str, int], env: Environment, timeout_s: float,
                     proof_dir: Path | None, progress: Callable[[str], None] | None,
-                    policy_file: str | None = None) -> Checked | None:
+                    policy_file: str | None = None, tried: list[str] | None = None) -> Checked | None:
     """PROVED (or VACUOUS) by action-wise induction (checker/verify/actions.py), or None to go on with the
-    bounded search and whole-step induction."""
+    bounded search and whole-step induction (with why in ``tried``). Its vacuity side checks (is the invariant's
+    situation reachable?) conclude the same on every run: an engine probe, then the negation of the situation
+    proved by action-wise induction, then z3's search within the depth, each bounded by a resource count
+    (vacuity.VACUITY_RLIMIT), not by the clock; undecided, the proof stands and the verdict says so."""
     from checker.verify import actions, vacuity
 
     if not actions.supported(inv):
         return None
-    started = time.monotonic()
     if progress is not None:
         progress(f"{inv.name}: action-wise induction, {env.requests} request slots")
     share = FILL_ACTIONWISE_SHARE if env.fill_blocks else ACTIONWISE_SHARE
+    started = time.monotonic()
     result = actions.prove(policy, inv, params, env, timeout_s * share)
     if result.status != "proved":
+        if tried is not None:
+            tried.append(PROOF_CUT if result.status == "unknown" else
+                         "the action-wise proof failed (its lemmas are too weak)")
         return None
     how = vacuity.engine_witness(policy, inv, params, env)
     if how is None:  # no probe reaches its situation: prove it never occurs, else search within the depth
-        def side_check_s() -> float:
-            return max(1.0, min(VACUITY_SHARE * timeout_s, timeout_s - (time.monotonic() - started)))
-
-        if actions.never_triggered(policy, inv, params, env, side_check_s()):
+        if actions.never_triggered(policy, inv, params, env, vacuity.VACUITY_RLIMIT):
             return Checked(inv, params, Verdict.VACUOUS, env, time.monotonic() - started, depth=env.depth,
                            notes=["action-wise induction proves its negation"], never_occurs=True)
-        reach = vacuity.search_within_depth(policy, inv, params, env, side_check_s())
+        reach = vacuity.search_within_depth(policy, inv, params, env)
         if reach.status == "unreachable":
             return Checked(inv, params, Verdict.VACUOUS, env, time.monotonic() - started, depth=env.depth)
         how = reach.how
@@ -329,18 +366,22 @@ def overall_exit(results: list[Checked], split_vacuous: bool = False) -> ExitCod
 def run_verify(policy: PolicyInput, invariants: list[str] | None = None, requests: int = 3, depth: int = 5,
                timeout_s: float = 60.0, workload: str | Path | None = None, out_dir: str | Path | None = "counterexamples",
                prompt: tuple[int, int] | None = None, output: tuple[int, int] | None = None,
-               cancellations: bool = True, step_ms: float = 10.0, unbounded: bool = False,
+               cancellations: bool = True, step_ms: float = 10.0, unbounded: bool | None = False,
                proof_dir: str | Path | None = "proofs", invariant_modules: list[str] | None = None,
                progress=None, cache_method: str = DEFAULT_CACHE_METHOD, any_n: bool = False):
     """Check invariants of a policy (a file, or a Policy object) with z3 (bounded model checking); a policy with
     prefix caching by
     ``cache_method``: "explicit", explicit-state search on the engine (checker/verify/explicit.py), or "z3", z3
     bounded model checking with the block pool (checker/verify/cache_bmc.py), both over the same finite domains;
-    returns (environment, results)."""
+    returns (environment, results). ``unbounded``: try the proofs (True), the bounded check alone (False), or None
+    (verify's default): the proofs where a proof method covers the policy (proof_applies), else the bounded check
+    as before."""
     load_entry_points()
     for module in invariant_modules or []:
         load_module(module)
     pol, source = load_policy(policy), policy_source(policy)  # a Policy object: no file (its spec is recorded)
+    if unbounded is None:
+        unbounded = proof_applies(pol)
     chosen = [parse_invariant(text) for text in (invariants or DEFAULT_INVARIANTS)]
     wl = load_model(Workload, workload) if workload is not None else None
     env = default_environment(pol, requests, depth, wl, prompt, output, cancellations, round(step_ms * 1000))
@@ -367,6 +408,9 @@ def run_verify(policy: PolicyInput, invariants: list[str] | None = None, request
             return env, cache_bmc.check_many(pol, source, chosen, env, timeout_s, out, progress)
         # one explicit-state search on the engine for all of them (explicit.py)
         return env, explicit.check_many(pol, source, chosen, env, timeout_s, out, unbounded, progress)
+    if unbounded:  # refused by name before any check (not only where a proof is reached)
+        from checker.smt.encode import refuse_proof_with_connector
+        refuse_proof_with_connector(pol)
     outputs_free = output is None and wl is None  # the output domain is the default one: it may be raised
     return env, [check_filling_pool(pol, source, inv, params, env, timeout_s, out, unbounded, proofs, progress,
                                     outputs_free) for inv, params in chosen]
@@ -402,14 +446,19 @@ def check_filling_pool(policy: Policy, policy_file: str | None, inv: Invariant, 
     raised = None
     if unbounded and need.least <= MAX_FILL_REQUESTS:
         raised = pool_fill_environment(policy, env, headroom, outputs_free, fills)
-    if raised is None:  # kept: the verdict is check_one's; a VACUOUS one whose N cannot fill the pool says so
-        checked = check_one(policy, policy_file, inv, params, env, timeout_s, out_dir, unbounded, proof_dir, progress)
-        if checked.verdict is Verdict.VACUOUS and not need.can_fill:
-            todo = (f"--unbounded checks it with N raised to {need.least}" if need.least <= MAX_FILL_REQUESTS else
-                    f"{need.least} requests could fill it, more than the {MAX_FILL_REQUESTS} slots verify raises N to "
-                    f"(the proof's cost grows with N): --requests {need.least} --unbounded checks it, slowly"
-                    + (", or a longer --prompt-range" if env.prompt[1] < policy.max_model_len - 1 else ""))
-            checked.abstraction = f"{need.shortfall()}: {todo}"
+    if raised is None and need.can_fill:  # kept: the verdict is check_one's
+        return check_one(policy, policy_file, inv, params, env, timeout_s, out_dir, unbounded, proof_dir, progress)
+    if raised is None:  # N requests cannot hold the pool: its situation (and so a violation, which implies it)
+        # never occurs, by arithmetic: VACUOUS at once, the same on every run, saying why and what to change
+        checked = Checked(inv, params, Verdict.VACUOUS, env, time.monotonic() - started, depth=env.depth,
+                          notes=[f"arithmetic: {need.requests} x {need.per_request:,} blocks < {need.blocks:,}"],
+                          never_occurs=True)
+        todo = (f"the proof (the default; not with --bounded-only) checks it with N raised to {need.least}"
+                if need.least <= MAX_FILL_REQUESTS else
+                f"{need.least} requests could fill it, more than the {MAX_FILL_REQUESTS} slots verify raises N to "
+                f"(the proof's cost grows with N): --requests {need.least} checks it, slowly"
+                + (", or a longer --prompt-range" if env.prompt[1] < policy.max_model_len - 1 else ""))
+        checked.abstraction = f"{need.shortfall()}: {todo}"
         return checked
     wider, why = raised
     if progress is not None:
@@ -417,8 +466,5 @@ def check_filling_pool(policy: Policy, policy_file: str | None, inv: Invariant, 
     left = max(1.0, timeout_s - (time.monotonic() - started))  # the probes that derived it count against the budget
     checked = check_one(policy, policy_file, inv, params, wider, left, out_dir, unbounded, proof_dir, progress)
     checked.abstraction = why
-    if checked.verdict is Verdict.UNKNOWN:  # the proof's cost grows with N: say what to try next
-        checked.abstraction += (f"; the proof for {wider.requests} slots did not finish within {timeout_s:g} s: give "
-                                f"it more time (--timeout {3 * timeout_s:g})")
     checked.seconds = time.monotonic() - started
     return checked

@@ -100,20 +100,34 @@ def engine_witnesses(policy: Policy, targets: list[tuple[Invariant, dict[str, in
     return found
 
 
+# z3's resource count (rlimit) each side check of vacuity may spend on one query: a count of solver steps, the same on
+# every run of the same query whatever the machine's load, so that the check concludes the same on every run
+# (a clock limit would make VACUOUS on an idle machine PROVED or HOLDS_UP_TO on a busy one). 10 M: 8.6 s of solving
+# at load 6 on the project's 2-core machine (docs/benchmarks.md, "verify's defaults").
+VACUITY_RLIMIT = 10_000_000
+
+
 def search_within_depth(policy: Policy, inv: Invariant, params: dict[str, int], env: Environment,
-                        timeout_s: float) -> Reach:
-    """z3's search for the trigger in the unrolling up to the environment's depth."""
+                        rlimit: int = VACUITY_RLIMIT) -> Reach:
+    """z3's search for the trigger in the unrolling up to the environment's depth, bounded by ``rlimit``
+    (not by the clock)."""
     from checker.verify.bmc import Unrolling
 
-    smt = SmtSession(timeout_ms=max(1, int(timeout_s * 1000)))
+    smt = SmtSession()
+    smt.set_rlimit(rlimit)
     u = Unrolling(smt, policy, env, env.requests)
     seen = []
     for t in range(env.depth):
         u.extend()
         seen.append(inv.triggered(Z3Ops, u.ctx, t, params))
-    result = smt.check(Z3Ops.or_(*seen))
+    return reach_answer(smt.check(Z3Ops.or_(*seen)), env)
+
+
+def reach_answer(result: str, env: Environment) -> Reach:
+    """The vacuity side check's answer from z3's ("sat", "unsat" or "unknown" within the resource count)."""
     if result == "sat":
         return Reach("reachable", f"z3 reaches its situation within {env.depth} iterations")
     if result == "unsat":
         return Reach("unreachable", f"its situation never occurs within {env.requests} requests, {env.depth} iterations")
-    return Reach("unknown", "whether its situation can occur was not decided (no engine probe reached it; z3 timed out)")
+    return Reach("unknown", "vacuity not decided: no engine probe reached its situation and z3 did not decide "
+                            "within its fixed budget whether it can occur within the bounds")

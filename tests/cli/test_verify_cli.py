@@ -48,7 +48,8 @@ def test_verify_finds_the_minimal_overcommit_and_replay_reproduces_it(capsys, tm
 
 def test_bounded_holds_is_never_called_safe(capsys, tmp_path):
     code, out, _ = run(capsys, "verify", str(BROKEN), "--invariant", "token_budget", "--invariant", "seq_cap",
-                       "--requests", "2", "--depth", "3", "--prompt-range", "1:64", "--out", str(tmp_path))
+                       "--requests", "2", "--depth", "3", "--prompt-range", "1:64", "--bounded-only",
+                       "--out", str(tmp_path))
     assert code == 0
     lines = [line for line in out.splitlines() if line.startswith("HOLDS_UP_TO")]
     assert [line.split()[1] for line in lines] == ["token_budget", "seq_cap"]
@@ -68,8 +69,8 @@ def test_json_output(capsys, tmp_path):
     code, out, _ = run(capsys, "verify", str(BROKEN), "--invariant", "seq_cap", "--requests", "1", "--depth", "2",
                        "--prompt-range", "1:32", "--json", "--out", str(tmp_path))
     doc = json.loads(out)
-    assert code == 0 and doc["exit_code"] == 0
-    assert doc["results"][0]["verdict"] == "HOLDS_UP_TO" and doc["environment"]["depth"] == 2
+    assert code == 0 and doc["exit_code"] == 0  # the default tries the proof first (issue 19): PROVED for 1 slot
+    assert doc["results"][0]["verdict"] == "PROVED" and doc["environment"]["depth"] == 2
 
 
 def test_unknown_invariant_and_unbounded_are_usage_errors(capsys):
@@ -228,4 +229,20 @@ def test_verify_runs_the_audit_first_and_stops_on_an_impossible_plan(capsys, tmp
                    "only the workload's length ranges, priorities and tenants)\n")
     code, out, _ = run(capsys, "verify", policy, "--workload", workload, "--no-audit", "--invariant", "seq_cap",
                        "--requests", "1", "--depth", "2", "--out", str(tmp_path))
-    assert code == 0 and "HOLDS_UP_TO  seq_cap" in out
+    assert code == 0 and "PROVED       seq_cap" in out  # the proof first, by default
+
+
+def test_the_default_tries_the_proof_first_and_bounded_only_does_not(capsys, tmp_path):
+    """Issue 19: `verify POLICY` with no flags tries the cheapest decisive method first (the action-wise proof:
+    PROVED for N slots and any depth), then the bounded search; --bounded-only is the bounded search alone (as the
+    default was before); --unbounded is still accepted (it is the default) and contradicts --bounded-only."""
+    common = ["verify", str(POLICIES / "vllm_v1.yaml"), "--invariant", "seq_cap", "--requests", "2", "--depth", "2",
+              "--out", str(tmp_path)]
+    code, out, _ = run(capsys, *common)
+    assert code == 0 and "PROVED       seq_cap" in out and "action-wise induction" in out
+    code, out, _ = run(capsys, *common, "--unbounded")
+    assert code == 0 and "PROVED       seq_cap" in out
+    code, out, _ = run(capsys, *common, "--bounded-only")
+    assert code == 0 and "HOLDS_UP_TO  seq_cap" in out and "(bounded check, not a proof)" in out
+    code, _, err = run(capsys, *common, "--bounded-only", "--unbounded")
+    assert code == 2 and "--unbounded and --bounded-only contradict each other" in err

@@ -45,7 +45,7 @@ def test_not_reached_within_the_bounds_still_exits_3_with_the_flag(capsys, tmp_p
 
 def test_never_occurs_at_any_depth_exits_4_with_the_flag(capsys, tmp_path):
     # two requests of prompts up to 512 tokens cannot fill the shipped pool (2,500 blocks; 76 such requests could,
-    # more than verify raises N to for kv_never_overcommitted): the negation is inductive
+    # more than verify raises N to for kv_never_overcommitted): it never occurs, by arithmetic (2 x 33 blocks)
     argv = ["verify", V1, "--invariant", "kv_never_overcommitted", "--requests", "2", "--depth", "2", "--unbounded",
             "--prompt-range", "1:512", "--timeout", "400", "--out", str(tmp_path), "--json"]
     code = main(argv + ["--split-vacuous"])

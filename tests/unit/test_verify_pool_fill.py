@@ -101,13 +101,16 @@ def test_ci_bounds_prove_kv_on_the_real_pool_word_for_word(tmp_path):
 
 
 def test_bounded_vacuous_says_why_and_what_to_change(tmp_path):
-    """Without --unbounded the environment is kept; the VACUOUS line says why and what to change."""
+    """Without --unbounded (--bounded-only) the environment is kept; the VACUOUS line says why (its situation never
+    occurs at any depth: N requests cannot hold the pool, by arithmetic, decided without a solver and so the same on
+    every run) and what to change."""
     _, (checked,) = run_verify(VLLM, ["kv_never_overcommitted"], requests=2, depth=2, timeout_s=60,
                                out_dir=tmp_path / "cx", proof_dir=tmp_path)
-    assert checked.verdict is Verdict.VACUOUS and checked.env.requests == 2
+    assert checked.verdict is Verdict.VACUOUS and checked.env.requests == 2 and checked.never_occurs
     assert _line(checked) == (
-        "VACUOUS      kv_never_overcommitted                   its situation never occurs within 2 requests, 2 "
-        f"iterations, so nothing was checked; {SHORTFALL}: --unbounded checks it with N raised to 3")
+        "VACUOUS      kv_never_overcommitted                   its situation never occurs with 2 requests, at any "
+        "depth (arithmetic: 2 x 1,024 blocks < 2,500), so nothing was checked; "
+        f"{SHORTFALL}: the proof (the default; not with --bounded-only) checks it with N raised to 3")
 
 
 def test_beyond_the_slot_limit_vacuous_names_the_number(tmp_path):
@@ -119,7 +122,7 @@ def test_beyond_the_slot_limit_vacuous_names_the_number(tmp_path):
     assert checked.abstraction == (
         "2 request(s) hold at most 66 of the 2,500 blocks that fill the pool (33 each: prompt + max output <= 516 "
         f"tokens, block_size 16): 76 requests could fill it, more than the {MAX_FILL_REQUESTS} slots verify raises N to "
-        "(the proof's cost grows with N): --requests 76 --unbounded checks it, slowly, or a longer --prompt-range")
+        "(the proof's cost grows with N): --requests 76 checks it, slowly, or a longer --prompt-range")
 
 
 def test_a_pool_small_n_fills_is_checked_as_before(tmp_path):
