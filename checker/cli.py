@@ -345,7 +345,8 @@ def _fuzz_json(r) -> dict:
     return {"property": r.prop.name, "kind": r.prop.kind, "verdict": "VIOLATED" if r.violated else "NO_COUNTEREXAMPLE",
             "examples": r.examples, "seconds": round(r.seconds, 3), "requests": len(r.trace) if r.violated else None,
             "observed": None if o is None else o.observed, "allowed": None if o is None else o.allowed,
-            "counterexample": None if r.counterexample is None else str(r.counterexample)}
+            "counterexample": None if r.counterexample is None else str(r.counterexample),
+            "shrink_stopped": r.shrink_stopped}
 
 
 def _check_log(args: argparse.Namespace) -> int:
