@@ -8,18 +8,19 @@ from __future__ import annotations
 
 import argparse
 import functools
+import gc
 import importlib
 import json
 import os
 import sys
-import threading
 from collections.abc import Callable
 
 from checker import __version__
-from checker.commands.shell import (DEPTH, EXAMPLES, MAX_COUNT, SECONDS, SEED, SLOTS, STEP_MS, flag_type, int_range,
-                                    number, terminal_progress, trace_option_flags, trace_options_for,
-                                    trace_options_from)
 from checker.commands.fleet import policy_or_fleet
+from checker.commands.interrupt import Interrupts, ctrl_c_stops_solving
+from checker.commands.shell import (DEPTH, EXAMPLES, MAX_COUNT, MAX_TOKENS, SECONDS, SEED, SLOTS, STEP_MS, flag_type,
+                                    int_range, number, terminal_progress, trace_option_flags, trace_options_for,
+                                    trace_options_from)
 from checker.errors import BatchcheckError
 from checker.exitcodes import ExitCode
 
@@ -325,7 +326,8 @@ def _fuzz_json(r) -> dict:
     return {"property": r.prop.name, "kind": r.prop.kind, "verdict": "VIOLATED" if r.violated else "NO_COUNTEREXAMPLE",
             "examples": r.examples, "seconds": round(r.seconds, 3), "requests": len(r.trace) if r.violated else None,
             "observed": None if o is None else o.observed, "allowed": None if o is None else o.allowed,
-            "counterexample": None if r.counterexample is None else str(r.counterexample)}
+            "counterexample": None if r.counterexample is None else str(r.counterexample),
+            "shrink_stopped": r.shrink_stopped}
 
 
 def _check_log(args: argparse.Namespace) -> int:
@@ -642,81 +644,6 @@ def resolve_examples(args: argparse.Namespace) -> None:
         args.files = [next((str(r) for r in (resolve(f, k) for k in KINDS) if str(r) != f), f) for f in args.files]
 
 
-# Verbs that run z3 in this process (ci's workers set themselves up: checker/ci/execute.py).
-SOLVING_VERBS = frozenset({"verify", "recheck", "diff", "ci"})
-
-
-@functools.cache
-def _catch_ctrl_c() -> bool:
-    """Let Ctrl-C stop a run even while z3 solves. z3 takes SIGINT itself during a check and answers 'unknown'
-    ("interrupted from keyboard"), and the run would go on to report a verdict it never finished. So z3's own
-    handler is turned off (``solver_ctrl_c_off``), and a thread that the signal wakes (``signal.set_wakeup_fd``:
-    written by Python's own handler the moment the signal arrives) interrupts z3's check; Python's
-    KeyboardInterrupt then reaches ``main`` as soon as the check returns: one line, exit 130. Only from the main
-    thread, and only while SIGINT has Python's default handler (not where it is ignored, e.g. a background job)."""
-    import signal
-    import threading
-
-    if threading.current_thread() is not threading.main_thread() or \
-            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
-        return False
-    read, write = os.pipe()
-    os.set_blocking(write, False)
-    if signal.set_wakeup_fd(write, warn_on_full_buffer=False) != -1:  # someone else's: leave it
-        signal.set_wakeup_fd(-1)
-        os.close(read), os.close(write)
-        return False
-
-    def watch() -> None:
-        while True:
-            if signal.SIGINT not in os.read(read, 64):
-                continue
-            if "z3" in sys.modules:
-                sys.modules["z3"].main_ctx().interrupt()  # the check returns; the KeyboardInterrupt follows
-            if not _REDELIVERING.is_set():
-                _REDELIVERING.set()
-                threading.Thread(target=_redeliver, name="batchcheck-ctrl-c-again", daemon=True).start()
-
-    threading.Thread(target=watch, name="batchcheck-ctrl-c", daemon=True).start()
-    previous = sys.unraisablehook
-
-    def unraisable(info) -> None:  # a KeyboardInterrupt Python would drop: raised again once the callback returns
-        if isinstance(info.exc_value, KeyboardInterrupt):
-            import _thread
-
-            threading.Timer(UNRAISED_AGAIN_S, _thread.interrupt_main).start()  # from another thread: not in here
-            return
-        previous(info)
-
-    sys.unraisablehook = unraisable
-    return True
-
-
-# Ctrl-C reached main (its KeyboardInterrupt handler ran), and a redelivery is under way.
-_INTERRUPT_HANDLED = threading.Event()
-_REDELIVERING = threading.Event()
-REDELIVER_AFTER_S = 0.5
-UNRAISED_AGAIN_S = 0.01
-
-
-def _redeliver() -> None:
-    """A KeyboardInterrupt raised while the main thread runs a garbage-collector callback (Hypothesis installs
-    one) is dropped by Python ("Exception ignored"), and the run would go on to its verdicts. The unraisable hook
-    raises it again; should another path drop it, it is raised again in the main thread every REDELIVER_AFTER_S
-    seconds until main has handled it."""
-    import _thread
-
-    while not _INTERRUPT_HANDLED.wait(REDELIVER_AFTER_S):
-        _thread.interrupt_main()
-
-
-def solver_ctrl_c_off() -> None:
-    """z3 leaves SIGINT to Python (it would otherwise swallow it during a check)."""
-    from checker.smt.ops import z3
-
-    z3.set_param("ctrl_c", False)
-
-
 @functools.cache
 def _parser() -> argparse.ArgumentParser:
     """The parser, built once per process (building it imports every verb module: about 30 ms, which
@@ -725,11 +652,21 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command line; the process is left as it was found (no thread, hook, signal wakeup, z3 parameter or
+    disabled garbage collector left behind: in-process callers such as the test suite call it many times)."""
     args = _parser().parse_args(argv)
+    collecting = gc.isenabled()
+    try:
+        with ctrl_c_stops_solving(args.verb) as interrupts:
+            return _run(args, interrupts)
+    finally:
+        if collecting and not gc.isenabled():  # a phase that turned it off and was stopped before turning it on
+            gc.enable()
+
+
+def _run(args: argparse.Namespace, interrupts: Interrupts) -> int:
     run: Callable[[argparse.Namespace], int] = args.run
     try:
-        if _catch_ctrl_c() and args.verb in SOLVING_VERBS:
-            solver_ctrl_c_off()
         resolve_examples(args)
         with terminal_progress.heartbeat(args.verb):  # progress lines in a CI log, for every verb
             return int(run(args))
@@ -737,7 +674,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"batchcheck: error: {exc}", file=sys.stderr)
         return int(exc.exit_code)
     except KeyboardInterrupt:  # Ctrl-C: no verdict, one line, exit 130 (never a traceback)
-        _INTERRUPT_HANDLED.set()
+        interrupts.handled.set()
         terminal_progress.clear()
         print("batchcheck: interrupted", file=sys.stderr)
         return int(ExitCode.INTERRUPTED)

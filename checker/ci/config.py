@@ -61,6 +61,10 @@ class Gate(_Strict):
     inconclusive: Level = "error"
     """What an inconclusive verdict (UNKNOWN, VACUOUS, a liveness NO_COUNTEREXAMPLE) of an error-level check
     does: error makes the run inconclusive (exit 3); warning only reports it."""
+    split_vacuous: bool = False
+    """As verify --split-vacuous: a gating VACUOUS whose situation never occurs at any depth (proved) is not
+    inconclusive; the run exits 4 when it is the only gating finding that is not a pass (a VACUOUS not reached
+    within the bounds stays inconclusive). Off: every VACUOUS is inconclusive, as before."""
 
 
 class Output(_Strict):

@@ -31,6 +31,11 @@ class Finding:
         return self.result.outcome
 
     @property
+    def never_occurs(self) -> bool:
+        """A VACUOUS verdict whose situation is proved never to occur, at any depth (verify's ``vacuity``)."""
+        return self.result.verdict == "VACUOUS" and self.result.detail.get("vacuity") == "never occurs at any depth"
+
+    @property
     def level(self) -> str | None:
         """SARIF level, or None for a passing check (no result is reported for it)."""
         if self.outcome == FAILED:

@@ -35,12 +35,15 @@ class CiOutcome:
     written: list[str] = field(default_factory=list)  # every file written, in order
 
 
-def exit_code(findings: list[Finding]) -> ExitCode:
+def exit_code(findings: list[Finding], split_vacuous: bool = False) -> ExitCode:
+    """1 on a gating violation, else 3 on a gating inconclusive verdict, else 0. ``split_vacuous`` (``[gate]
+    split_vacuous``): a gating VACUOUS that never occurs at any depth gives 4, when nothing else gates."""
     if any(f.gating and f.outcome == FAILED for f in findings):
         return ExitCode.VIOLATED
-    if any(f.gating and f.outcome == INCONCLUSIVE for f in findings):
+    undecided = [f for f in findings if f.gating and f.outcome == INCONCLUSIVE]
+    if any(not (split_vacuous and f.never_occurs) for f in undecided):
         return ExitCode.INCONCLUSIVE
-    return ExitCode.OK
+    return ExitCode.NEVER_OCCURS if undecided else ExitCode.OK
 
 
 def _output(flag: str | None, configured: str | None, root: Path) -> str | None:
@@ -94,7 +97,7 @@ def run_ci(config: str | Path | None = None, jobs: int | None = None, scheduler:
     pairs = list(zip(checks, results))
     inconclusive_gates = cfg.gate.inconclusive == "error"
     findings = [make_finding(c, r, plan.policies[c.policy.shown], inconclusive_gates) for c, r in pairs]
-    outcome = CiOutcome(plan, findings, exit_code(findings), 0.0, where)
+    outcome = CiOutcome(plan, findings, exit_code(findings, cfg.gate.split_vacuous), 0.0, where)
     outcome.notes += plan.notes
     if plan.not_configured:
         outcome.notes.append("not covered by any entry of the config (not checked): " + ", ".join(plan.not_configured))

@@ -11,7 +11,8 @@ from checker.ci.sarif import RUN_TIME, MAX_PER_RULE, annotated
 from checker.exitcodes import ExitCode
 
 HEADLINE = {ExitCode.OK: "no gating finding", ExitCode.VIOLATED: "gating violation(s) found",
-            ExitCode.INCONCLUSIVE: "inconclusive (a gating check could not decide)"}
+            ExitCode.INCONCLUSIVE: "inconclusive (a gating check could not decide)",
+            ExitCode.NEVER_OCCURS: "a gating invariant never applies (VACUOUS at any depth; [gate] split_vacuous)"}
 
 
 def _row(f: Finding) -> str:

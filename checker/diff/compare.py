@@ -213,12 +213,17 @@ def diff_slo(pair: Pair, workload: Workload, profile: Profile, prop: Property, t
              time_budget_s: float, seed: int, out_dir: Path | None, progress=None) -> PropertyDiff:
     from checker.diff.slo import samples_needed, search_direction
 
-    sides: dict[str, tuple[bool, Side | None]] = {}
-    examples = 0
+    sides: dict[str, tuple[bool | None, Side | None]] = {}
+    examples, notes = 0, []
     for which, new_is_worse in (("new", True), ("old", False)):
         d = search_direction(pair.old, pair.new, workload, profile, prop, new_is_worse, tolerance, max_examples,
                              time_budget_s / 2, seed, progress=progress)
         examples += d.examples
+        if d.witness is None and d.examples == 0:  # the budget was spent before the first example: undecided
+            sides[which] = (None, None)
+            notes.append(f"no example ran looking for a trace where {which.upper()} is worse (the SLO search's "
+                         f"share of --fuzz-budget, {time_budget_s / 2:g} s, was spent first): undecided")
+            continue
         if d.witness is None:
             sides[which] = (False, None)
             continue
@@ -233,6 +238,7 @@ def diff_slo(pair: Pair, workload: Workload, profile: Profile, prop: Property, t
     change = classify(sides["new"][0], sides["old"][0])
     on_workload = [_on_workload(policy, workload, profile, prop) for policy in (pair.old, pair.new)]
     result = PropertyDiff("slo", prop.name, on_workload[0], on_workload[1], change, sides["new"][1], sides["old"][1])
+    result.notes += notes
     need, stat = samples_needed(prop)
     result.strength = (f"searched {examples} generated examples (a search, not a proof); worse means "
                        f"more than {tolerance.threshold:.0%} and {tolerance.min_delta:g} above the other"

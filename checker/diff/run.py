@@ -76,10 +76,12 @@ class DiffReport:
         for p in self.regressions:  # one line each: what the change breaks, and how it shows
             assert p.new_worse is not None
             lines.append(f"why {p.label}: NEW worse, {p.new_worse.detail}")
-        undecided = [p.label for p in self.properties if p.change is Change.UNKNOWN and not p.regression]
+        undecided = [p for p in self.properties if p.change is Change.UNKNOWN and not p.regression]
         if undecided:
-            lines.append(f"undecided: {', '.join(undecided)} (a search timed out: raise --timeout, or lower "
-                         "--requests / --depth)")
+            hints = (["raise --timeout, or lower --requests / --depth"] * any(p.kind != "slo" for p in undecided)
+                     + ["raise --fuzz-budget (SLO searches)"] * any(p.kind == "slo" for p in undecided))
+            lines.append(f"undecided: {', '.join(p.label for p in undecided)} (a search timed out: "
+                         f"{'; '.join(hints)})")
         lines.append("")
         lines += [p.summary_line() for p in self.properties]
         if self.audit is not None:

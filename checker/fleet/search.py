@@ -86,6 +86,7 @@ class SearchResult:
     requests: RequestSet | None = None
     faults: list[Fault] = field(default_factory=list)
     counterexample: Path | None = None
+    shrink_stopped: bool = False  # the time budget ran out while the failure was being shrunk
 
     @property
     def violated(self) -> bool:
@@ -98,8 +99,10 @@ class SearchResult:
                     f"proof)  [{self.seconds:.1f} s]")
         o = self.outcome
         saved = f"; {self.counterexample}" if self.counterexample else ""
-        return (f"VIOLATED           {name} observed {o.observed} > allowed {o.allowed} ({o.detail}); minimal "
-                f"fleet trace: {len(self.requests.specs)} requests, {len(self.faults)} faults after shrinking; "
+        size = f"{len(self.requests.specs)} requests, {len(self.faults)} faults"
+        trace = (f"fleet trace: {size} (shrinking stopped at the time budget: a smaller one may fail too)"
+                 if self.shrink_stopped else f"minimal fleet trace: {size} after shrinking")
+        return (f"VIOLATED           {name} observed {o.observed} > allowed {o.allowed} ({o.detail}); {trace}; "
                 f"replayed{saved}  [{self.seconds:.1f} s]")
 
     def as_json(self) -> dict:
@@ -155,6 +158,7 @@ def search_property(task: _Task) -> SearchResult:
         if replayed.holds:  # the simulation is deterministic: a failure that does not replay is a bug
             raise InternalError(f"fleet search: the shrunk trace of {prop.name} does not fail on replay")
         result.outcome, result.requests, result.faults = replayed, requests, fleet_faults
+        result.shrink_stopped = h.stopped == "shrinking"
     return result
 
 

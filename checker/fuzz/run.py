@@ -2,7 +2,9 @@
 
 One Hypothesis search per property (so each property gets its own minimal trace). The example database
 lives in a project-local folder (``.batchcheck/hypothesis`` by default), so a rerun tries earlier failures
-first. A time budget stops generating new examples; the verdict counts only the examples that ran.
+first. The time budget stops the search where it is, generating or shrinking (checked before every example,
+so one example's simulation is the most it runs past): the verdict counts only the examples that ran, and a
+failure found before the budget ran out is reported as shrunk so far (still replayed before it is saved).
 """
 
 from __future__ import annotations
@@ -41,6 +43,12 @@ class _Violation(Exception):
         self.verdict = verdict
 
 
+class _BudgetSpent(BaseException):
+    """The time budget ran out: raised from the test function, it ends the Hypothesis run at once, in any
+    phase (a BaseException, as KeyboardInterrupt: Hypothesis neither takes it for a failure nor shrinks it,
+    where an example that merely passed would let it go on generating or trying shrink candidates)."""
+
+
 @dataclass
 class PropertyResult:
     prop: Property
@@ -54,6 +62,7 @@ class PropertyResult:
     seed_found: int | None = None  # the seed window (1 = busiest) the failure was found in
     seed_notes: list[str] = field(default_factory=list)
     requests_run: int = 0  # requests in all the examples that ran (their mean trace length times examples)
+    shrink_stopped: bool = False  # the time budget ran out while the failure was being shrunk
 
     def line(self) -> str:
         name = f"{self.prop.name:<28}"
@@ -61,9 +70,11 @@ class PropertyResult:
             assert self.outcome is not None
             found = "" if self.seed_found is None else (f" (found in seed window {self.seed_found}, example "
                                                          f"{self.seed_found}, then shrunk)")
+            trace = (f"trace: {len(self.trace)} requests (shrinking stopped at the time budget: a smaller one may fail too)"
+                     if self.shrink_stopped else f"minimal trace: {len(self.trace)} requests after shrinking")
             return (f"VIOLATED           {name} observed {self.outcome.observed} > allowed {self.outcome.allowed} "
-                    f"({self.outcome.detail}); minimal trace: {len(self.trace)} requests after shrinking{found}; "
-                    f"replayed; {self.counterexample}  [{self.seconds:.1f} s]")
+                    f"({self.outcome.detail}); {trace}{found}; replayed; {self.counterexample}  "
+                    f"[{self.seconds:.1f} s]")
         seeded = f"{self.seeds_run} of them seed windows; " if self.seeds_run else ""
         return (f"NO_COUNTEREXAMPLE  {name} no counterexample in {self.examples} examples ({seeded}a search, not a "
                 f"proof)  [{self.seconds:.1f} s]")
@@ -81,6 +92,7 @@ class Hunt:
     seeds_run: int = 0  # explicit seed examples that ran
     seed_found: int | None = None  # 1-based index of the seed the failure was found in
     requests_run: int = 0  # requests in all the examples that ran
+    stopped: str | None = None  # where the time budget stopped the search: "generating" or "shrinking"
 
 
 Judge = Callable[[list[Draw]], "tuple[bool, object, float]"]  # (fails, what to report, badness for progress)
@@ -108,12 +120,14 @@ def _hypothesis_home(database_dir: Path | None):
 
 def hunt(strategy, judge: Judge, max_examples: int, time_budget_s: float, seed_value: int,
          database_dir: Path | None, label: str = "", progress: Callable[[str], None] | None = None,
-         seeds: list[list[Draw]] = (), seed_shrinker: Callable[[list[Draw], Judge], tuple[list[Draw], object]]
-         | None = None) -> Hunt:
-    """Generate traces until ``judge`` says one fails (then shrink it) or the budget is spent. A time budget
-    stops generating new examples (they are not counted); a failure already found is still shrunk.
-    ``seeds`` run first, in order, as Hypothesis explicit examples (they do not count against
-    ``max_examples``); Hypothesis does not shrink those, so a failing seed goes to ``seed_shrinker``."""
+         seeds: list[list[Draw]] = (),
+         seed_shrinker: Callable[[list[Draw], Judge, float], tuple[list[Draw], object, bool]] | None = None) -> Hunt:
+    """Generate traces until ``judge`` says one fails (then shrink it) or the budget is spent. The time budget
+    is checked before every example, in every phase: once it is spent no example runs (the search ends where
+    it is); a failure found before is returned as shrunk so far (``stopped`` says "shrinking"), the caller
+    replays it. ``seeds`` run first, in order, as Hypothesis explicit examples (they do not count against
+    ``max_examples``); Hypothesis does not shrink those, so a failing seed goes to ``seed_shrinker`` (given the
+    deadline; it returns the trace, the verdict and whether the deadline stopped it)."""
     started = time.monotonic()
     deadline = started + time_budget_s
     state = {"examples": 0, "requests": 0, "last_failure": None, "worst": 0.0, "seed_found": None}
@@ -121,8 +135,8 @@ def hunt(strategy, judge: Judge, max_examples: int, time_budget_s: float, seed_v
     def check(trace: list[Draw]) -> None:
         if state["seed_found"] is not None:  # the remaining explicit examples: a seed already failed
             return
-        if state["last_failure"] is None and time.monotonic() > deadline:
-            return
+        if time.monotonic() > deadline:
+            raise _BudgetSpent
         state["examples"] += 1
         state["requests"] += len(trace)
         fails, verdict, badness = judge(trace)
@@ -142,17 +156,21 @@ def hunt(strategy, judge: Judge, max_examples: int, time_budget_s: float, seed_v
     for trace in reversed(seeds):  # Hypothesis runs the last-applied example first
         check = example(trace)(check)
     test = seed(seed_value)(test(given(strategy)(check)))
-    found = None
+    found, stopped = None, None
     try:
         with _hypothesis_home(database_dir):
             test()
     except _Violation:
         found = state["last_failure"]
+    except _BudgetSpent:  # the failure judged last is the smallest the shrinker reached (it only tries smaller ones)
+        found = state["last_failure"]
+        stopped = "generating" if found is None else "shrinking"
     seed_found = state["seed_found"]
     if found is not None and seed_found is not None and seed_shrinker is not None:
-        found = seed_shrinker(found[0], judge)
+        trace, verdict, cut = seed_shrinker(found[0], judge, deadline)
+        found, stopped = (trace, verdict), ("shrinking" if cut else stopped)
     result = Hunt(state["examples"], time.monotonic() - started, seeds_run=min(len(seeds), state["examples"]),
-                  seed_found=seed_found, requests_run=state["requests"])
+                  seed_found=seed_found, requests_run=state["requests"], stopped=stopped)
     if found is not None:
         result.trace, result.verdict = found
     return result
@@ -173,9 +191,9 @@ def run_property(policy: Policy, workload: Workload, profile: Profile, prop: Pro
 
     bounds = ranges(workload)
 
-    def shrink_seed(trace: list[Draw], judge_: Judge) -> tuple[list[Draw], object]:
-        smaller, verdict, _ = shrink(trace, lambda t: judge_(t)[:2], bounds)
-        return smaller, verdict
+    def shrink_seed(trace: list[Draw], judge_: Judge, deadline: float) -> tuple[list[Draw], object, bool]:
+        smaller, verdict, _ = shrink(trace, lambda t: judge_(t)[:2], bounds, deadline)
+        return smaller, verdict, time.monotonic() > deadline
 
     strategy = adversarial(workload, policy, max_requests, stresses, min_requests, max_segments)
     h = hunt(strategy, judge, max_examples, time_budget_s, seed_value, database_dir, f"{prop.name} (observed/allowed)",
@@ -184,6 +202,7 @@ def run_property(policy: Policy, workload: Workload, profile: Profile, prop: Pro
                             requests_run=h.requests_run)
     if h.trace is not None:
         result.violated, result.trace, result.outcome = True, h.trace, h.verdict
+        result.shrink_stopped = h.stopped == "shrinking"
     return result
 
 

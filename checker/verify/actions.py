@@ -28,6 +28,8 @@ Each surviving action query is written, one SMT-LIB2 block per action, as the ce
 
 from __future__ import annotations
 
+import contextlib
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -38,6 +40,7 @@ from checker.policy import Allocation, Policy
 from checker.semantics.state import Status
 from checker.smt.encode import Pass, SlotParams, SlotState, SymbolicStep, refuse_proof_with_connector
 from checker.smt.ops import CERTIFICATE_BLOCK, SmtSession, Term, Z3Ops, sum_terms
+from checker.verify.budget import BuildTimeout, within
 from checker.verify.env import Environment
 from checker.verify.induction import (
     STATE_INVARIANTS,
@@ -396,9 +399,12 @@ def recheck_rebuilt(policy: Policy, inv: Invariant, params: dict[str, int], env:
     kept = {loc: set(alive.get(loc, ())) for loc in locations}
     if target_name(inv, params) not in kept["P"]:
         return "sat", f"the step-boundary candidates (they do not hold {target_name(inv, params)})"
-    if _false_initially(model, kept["P"]):
-        return "sat", "the initial state"
     deadline = time.monotonic() + timeout_s
+    initially_false = _false_initially(model, kept["P"], deadline)
+    if initially_false is None:
+        return "unknown", "the initial state"
+    if initially_false:
+        return "sat", "the initial state"
     for action in model.actions():
         smt = SmtSession(timeout_ms=max(1, int((deadline - time.monotonic()) * 1000)))
         pre, post = action.run(smt, "")
@@ -464,17 +470,18 @@ def _houdini(model: ActionModel, deadline: float, rlimit: int = 0) -> Houdini:
         model.policy, list(model.targets), model.env)) if how is not None}
     for loc in locations:
         alive[loc] -= reached
-    initially_false = _false_initially(model, alive["P"])
+    initially_false = _false_initially(model, alive["P"], deadline)
+    if initially_false is None:
+        return Houdini("unknown", alive)
     broken_by = {name: "initial state" for name in initially_false & targets}
     alive["P"] -= initially_false
     blocks: dict[str, str] = {}
     queue = list(actions)  # an action is checked again only when its pre-location lost a candidate
     while queue and targets & alive["P"]:
         action = queue.pop(0)
-        left = deadline - time.monotonic()
-        if left <= 0:
+        if deadline <= time.monotonic():
             return Houdini("unknown", alive)
-        status, dropped, block = _check_action(model, action, alive, left, rlimit)
+        status, dropped, block = _check_action(model, action, alive, deadline, rlimit)
         if status == "unknown":
             return Houdini("unknown", alive)
         blocks[action.name] = block
@@ -499,29 +506,42 @@ def _failed(started: float, by: str) -> InductionResult:
                                  "states the surviving lemmas allow (not a counterexample: the lemmas may be too weak)")])
 
 
-def _false_initially(model: ActionModel, names: set[str]) -> set[str]:
-    """P candidates the initial state (nothing arrived) breaks."""
+def _false_initially(model: ActionModel, names: set[str], deadline: float) -> set[str] | None:
+    """P candidates the initial state (nothing arrived) breaks; None when the deadline passed first (not all of
+    them are known: a proof must not go on without them)."""
     from checker.verify.bmc import initial_state
 
     smt = SmtSession()
-    params, _, cons = model._boundary(smt, "init_")
-    smt.add(*cons)
-    step = SymbolicStep(Z3Ops, model.policy, params, initial_state(model.n, model.env.tenants), 0, [False] * model.n)
-    step.env_step_us = model.env.step_us
-    view = model._boundary_view(step)
-    return _drop_until_unsat(smt, [(name, fn(view)) for name, fn in model.candidates("P") if name in names])[1]
+    try:
+        with _building(deadline):  # building counts against the time limit (budget.py)
+            params, _, cons = model._boundary(smt, "init_")
+            smt.add(*cons)
+            step = SymbolicStep(Z3Ops, model.policy, params, initial_state(model.n, model.env.tenants), 0,
+                                [False] * model.n)
+            step.env_step_us = model.env.step_us
+            view = model._boundary_view(step)
+            goals = [(name, fn(view)) for name, fn in model.candidates("P") if name in names]
+    except BuildTimeout:
+        return None
+    result, dropped, _ = _drop_until_unsat(smt, goals, deadline=deadline)
+    return None if result == "unknown" else dropped
 
 
 def _drop_until_unsat(smt: SmtSession, goals: list[tuple[str, Term]], assumptions: list[Term] | None = None,
-                      tag: str = "") -> tuple[str, set[str], object]:
+                      tag: str = "", deadline: float | None = None) -> tuple[str, set[str], object]:
     """Ask whether some goal can be false (under the assumptions); while it can, drop every goal false in
-    the model and ask again. Returns the last answer ("unsat", or "unknown"), the dropped names and the
-    last query's literal."""
+    the model and ask again. Returns the last answer ("unsat", or "unknown": also once ``deadline`` has
+    passed, each query getting only the time left), the dropped names and the last query's literal."""
     dropped: set[str] = set()
     for attempt in range(len(goals) + 1):
         live = [(name, term) for name, term in goals if name not in dropped]
         lit = smt.bool_var(f"broken_{tag}{attempt}")
         smt.add(smt.implies(lit, Z3Ops.not_(Z3Ops.and_(*(term for _, term in live)))))
+        if deadline is not None and math.isfinite(deadline):  # infinite: bounded by the rlimit alone
+            left_ms = (deadline - time.monotonic()) * 1000
+            if left_ms < 1:
+                return "unknown", dropped, lit
+            smt.set_timeout(left_ms)
         result = smt.check(lit, *(assumptions or []))
         if result != "sat":
             return result, dropped, lit
@@ -530,30 +550,35 @@ def _drop_until_unsat(smt: SmtSession, goals: list[tuple[str, Term]], assumption
 
 
 def _check_action(model: ActionModel, action: Action, alive: dict[str, set[str]],
-                  timeout_s: float, rlimit: int = 0) -> tuple[str, set[str], str]:
+                  deadline: float, rlimit: int = 0) -> tuple[str, set[str], str]:
     """Assume the pre-location's live candidates, run the action, and drop the post-location's candidates it
     can break: one query for all of them; while it is satisfiable, drop every candidate false in the model
     and ask again. An action that starts and ends at the same location (a round) is repeated in the same
     solver until it drops nothing: its pre-candidates are assumptions, withdrawn as they are dropped.
-    Returns the status, the dropped names and the final (unsat) query as SMT-LIB2."""
-    smt = SmtSession(timeout_ms=int(min(timeout_s, 2**31 / 1000) * 1000))
+    Returns the status, the dropped names and the final (unsat) query as SMT-LIB2. Building the query and
+    every query asked count against ``deadline`` ("unknown" once it has passed)."""
+    smt = SmtSession()
     smt.set_rlimit(rlimit)
-    pre, post = action.run(smt, "")
     loop = action.pre == action.post
     assumed: dict[str, Term] = {}
-    for name, fn in model.candidates(action.pre):
-        if name in alive[action.pre]:
-            if loop:
-                assumed[name] = smt.bool_var(f"assume {name}")
-                smt.add(smt.implies(assumed[name], fn(pre)))
-            else:
-                smt.add(fn(pre))
-    goals = [(name, fn(post)) for name, fn in model.candidates(action.post) if name in alive[action.post]]
+    try:
+        with _building(deadline):  # building counts against the time limit (budget.py)
+            pre, post = action.run(smt, "")
+            for name, fn in model.candidates(action.pre):
+                if name in alive[action.pre]:
+                    if loop:
+                        assumed[name] = smt.bool_var(f"assume {name}")
+                        smt.add(smt.implies(assumed[name], fn(pre)))
+                    else:
+                        smt.add(fn(pre))
+            goals = [(name, fn(post)) for name, fn in model.candidates(action.post) if name in alive[action.post]]
+    except BuildTimeout:
+        return "unknown", set(), ""
     dropped: set[str] = set()
     while True:
         live = [(name, term) for name, term in goals if name not in dropped]
         result, now, lit = _drop_until_unsat(smt, live, [a for name, a in assumed.items() if name not in dropped],
-                                             tag=f"{len(dropped)}_")
+                                             tag=f"{len(dropped)}_", deadline=deadline)
         dropped |= now
         if result == "unknown":
             return "unknown", dropped, ""
@@ -561,6 +586,12 @@ def _check_action(model: ActionModel, action: Action, alive: dict[str, set[str]]
             break
     smt.add(*(a for name, a in assumed.items() if name not in dropped))
     return "ok", dropped, _block(smt, lit)
+
+
+def _building(deadline: float):
+    """Building a query under the clock (budget.within) until ``deadline``; an infinite one (a side check bounded
+    by z3's resource count alone) is not timed."""
+    return contextlib.nullcontext() if math.isinf(deadline) else within(deadline - time.monotonic())
 
 
 def _block(smt: SmtSession, lit: Term) -> str:

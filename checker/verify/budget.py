@@ -6,7 +6,7 @@ look at a clock, so ``within(seconds)`` arms a timer: when it fires while the bl
 raised in the thread that entered the block, at its next Python instruction (``PyThreadState_SetAsyncExc``).
 Where that instruction is in z3's bindings it may surface as a ctypes ArgumentError (ctypes wraps what an
 argument's conversion raises: taken as the timeout) or be dropped in a ``__del__`` (not printed; raised again
-AGAIN_S later).
+AGAIN_S later). One the block never saw is raised and caught when the block ends (``_disarm``).
 The session being built is thrown away; the caller reports what it has (UNKNOWN, "no violation up to depth
 K - 1"). The block is left with the exception raised or no exception pending, never one left to fire later."""
 
@@ -71,17 +71,31 @@ def within(seconds: float) -> Iterator[None]:
         fired = True
     finally:
         sys.unraisablehook = hook
+        fired = _disarm(lock, state, done) or fired
+    if fired:
+        raise BuildTimeout
+
+
+def _disarm(lock: threading.Lock, state: list[str], done: threading.Event) -> bool:
+    """Stop the timer; whether it fired. A BuildTimeout it set that the block never saw is raised and caught
+    here, never cleared with ``PyThreadState_SetAsyncExc(id, NULL)``: on CPython 3.11 that call leaves the
+    interpreter's asynchronous-exception flag set with no exception behind it, and from then on any traced code
+    (``sys.settrace``: Hypothesis's explain phase while it shrinks, coverage, debuggers) spins at its first
+    function entry for ever (a test-suite run hung in a Hypothesis ``find()`` after an in-process verify)."""
+    fired = False
+    while True:
         try:
             with lock:
                 fired = fired or state[0] == "fired"
                 state[0] = "done"
             done.set()
-        except BuildTimeout:  # delivered just now, inside this cleanup
+            if fired:
+                for _ in range(2):
+                    _entry()  # a function's entry checks for a pending asynchronous exception: raised there
+            return fired
+        except BuildTimeout:  # the pending one, delivered in this cleanup
             fired = True
-            with lock:
-                state[0] = "done"
-            done.set()
-        if fired:
-            _set_async_exc(target, ctypes.py_object())  # NULL: one still pending is cleared (none: a no-op)
-    if fired:
-        raise BuildTimeout
+
+
+def _entry() -> None:
+    """Nothing: calling it lets the interpreter raise an asynchronous exception still pending for this thread."""

@@ -53,9 +53,16 @@ def test_ctrl_c_while_z3_solves_exits_130_with_one_line_and_no_verdict(tmp_path)
 
 
 def test_ctrl_c_during_a_fuzz_search(tmp_path):
+    # a property that holds, so the search runs to its budget (the shipped SLOs all fail within seconds on an idle
+    # machine: the run then ended before the signal)
+    slo = tmp_path / "loose.slo.yaml"
+    slo.write_text("format: batchcheck-slo\nproperties:\n  - {kind: latency, name: loose_ttft, class: interactive, "
+                   "metric: ttft_ms, stat: p99, bound_ms: 1000000000}\n")
+    out_dir = tmp_path / "out"
     code, out, err, _ = _interrupt(["fuzz", str(POLICIES / "vllm_v1.yaml"), "--workload",
-                                    str(ROOT / "spec" / "workloads" / "chat_mixed.yaml"), "--max-examples", "100000",
-                                    "--time-budget", "600", "--database", "none", "--out", str(tmp_path)], after_s=6)
+                                    str(ROOT / "spec" / "workloads" / "chat_mixed.yaml"), "--slo", str(slo),
+                                    "--max-examples", "100000", "--time-budget", "600", "--database", "none",
+                                    "--out", str(out_dir)], after_s=6)
     assert (code, out, err) == (130, "", "batchcheck: interrupted\n")
 
 

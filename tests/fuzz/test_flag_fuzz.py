@@ -6,7 +6,6 @@ longer campaign: ``python bench/input_fuzz.py --flags`` (docs/benchmarks.md, "In
 
 from __future__ import annotations
 
-import os
 import random
 
 import pytest
@@ -14,15 +13,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.fuzz.flags import argv_for, flag_problem, run_flags, verbs
-
-# In process, some verify flag cases leave the process in a state in which a later Hypothesis find()
-# (tests/unit/test_fuzz_strategies.py::test_the_zero_record_is_the_simplest_request) shrinks for many minutes: found
-# at the end of session 9, not yet explained. Until it is, this slice runs on request only, like the longer campaign
-# (python bench/input_fuzz.py --flags, which runs only flag cases in its process).
-pytestmark = pytest.mark.skipif(
-    not os.environ.get("BATCHCHECK_FLAG_FUZZ"),
-    reason="set BATCHCHECK_FLAG_FUZZ=1 to run the in-process flag fuzz (it can leave global state that slows later "
-           "Hypothesis tests in the same process; the longer campaign: bench/input_fuzz.py --flags)")
 
 VERBS = {" ".join(v.words): v for v in verbs()}
 SLOW = {"verify": 2, "liveness": 3, "diff": 1, "fuzz": 1, "ci": 1, "report": 1, "calibrate measure": 2, "audit": 3}
