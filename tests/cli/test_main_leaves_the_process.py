@@ -67,7 +67,8 @@ def test_ctrl_c_machinery_is_up_during_the_call_and_down_after_it():
     ["simulate", str(POLICIES / "vllm_v1.yaml"), "--workload", str(WORKLOADS / "chat_mixed.yaml"), "--limit", "20"],
     ["validate", str(POLICIES / "vllm_v1.yaml"), str(ROOT / "missing.yaml")],
 ])
-def test_main_leaves_threads_hooks_signals_gc_and_z3_as_it_found_them(argv):
+def test_main_leaves_threads_hooks_signals_gc_and_z3_as_it_found_them(argv, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # verify proves by default: its certificates go to ./proofs, here
     before = _state()
     assert _main(argv) in (0, 1, 2, 3)
     assert _state() == before
