@@ -206,3 +206,11 @@ def test_stretches_give_plain_stepping_with_faults_on_both_pools(tmp_path):
     plain, fast, steps = both(f, fleet_requests(f, None, None, limit=200))
     assert fast == plain and steps > 0
     assert plain["summary"]["overall"]["reroutes"] > 0
+
+
+def test_the_text_report_names_the_pools(capsys):
+    assert main(["fleet", str(FLEETS / "pd_disaggregated.yaml"), "--limit", "30"]) == 0
+    out = capsys.readouterr().out
+    assert "  disaggregated: prefill p (2 replicas, utilisation " in out and "30 transfers, p50 20.0 ms" in out
+    assert main(["fleet", str(FLEETS / "pd_shared.yaml"), "--limit", "30"]) == 0
+    assert "disaggregated" not in capsys.readouterr().out
