@@ -465,6 +465,7 @@ def build_fleet(spec: Fleet, path: Path) -> LoadedFleet:
         policy, profile = loaded[key]
         _check_pool_role(spec, i, g, policy, source)
         replicas.extend(Replica(n, g.name, policy, profile) for n in g.replica_names())
+    _check_decode_holds_prefill(spec, replicas, source)
     slo: list[Property] = []
     slo_source = None
     if spec.slo is not None:
@@ -499,6 +500,27 @@ def _check_pool_role(spec: Fleet, i: int, group: ReplicaGroup, policy: Policy, s
         raise InputError(Problem(f"replicas[{i}].policy: connector.kind", c.kind.value, "decode_node or both (group "
                                  f"{group.name} is in pools.decode: it admits a transferred prompt as a KV load)"),
                          source)
+
+
+def _check_decode_holds_prefill(spec: Fleet, replicas: list[Replica], source: str) -> None:
+    """Every prompt a prefill replica accepts fits a decode replica: each decode group's max_model_len and KV pool
+    hold the prefill pool's longest sequence (else a transferred prompt could never be admitted there)."""
+    if spec.pools.kind != "disaggregated":
+        return
+    longest = max(r.policy.max_model_len for r in replicas if r.group in spec.pools.prefill)
+    for i, g in enumerate(spec.replicas):
+        if g.name not in spec.pools.decode:
+            continue
+        policy = next(r.policy for r in replicas if r.group == g.name)
+        why = (f"group {g.name} is in pools.decode and the prefill pool's max_model_len is {longest}: every prompt "
+               "it accepts must fit here")
+        if policy.max_model_len < longest:
+            raise InputError(Problem(f"replicas[{i}].policy: max_model_len", policy.max_model_len,
+                                     f">= {longest} ({why})"), source)
+        size = policy.kv.block_size
+        if policy.kv.num_blocks * size < longest:
+            raise InputError(Problem(f"replicas[{i}].policy: kv.num_blocks", policy.kv.num_blocks,
+                                     f">= {-(-longest // size)} ({why})"), source)
 
 
 def check_classes(fleet: LoadedFleet, class_names: list[str]) -> None:

@@ -214,3 +214,16 @@ def test_the_text_report_names_the_pools(capsys):
     assert "  disaggregated: prefill p (2 replicas, utilisation " in out and "30 transfers, p50 20.0 ms" in out
     assert main(["fleet", str(FLEETS / "pd_shared.yaml"), "--limit", "30"]) == 0
     assert "disaggregated" not in capsys.readouterr().out
+
+
+def test_a_decode_group_that_cannot_hold_a_prompt_the_prefill_side_accepts_is_refused(tmp_path):
+    path = tmp_path / "fleet.yaml"
+    for setting, message in (
+            ("max_model_len=4096", "max_model_len=4096 (expected >= 16384"),
+            ("kv.num_blocks=1000", "kv.num_blocks=1000 (expected >= 1024")):
+        path.write_text("format: batchcheck-fleet\n" + PD.replace("decode_node']", f"decode_node', '{setting}']") % (1, 1)
+                        + "pools: {kind: disaggregated, prefill: [p], decode: [d]}\n")
+        with pytest.raises(InputError) as exc:
+            load_fleet(path)
+        assert str(exc.value) == (f"{path}: replicas[1].policy: {message} (group d is in pools.decode and the "
+                                  "prefill pool's max_model_len is 16384: every prompt it accepts must fit here))")
