@@ -227,3 +227,15 @@ def test_a_decode_group_that_cannot_hold_a_prompt_the_prefill_side_accepts_is_re
             load_fleet(path)
         assert str(exc.value) == (f"{path}: replicas[1].policy: {message} (group d is in pools.decode and the "
                                   "prefill pool's max_model_len is 16384: every prompt it accepts must fit here))")
+
+
+def test_a_request_its_client_cancels_during_the_transfer_is_not_decoded_and_its_blocks_are_freed(tmp_path):
+    f = fleet(tmp_path, transfer="1000")
+    spec = RequestSpec(0, 0, 2000, 50, 50)
+    first = simulate_fleet(f, RequestSet([spec], ["default"], ["default"], "hand")).records[0].first_token_us
+    cancel = first + 500_000
+    result = simulate_fleet(f, RequestSet([replace(spec, cancel_us=cancel)], ["default"], ["default"], "hand"))
+    [rec] = result.records
+    assert (rec.outcome, rec.done_us, len(rec.attempts)) == ("cancelled", cancel, 1)
+    state = result.nodes[0].life.state
+    assert state.kv_used == 0 and not state.holding and result.nodes[1].steps == 0
