@@ -1,6 +1,7 @@
 """Benchmark: the fleet's speed targets (issue 21).
 
     python bench/fleet_speed.py azure [--replicas 8] [--rate-scale 8] [--window START:END] [--repeat 1] [--plain]
+                                      [--disaggregated P]
     python bench/fleet_speed.py sweep [--jobs 2] [--dask]
 
 azure: N vLLM v1 replicas behind least_outstanding on the Azure conversation trace at X times its rate
@@ -39,9 +40,17 @@ SWEEP_KNOBS = ["replicas=1,2,3,4", "batch.max_num_seqs=4,8,16,32", "batch.max_nu
 def azure(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "azure8.yaml"
-        path.write_text(f"format: batchcheck-fleet\nname: azure_{args.replicas}\nreplicas:\n"
-                        f"  - {{name: r, policy: {ROOT / 'spec' / 'policies' / 'vllm_v1.yaml'}, "
-                        f"count: {args.replicas}}}\nrouter: {{strategy: least_outstanding}}\n")
+        policy = ROOT / "spec" / "policies" / "vllm_v1.yaml"
+        if args.disaggregated:  # P prefill replicas and the rest decode replicas, 20 ms transfers
+            p = args.disaggregated
+            groups = (f"  - {{name: p, policy: {policy}, count: {p}, set: ['connector.kind=prefill_node']}}\n"
+                      f"  - {{name: d, policy: {policy}, count: {args.replicas - p}, "
+                      "set: ['connector.kind=decode_node']}\n"
+                      "pools: {kind: disaggregated, prefill: [p], decode: [d], transfer_ms: 20}\n")
+        else:
+            groups = f"  - {{name: r, policy: {policy}, count: {args.replicas}}}\n"
+        path.write_text(f"format: batchcheck-fleet\nname: azure_{args.replicas}\nreplicas:\n{groups}"
+                        "router: {strategy: least_outstanding}\n")
         fleet = load_fleet(path)
     window = tuple(float(x) for x in args.window.split(":")) if args.window else None
     t0 = time.perf_counter()
@@ -102,6 +111,8 @@ def main() -> None:
     a.add_argument("--window", help="START:END seconds of the trace (default: all of it)")
     a.add_argument("--repeat", type=int, default=1)
     a.add_argument("--plain", action="store_true", help="also without the fleet's quiet decode stretches")
+    a.add_argument("--disaggregated", type=int, metavar="P", default=0,
+                   help="P of the replicas prefill, the rest decode (disaggregated pools, 20 ms transfers)")
     w = verbs.add_parser("sweep")
     w.add_argument("--jobs", type=int, default=2)
     w.add_argument("--dask", action="store_true")

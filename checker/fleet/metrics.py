@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from bisect import insort
 
-from checker.fleet.simulation import FleetResult, RequestRecord
+from checker.fleet.simulation import DECODE, Attempt, FleetResult, RequestRecord
 from checker.fleet.spec import LostFault
 from checker.fuzz.slo import LatencyBound
 from checker.metrics import percentile, stats
@@ -121,9 +121,45 @@ def _span_s(result: FleetResult) -> float:
     return max(result.end_us - first, 1) / 1e6
 
 
+def offered(result: FleetResult) -> list[Attempt]:
+    """The attempts offered to the router: first attempts, retries and re-routes (not the decode legs that
+    disaggregated pools send on after a transfer)."""
+    return [a for a in result.attempts if a.kind != DECODE]
+
+
 def amplification(result: FleetResult) -> float:
     unique = len(result.records)
-    return round(len(result.attempts) / unique, 4) if unique else 1.0
+    return round(len(offered(result)) / unique, 4) if unique else 1.0
+
+
+def tpot_ms(rec: RequestRecord) -> float | None:
+    """Time per output token after the first, as the client sees it: (finish - first token) / (output - 1) (None:
+    not finished, or one output token)."""
+    if rec.outcome != "finished" or rec.spec.output_len <= 1:
+        return None
+    return (rec.done_us - rec.first_token_us) / MS / (rec.spec.output_len - 1)
+
+
+def _pools(result: FleetResult) -> dict:
+    """Disaggregated pools: each request's transfer time (its prefill's first token to its arrival at a decode
+    replica), TPOT per class, and each pool's utilisation (busy time / (replicas x span))."""
+    pools = result.fleet.spec.pools
+    transfers: list[float] = []
+    for a in result.attempts:
+        if a.kind == DECODE:
+            prefill = result.attempts[result.records[a.request].attempts[-2]]
+            transfers.append((a.sent_us - prefill.end_us) / MS)
+    span_us = _span_s(result) * 1e6
+    sides = {}
+    for side, groups in (("prefill", pools.prefill), ("decode", pools.decode)):
+        nodes = [n for n, r in zip(result.nodes, result.fleet.replicas) if r.group in groups]
+        sides[side] = {"groups": list(groups), "replicas": len(nodes),
+                       "utilisation": round(sum(n.busy_us for n in nodes) / (len(nodes) * span_us), 4)}
+    tpot = {name: stats([x for r in result.records if r.spec.cls == i and (x := tpot_ms(r)) is not None])
+            for i, name in enumerate(result.requests.class_names)}
+    return {"kind": pools.kind, "transfers": len(transfers), "transfer_ms": stats(transfers),
+            "tpot_ms": stats([x for r in result.records if (x := tpot_ms(r)) is not None]), "tpot_ms_by_class": tpot,
+            **sides}
 
 
 def summarize_fleet(result: FleetResult) -> dict:
@@ -132,6 +168,7 @@ def summarize_fleet(result: FleetResult) -> dict:
                 for i, name in enumerate(result.requests.class_names)}
     good, good_rps = goodput(result)
     kinds = {k: sum(1 for a in result.attempts if a.kind == k) for k in ("first", "retry", "reroute")}
+    sent = len(offered(result))
     replicas = []
     for node, spec in zip(result.nodes, result.fleet.replicas):
         replicas.append({"name": node.name, "group": spec.group, "policy": node.policy.name,
@@ -142,13 +179,15 @@ def summarize_fleet(result: FleetResult) -> dict:
     doc = {
         "fleet": result.fleet.name, "source": result.fleet.source, "requests_source": result.requests.source,
         "router": result.fleet.spec.router.strategy.value,
-        "offered": {"unique_requests": len(records), "attempts": len(result.attempts), **kinds,
+        "offered": {"unique_requests": len(records), "attempts": sent, **kinds,
                     "retry_amplification": amplification(result)},
         "goodput": {"requests": good, "per_s": good_rps},
         "overall": _group(result, records), "by_class": by_class, "faults": _faults(result), "replicas": replicas,
         "engine": {"steps": result.steps, "simulated_s": round(_span_s(result), 3), "wall_s": round(result.wall_s, 3),
                    "step_limit_hit": result.step_limit_hit},
     }
+    if result.fleet.spec.pools.kind == "disaggregated":
+        doc["pools"] = _pools(result)
     if result.arms is not None:
         from checker.fleet.canary import judge
 

@@ -39,6 +39,8 @@ def format_fleet(summary: dict, findings: list[Finding]) -> str:
                         for cls, v in f["recovery_ms"].items())
         lines.append(f"  fault {f['fault']} ({f['kind']} {f['replica']} at {f['at_ms']:,.0f} ms): recovery "
                      f"{rec or 'not measured (no class has a p99 TTFT SLO)'}")
+    if "pools" in summary:
+        lines.extend(_pools(summary["pools"]))
     if "canary" in summary:
         lines.extend(_canary(summary["canary"]))
     if summary["engine"]["step_limit_hit"]:
@@ -57,4 +59,16 @@ def _canary(c: dict) -> list[str]:
                      f"{arm['lost']}/{arm['served']} vs {base['lost']}/{base['served']}"
                      f"{'' if row['judged'] else '  (too few to judge)'}")
     lines.extend(f"    why: {w}" for w in c["why"])
+    return lines
+
+
+def _pools(p: dict) -> list[str]:
+    t = p["transfer_ms"]
+    lines = [f"  disaggregated: prefill {', '.join(p['prefill']['groups'])} ({p['prefill']['replicas']} replicas, "
+             f"utilisation {p['prefill']['utilisation']:.2f}), decode {', '.join(p['decode']['groups'])} "
+             f"({p['decode']['replicas']} replicas, utilisation {p['decode']['utilisation']:.2f}); {p['transfers']} "
+             f"transfers, p50 {_ms(t['p50'])} ms, max {_ms(t['max'])} ms"]
+    for name, tpot in p["tpot_ms_by_class"].items():
+        lines.append(f"    {name:<14} TPOT p50 {_ms(tpot['p50'])} ms, p99 {_ms(tpot['p99'])} ms (after the first token, "
+                     "the transfer included)")
     return lines

@@ -7,22 +7,29 @@ the router sends it a request). A 1-replica fleet with no faults and clients tha
 every request exactly as ``checker.engine.simulate`` does (tests/unit/test_fleet_simulation.py).
 
 Events at one time go in this order: what a step reported (first tokens, finishes), faults, client timeouts and
-cancels, arrivals and retries; then the replicas whose next step is due, by index. What a replica's step
+cancels, arrivals and retries, transfers completed (disaggregated pools); then the replicas whose next step
+is due, by index. What a replica's step
 produces is seen by the router and the clients at the end of the step (its first tokens and finishes), its
 rejections at its start (as RequestTimes records them).
 
 Every send to the router is an attempt: a request's first attempt, a client's retry (a new arrival, counted apart)
 or a re-route of a request on a lost replica (rule ``reroute``). A request's TTFT and end-to-end time are taken
 from its first arrival to its first token / finish in whichever attempt produced them.
+
+Disaggregated pools (docs/fleet.md): an attempt is a prefill leg on a prefill replica (one output token, its blocks
+pinned by the prefill_node connector once it finishes); ``transfer_ms`` after its first token the prefill replica's
+connector reports the send confirmed and the fleet sends the request's decode leg (not an attempt offered by a
+client) to a decode replica, where the decode_node connector admits it as a load of its prompt.
 """
 
 from __future__ import annotations
 
 import gc
 import heapq
+import random
 import time
 from bisect import bisect_left
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import accumulate
 
 from checker.engine import LIVELOCK_SLACK_TOKENS, _livelock_limit, _next_internal_event, _wake_time
@@ -32,9 +39,9 @@ from checker.fleet import canary
 from checker.fleet.clients import NO_RETRY_CLIENT, Budget, backoff_us, client_of_class
 from checker.fleet.faults import FaultEvent, SlowWindows, fault_events, us
 from checker.fleet.router import Router
-from checker.fleet.spec import LoadedFleet, LostFault, LostRule, OnFailure, Strategy
+from checker.fleet.spec import LoadedFleet, LostFault, LostRule, OnFailure, Strategy, TransferRange
 from checker.metrics import UNSET, RequestTimes
-from checker.requests import RequestSpec
+from checker.requests import GREEDY_OUTPUT_TOKEN, RequestSpec
 from checker.semantics.kv import blocks_for
 from checker.semantics.state import TERMINAL, Reason, Request, SchedulerState
 from checker.semantics.step import step
@@ -43,9 +50,10 @@ from checker.traces import RequestSet
 
 DEFAULT_MAX_STEPS = 5_000_000
 
-# event kinds, in the order they go at one time
-_REPORT, _FAULT, _TIMEOUT, _CANCEL, _SEND = range(5)
+# event kinds, in the order they go at one time (_TRANSFER: disaggregated pools only)
+_REPORT, _FAULT, _TIMEOUT, _CANCEL, _SEND, _TRANSFER = range(6)
 FIRST, RETRY, REROUTE = "first", "retry", "reroute"
+DECODE = "decode"  # disaggregated pools: a request's decode leg, sent by the fleet after its transfer (not offered)
 
 
 class _NoClock:
@@ -67,7 +75,8 @@ class Attempt:
     rid: int = -1  # its rid on the replica
     first_token_us: int | None = None  # as the client saw it
     end_us: int | None = None
-    outcome: str | None = None  # finished, rejected:<reason>, replica_lost, no_replica, timeout, cancelled
+    outcome: str | None = None  # finished, rejected:<reason>, replica_lost, no_replica, timeout, cancelled,
+    # transferred (a prefill leg whose first token went on to a decode replica)
 
 
 @dataclass
@@ -188,6 +197,10 @@ class _Run:
         self.fault_times: list[tuple[int, int]] = []
         self.arms = canary.arms(fleet, requests.specs) if spec.canary is not None else None
         self.canary_nodes = canary.canary_replicas(fleet) if spec.canary is not None else set()
+        pools = spec.pools
+        self.disagg = pools.kind == "disaggregated"
+        self.prefill_nodes = {i for i, r in enumerate(fleet.replicas) if self.disagg and r.group in pools.prefill}
+        self.lost_rule = {self.index[f.replica]: f.rule for f in spec.faults if isinstance(f, LostFault)}
         for i, s in enumerate(requests.specs):
             self.push(s.arrival_us, _SEND, ("request", i))
             if s.cancel_us is not None:
@@ -246,6 +259,9 @@ class _Run:
                 att.first_token_us = t
                 if rec.first_token_us is None:
                     rec.first_token_us = t
+            elif self.disagg and att.kind != DECODE and rec.spec.output_len > 1:
+                self.end_attempt(att, t, "transferred")
+                self.push(t + self.transfer_us(rec, a), _TRANSFER, a)
             else:
                 self.end_attempt(att, t, "finished")
                 rec.outcome, rec.done_us = "finished", t
@@ -266,6 +282,8 @@ class _Run:
                 self.cancel_on_replica(att, t)
                 self.end_attempt(att, t, "cancelled")
             rec.outcome, rec.done_us = "cancelled", t
+        elif kind == _TRANSFER:
+            self.transfer_done(t, payload)
         else:
             what, i = payload
             rec = self.records[i]
@@ -282,26 +300,76 @@ class _Run:
             self.global_budget.sent += 1
             if rec.client >= 0:
                 self.client_budgets[rec.client].sent += 1
-        candidates = [n.index for n in self.nodes if n.routable]
+        candidates = [n.index for n in self.nodes if n.routable and (not self.disagg or n.index in self.prefill_nodes)]
         if self.arms is not None:  # a canary: the request's arm only
             candidates = [r for r in candidates if (r in self.canary_nodes) == self.arms[i]]
+        if not self.place(rec, att, candidates, prefill_leg(rec.spec) if self.disagg else rec.spec, t):
+            return
+        timeout = self.client(rec).timeout_ms
+        if timeout is not None:
+            self.push(t + us(timeout), _TIMEOUT, a)
+
+    def place(self, rec: RequestRecord, att: Attempt, candidates: list[int], spec: RequestSpec, t: int) -> bool:
+        """The router sends the attempt to one of the candidates, where it arrives as ``spec``; False when it
+        failed at once (no candidate, or a lost replica the router has not noticed yet)."""
         if not candidates:
             self.end_attempt(att, t, "no_replica")
             self.failed(rec, t, "no_replica", self.client(rec).on_reject)
-            return
+            return False
         r = self.router.choose(rec.spec.content, candidates, t)
         node = self.nodes[r]
         att.replica, att.incarnation = r, len(node.lives) - 1
         if not node.up:  # lost, and the router has not noticed yet
             self.end_attempt(att, t, "replica_lost")
             self.failed(rec, t, "replica_lost", self.client(rec).on_reject)
+            return False
+        self.cut(node, t)
+        att.rid = node.add(spec, att.index, t).rid
+        self.router.views[r].record(t, node.unfinished, node.kv_share())
+        return True
+
+    # ------------------------------------------------------------------------------------- disaggregated pools
+    def transfer_us(self, rec: RequestRecord, attempt: int) -> int:
+        """The transfer latency of this prefill leg: fixed, or drawn from a stream seeded by (seed, request,
+        attempt)."""
+        spec = self.fleet.spec.pools.transfer_ms
+        if isinstance(spec, TransferRange):
+            return us(random.Random(f"{spec.seed}:{rec.index}:{attempt}").uniform(spec.min_ms, spec.max_ms))
+        return us(spec)
+
+    def transfer_done(self, t: int, a: int) -> None:
+        """A prefill leg's KV reached the decode side: the prefill replica's connector reports the send confirmed
+        in the output of its next step (its pinned blocks freed), and the request goes to a decode replica as a
+        load of its prompt. A prefill replica lost meanwhile lost the KV: its lost fault's rule applies."""
+        att = self.attempts[a]
+        rec = self.records[att.request]
+        node = self.nodes[att.replica]
+        if not node.up or att.incarnation != len(node.lives) - 1:
+            if rec.outcome is None:
+                self.lost_leg(rec, t, self.lost_rule.get(node.index, LostRule.FAIL))
             return
         self.cut(node, t)
-        att.rid = node.add(rec.spec, a, t).rid
-        self.router.views[r].record(t, node.unfinished, node.kv_share())
-        timeout = self.client(rec).timeout_ms
-        if timeout is not None:
-            self.push(t + us(timeout), _TIMEOUT, a)
+        s = node.life.state
+        r = s.requests[att.rid]
+        if r in s.holding:
+            r.transfer_step = s.step + 1
+            node.wake(t)
+        if rec.outcome is not None:
+            return  # its client cancelled it during the transfer
+        d = len(self.attempts)
+        datt = Attempt(d, rec.index, DECODE, t)
+        self.attempts.append(datt)
+        rec.attempts.append(d)
+        candidates = [n.index for n in self.nodes if n.routable and n.index not in self.prefill_nodes]
+        self.place(rec, datt, candidates, decode_leg(rec.spec), t)
+
+    def lost_leg(self, rec: RequestRecord, t: int, rule: LostRule) -> None:
+        """A request's live leg is gone with its replica: re-routed from scratch, or failed (its client decides)."""
+        if rule is LostRule.REROUTE:
+            rec.reroutes += 1
+            self.push(t, _SEND, (REROUTE, rec.index))
+        else:
+            self.failed(rec, t, "replica_lost", self.client(rec).on_reject)
 
     def end_attempt(self, att: Attempt, t: int, outcome: str) -> None:
         att.outcome, att.end_us = outcome, t
@@ -369,12 +437,7 @@ class _Run:
         for a in live:
             att = self.attempts[a]
             self.end_attempt(att, t, "replica_lost")
-            rec = self.records[att.request]
-            if f.rule is LostRule.REROUTE:
-                rec.reroutes += 1
-                self.push(t, _SEND, (REROUTE, att.request))
-            else:
-                self.failed(rec, t, "replica_lost", self.client(rec).on_reject)
+            self.lost_leg(self.records[att.request], t, f.rule)
 
     # ------------------------------------------------------------------------------------- a replica's step
     def step_node(self, node: Node, now: int) -> None:
@@ -516,6 +579,24 @@ class _Run:
         node.busy_us += end - starts[0]
         node.stall_tokens, node.quiet_since = 0, None
         return done
+
+
+def prefill_leg(spec: RequestSpec) -> RequestSpec:
+    """A request as a prefill replica runs it: its prompt and first token (max_tokens 1, as a P/D proxy sends
+    it); its blocks stay pinned after it finishes until the fleet reports the transfer done (send_steps None), a
+    request of one output token being done there (its send confirmed in the next step's output)."""
+    return replace(spec, output_len=1, max_output=1, send_steps=0 if spec.output_len <= 1 else None,
+                   external_tokens=0)
+
+
+def decode_leg(spec: RequestSpec) -> RequestSpec:
+    """A request as a decode replica receives it: its prompt and first token, the prompt's KV loaded from the
+    prefill side (external_tokens, reported in the output of the step that admits it: the latency was the
+    transfer's), then the rest of its output."""
+    content = None if spec.content is None else spec.content + ((GREEDY_OUTPUT_TOKEN, 1),)
+    return replace(spec, prompt_len=spec.prompt_len + 1, output_len=spec.output_len - 1,
+                   max_output=max(spec.output_len, spec.max_output) - 1, content=content,
+                   external_tokens=spec.prompt_len, load_steps=1, send_steps=0)
 
 
 def simulate_fleet(fleet: LoadedFleet, requests: RequestSet, max_steps: int = DEFAULT_MAX_STEPS,

@@ -14,7 +14,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 from pydantic_core import PydanticCustomError
 
 from checker.errors import InputError, Problem
@@ -57,18 +57,55 @@ class ReplicaGroup(_Strict):
         return [self.name] if self.count == 1 else [f"{self.name}-{i}" for i in range(self.count)]
 
 
-class Pools(_Strict):
-    """How the replicas share the work: ``shared`` (each replica prefills and decodes its requests). Disaggregated
-    prefill and decode pools are refused by name for now (docs/fleet.md)."""
+class TransferRange(_Strict):
+    """A transfer latency drawn per request, uniform in [min_ms, max_ms], from a stream seeded by (seed, request,
+    attempt): the same on every run."""
 
-    kind: Literal["shared", "disaggregated"] = "shared"
-    transfer_ms: Ms = 0.0
+    min_ms: Ms
+    max_ms: Ms
+    seed: Annotated[int, Field(ge=0, le=2**32 - 1)] = 0
 
     @model_validator(mode="after")
-    def _shared_only(self) -> Pools:
-        if self.kind == "disaggregated":
-            raise _fail("kind", "disaggregated", "shared (disaggregated prefill/decode pools are not modelled yet: "
-                                                 "docs/fleet.md, Not yet)")
+    def _ordered(self) -> TransferRange:
+        if self.max_ms < self.min_ms:
+            raise _fail("max_ms", self.max_ms, f">= min_ms={self.min_ms:g}")
+        return self
+
+
+class Pools(_Strict):
+    """How the replicas share the work: ``shared`` (each replica prefills and decodes its requests) or
+    ``disaggregated``: the groups named in ``prefill`` run each request's prefill (its first token), the groups
+    named in ``decode`` the rest, the prompt's KV reaching the decode replica ``transfer_ms`` after the first
+    token (docs/fleet.md, Disaggregated prefill and decode)."""
+
+    kind: Literal["shared", "disaggregated"] = "shared"
+    prefill: list[str] | None = None
+    """disaggregated: the replica groups that run prefills (their policies pin a finished prefill's blocks:
+    connector.kind prefill_node or both)."""
+    decode: list[str] | None = None
+    """disaggregated: the replica groups that decode (their policies admit a transferred prompt as a load:
+    connector.kind decode_node or both)."""
+    transfer_ms: Annotated[Union[Annotated[Ms, Tag("fixed")], Annotated[TransferRange, Tag("range")]],
+                           Discriminator(lambda v: "range" if isinstance(v, (dict, TransferRange)) else "fixed")] = 0.0
+    """disaggregated: the time from a prefill's first token to its KV at the decode replica: fixed, or
+    {min_ms, max_ms, seed} drawn per request."""
+
+    @model_validator(mode="after")
+    def _sides(self) -> Pools:
+        if self.kind == "shared":
+            for name in ("prefill", "decode"):
+                if getattr(self, name) is not None:
+                    raise _fail(name, getattr(self, name), "no prefill or decode groups with kind shared (every "
+                                                           "replica prefills and decodes)")
+            if self.transfer_ms != 0.0:
+                raise _fail("transfer_ms", self.transfer_ms, "0 with kind shared (no KV is transferred)")
+            return self
+        for name in ("prefill", "decode"):
+            if not getattr(self, name):
+                raise _fail(name, getattr(self, name), "a non-empty list of replica groups with kind disaggregated")
+        for j, name in enumerate(self.decode):
+            if name in self.prefill:
+                raise _fail(f"decode.{j}", name, "a group not also in prefill (a replica is in one pool)")
         return self
 
 
@@ -327,6 +364,21 @@ class Fleet(_Strict):
             if len(groups) == 1:
                 raise _fail("canary.group", self.canary.group, "a group beside others (the baseline is the replicas "
                                                                "of the other groups)")
+        if self.pools.kind == "disaggregated":
+            groups = [g.name for g in self.replicas]
+            for side in ("prefill", "decode"):
+                for j, name in enumerate(getattr(self.pools, side)):
+                    if name not in groups:
+                        raise _fail(f"pools.{side}.{j}", name, "a replica group of the fleet: " + ", ".join(groups))
+                    if getattr(self.pools, side).index(name) != j:
+                        raise _fail(f"pools.{side}.{j}", name, "a group named once")
+            for i, g in enumerate(self.replicas):
+                if g.name not in self.pools.prefill and g.name not in self.pools.decode:
+                    raise _fail(f"replicas.{i}.name", g.name, "a group in pools.prefill or pools.decode (disaggregated "
+                                                              "pools place every replica)")
+            if self.canary is not None:
+                raise _fail("canary", self.canary.group, "no canary with disaggregated pools (not modelled yet: "
+                                                         "docs/fleet.md, Not yet)")
         if self.workload is not None and self.trace is not None:
             raise _fail("trace", self.trace, "no trace when a workload is given (one source of requests)")
         return self
@@ -411,7 +463,9 @@ def build_fleet(spec: Fleet, path: Path) -> LoadedFleet:
                                           p.expected) for p in exc.problems], source) from None
             loaded[key] = (policy, load_profile(prof))
         policy, profile = loaded[key]
+        _check_pool_role(spec, i, g, policy, source)
         replicas.extend(Replica(n, g.name, policy, profile) for n in g.replica_names())
+    _check_decode_holds_prefill(spec, replicas, source)
     slo: list[Property] = []
     slo_source = None
     if spec.slo is not None:
@@ -427,6 +481,46 @@ def build_fleet(spec: Fleet, path: Path) -> LoadedFleet:
     workload = None if spec.workload is None else str(_file(path, spec.workload, "workload", "workload"))
     trace = None if spec.trace is None else str(_file(path, spec.trace, "trace", "trace"))
     return LoadedFleet(spec, source, replicas, slo, slo_source, workload, trace)
+
+
+def _check_pool_role(spec: Fleet, i: int, group: ReplicaGroup, policy: Policy, source: str) -> None:
+    """In disaggregated pools a prefill group's policy pins a finished prefill's blocks until the transfer is
+    confirmed (connector prefill_node or both, release not immediate) and a decode group's admits a transferred
+    prompt as a load (decode_node or both): an input error naming the group otherwise."""
+    pools = spec.pools
+    if pools.kind != "disaggregated":
+        return
+    c = policy.connector
+    if group.name in pools.prefill and not c.pins:
+        raise InputError(Problem(f"replicas[{i}].policy: connector.kind", f"{c.kind.value} (release "
+                                 f"{c.release.value})", "prefill_node or both with release on_completion or deadline "
+                                 f"(group {group.name} is in pools.prefill: its finished prefills' blocks stay pinned "
+                                 "until the transfer completes)"), source)
+    if group.name in pools.decode and c.kind.value not in ("decode_node", "both"):
+        raise InputError(Problem(f"replicas[{i}].policy: connector.kind", c.kind.value, "decode_node or both (group "
+                                 f"{group.name} is in pools.decode: it admits a transferred prompt as a KV load)"),
+                         source)
+
+
+def _check_decode_holds_prefill(spec: Fleet, replicas: list[Replica], source: str) -> None:
+    """Every prompt a prefill replica accepts fits a decode replica: each decode group's max_model_len and KV pool
+    hold the prefill pool's longest sequence (else a transferred prompt could never be admitted there)."""
+    if spec.pools.kind != "disaggregated":
+        return
+    longest = max(r.policy.max_model_len for r in replicas if r.group in spec.pools.prefill)
+    for i, g in enumerate(spec.replicas):
+        if g.name not in spec.pools.decode:
+            continue
+        policy = next(r.policy for r in replicas if r.group == g.name)
+        why = (f"group {g.name} is in pools.decode and the prefill pool's max_model_len is {longest}: every prompt "
+               "it accepts must fit here")
+        if policy.max_model_len < longest:
+            raise InputError(Problem(f"replicas[{i}].policy: max_model_len", policy.max_model_len,
+                                     f">= {longest} ({why})"), source)
+        size = policy.kv.block_size
+        if policy.kv.num_blocks * size < longest:
+            raise InputError(Problem(f"replicas[{i}].policy: kv.num_blocks", policy.kv.num_blocks,
+                                     f">= {-(-longest // size)} ({why})"), source)
 
 
 def check_classes(fleet: LoadedFleet, class_names: list[str]) -> None:

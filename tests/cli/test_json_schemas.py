@@ -195,6 +195,9 @@ def test_fleet(capsys):
     doc = output(capsys, "fleet", str(FLEETS / "lost_replica_no_recovery.yaml"), "--json")
     check("fleet", doc)
     assert [p["verdict"] for p in doc["properties"] if p["kind"] == "recovery_time"] == ["VIOLATED"]
+    doc = output(capsys, "fleet", str(FLEETS / "pd_disaggregated.yaml"), "--limit", "40", "--json")
+    assert doc["pools"]["kind"] == "disaggregated"
+    check("fleet", doc)
     for name, verdict in (("canary_rollback", "rollback"), ("canary_promote", "promote")):
         doc = output(capsys, "simulate", "--fleet", str(FLEETS / f"{name}.yaml"), "--json")
         check("fleet", doc)

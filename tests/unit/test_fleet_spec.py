@@ -21,8 +21,7 @@ CASES = {
     "fault_replica": ("replicas:\n  - {name: r, policy: vllm_v1, count: 2}\nfaults:\n  - {kind: lost, replica: r-2, "
                       "at_ms: 10}\n", "{f}:4: faults.0.replica='r-2' (expected a replica of the fleet: r-0, r-1)"),
     "pools": (ONE + "pools: {kind: disaggregated}\n",
-              "{f}:4: pools.kind='disaggregated' (expected shared (disaggregated prefill/decode pools are not modelled "
-              "yet: docs/fleet.md, Not yet))"),
+              "{f}:4: pools.prefill=None (expected a non-empty list of replica groups with kind disaggregated)"),
     "load_cap": (ONE + "router: {strategy: round_robin, load_cap: 4}\n",
                  "{f}:4: router.load_cap=4 (expected no load_cap with strategy round_robin (it caps prefix_aware's "
                  "choice only))"),
