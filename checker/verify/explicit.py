@@ -229,7 +229,7 @@ _FAST_REQ = ("status", "reason", "num_computed", "num_generated", "blocks", "swa
              "requeue_seq", "num_preemptions", "release_step", "block_ids", "num_cached_blocks", "transfer_step")
 _FAST_POOL = ("uncached_free", "lru", "refs", "hash_of", "cached", "next_id", "evictions", "truth")
 _FAST_STATE = ("running", "waiting", "holding", "holders", "loads_in_flight", "kv_used", "swap_used", "next_seq",
-               "step", "tenant_counters", "sglang", "spec")
+               "step", "tenant_counters", "sglang", "spec", "pipe")
 _FAST = set(_REQ_FIELDS) == set(_FAST_REQ) and set(_POOL_FIELDS) == set(_FAST_POOL)
 _TERMINAL = (Status.FINISHED, Status.REJECTED, Status.CANCELLED)
 
@@ -251,6 +251,9 @@ def _freeze(v: object) -> object:
         return tuple(_freeze(x) for x in v)
     if dataclasses.is_dataclass(v):
         return tuple(_freeze(getattr(v, f.name)) for f in dataclasses.fields(v))
+    snapshot = getattr(v, "snapshot", None)
+    if snapshot is not None:  # a section of the state (SGLang's, speculative, pipeline): its own exact snapshot
+        return (t.__name__, snapshot())
     raise InternalError(f"explicit-state search: no exact fingerprint for a {t.__name__} in the scheduler state")
 
 
@@ -285,7 +288,8 @@ def fast_fingerprint(s: SchedulerState, forget: frozenset[int] = frozenset()) ->
     rest = (tuple([r.rid for r in s.running]), tuple([r.rid for r in s.waiting]),
             tuple([r.rid for r in s.holding]), tuple([r.rid for r in s.holders]), s.loads_in_flight, s.kv_used,
             s.swap_used, s.next_seq, s.step, tuple(s.tenant_counters),
-            None if s.sglang is None else s.sglang.snapshot(), None if s.spec is None else s.spec.snapshot())
+            None if s.sglang is None else s.sglang.snapshot(), None if s.spec is None else s.spec.snapshot(),
+            None if s.pipe is None else s.pipe.snapshot())
     p = s.pool
     if p is None:
         return reqs, rest, None
