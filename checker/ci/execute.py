@@ -119,7 +119,7 @@ def _cost(check: Check) -> float:
     """Rough seconds a check may take, to start the long ones first (better packing on few workers)."""
     if check.kind == FUZZ:
         return check.time_budget_s
-    return check.timeout_s * (2 if check.unbounded or check.kind == DIFF else 1)
+    return check.timeout_s * (2 if check.unbounded is not False or check.kind == DIFF else 1)
 
 
 def units(checks: Sequence[Check]) -> list[list[int]]:
