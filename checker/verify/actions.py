@@ -38,6 +38,7 @@ from checker.policy import Allocation, Policy
 from checker.semantics.state import Status
 from checker.smt.encode import Pass, SlotParams, SlotState, SymbolicStep, refuse_proof_with_connector
 from checker.smt.ops import CERTIFICATE_BLOCK, SmtSession, Term, Z3Ops, sum_terms
+from checker.verify.budget import BuildTimeout, within
 from checker.verify.env import Environment
 from checker.verify.induction import (
     STATE_INVARIANTS,
@@ -374,7 +375,11 @@ def prove(policy: Policy, inv: Invariant, params: dict[str, int], env: Environme
         return InductionResult("unsupported")
     started = time.monotonic()
     name = target_name(inv, params)
-    status, tier, result = _survives(policy, inv, params, env, name, timeout_s)
+    try:  # building the queries, the engine probes and the solving all count against timeout_s (issue 19)
+        with within(timeout_s):
+            status, tier, result = _survives(policy, inv, params, env, name, timeout_s)
+    except BuildTimeout:
+        status = "unknown"
     if status == "unknown":
         return InductionResult("unknown", time.monotonic() - started)
     if status == "dropped":
@@ -513,15 +518,20 @@ def _false_initially(model: ActionModel, names: set[str]) -> set[str]:
 
 
 def _drop_until_unsat(smt: SmtSession, goals: list[tuple[str, Term]], assumptions: list[Term] | None = None,
-                      tag: str = "") -> tuple[str, set[str], object]:
+                      tag: str = "", deadline: float | None = None) -> tuple[str, set[str], object]:
     """Ask whether some goal can be false (under the assumptions); while it can, drop every goal false in
     the model and ask again. Returns the last answer ("unsat", or "unknown"), the dropped names and the
-    last query's literal."""
+    last query's literal. ``deadline`` (time.monotonic()): each query gets only the time left to it, so that
+    the queries together stay within it."""
     dropped: set[str] = set()
     for attempt in range(len(goals) + 1):
         live = [(name, term) for name, term in goals if name not in dropped]
         lit = smt.bool_var(f"broken_{tag}{attempt}")
         smt.add(smt.implies(lit, Z3Ops.not_(Z3Ops.and_(*(term for _, term in live)))))
+        if deadline is not None:
+            if (left := deadline - time.monotonic()) <= 0:
+                return "unknown", dropped, lit
+            smt.set_timeout(int(min(left, 2**31 / 1000) * 1000))
         result = smt.check(lit, *(assumptions or []))
         if result != "sat":
             return result, dropped, lit
@@ -536,6 +546,7 @@ def _check_action(model: ActionModel, action: Action, alive: dict[str, set[str]]
     and ask again. An action that starts and ends at the same location (a round) is repeated in the same
     solver until it drops nothing: its pre-candidates are assumptions, withdrawn as they are dropped.
     Returns the status, the dropped names and the final (unsat) query as SMT-LIB2."""
+    deadline = time.monotonic() + timeout_s if timeout_s != float("inf") else None
     smt = SmtSession(timeout_ms=int(min(timeout_s, 2**31 / 1000) * 1000))
     smt.set_rlimit(rlimit)
     pre, post = action.run(smt, "")
@@ -553,7 +564,7 @@ def _check_action(model: ActionModel, action: Action, alive: dict[str, set[str]]
     while True:
         live = [(name, term) for name, term in goals if name not in dropped]
         result, now, lit = _drop_until_unsat(smt, live, [a for name, a in assumed.items() if name not in dropped],
-                                             tag=f"{len(dropped)}_")
+                                             tag=f"{len(dropped)}_", deadline=deadline)
         dropped |= now
         if result == "unknown":
             return "unknown", dropped, ""
