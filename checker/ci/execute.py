@@ -6,8 +6,8 @@ A worker gets a Check (with the text of the files it needs), writes them to a pr
 checker.fuzz.run.run_fuzz, checker.diff.run.run_diff, checker.liveness.check.run_liveness), and returns a
 Result (checker.ci.results) holding the verdict and the text of any counterexample or certificate it
 produced. The liveness checks of one instance (one per property) are one unit of work: the state graph is
-explored once for all of them. Nothing is written to the project by workers: the caller writes every file
-once all checks have finished.
+explored once for all of them. Nothing is written to the project by workers: the caller writes each check's
+files as its result comes back (checker/ci/run.py).
 """
 
 from __future__ import annotations
