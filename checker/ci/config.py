@@ -51,8 +51,10 @@ class Defaults(_Strict):
     """Iterations of the bounded search (verify --depth)."""
     timeout_s: Timeout = 60.0
     """Seconds per invariant (verify --timeout)."""
-    unbounded: bool = False
-    """Also try induction proofs (verify --unbounded)."""
+    unbounded: bool | None = None
+    """verify's default when unset: the proof first (PROVED for N slots and any depth) where a proof method covers
+    the policy, then the bounded search; true: the proof, refused where none covers it (verify --unbounded);
+    false: the bounded search alone (verify --bounded-only, the default before issue 19)."""
     level: Level = "error"
     """Whether a finding gates the change (error) or only warns (warning)."""
 

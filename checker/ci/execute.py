@@ -6,8 +6,8 @@ A worker gets a Check (with the text of the files it needs), writes them to a pr
 checker.fuzz.run.run_fuzz, checker.diff.run.run_diff, checker.liveness.check.run_liveness), and returns a
 Result (checker.ci.results) holding the verdict and the text of any counterexample or certificate it
 produced. The liveness checks of one instance (one per property) are one unit of work: the state graph is
-explored once for all of them. Nothing is written to the project by workers: the caller writes every file
-once all checks have finished.
+explored once for all of them. Nothing is written to the project by workers: the caller writes each check's
+files as its result comes back (checker/ci/run.py).
 """
 
 from __future__ import annotations
@@ -119,7 +119,7 @@ def _cost(check: Check) -> float:
     """Rough seconds a check may take, to start the long ones first (better packing on few workers)."""
     if check.kind == FUZZ:
         return check.time_budget_s
-    return check.timeout_s * (2 if check.unbounded or check.kind == DIFF else 1)
+    return check.timeout_s * (2 if check.unbounded is not False or check.kind == DIFF else 1)
 
 
 def units(checks: Sequence[Check]) -> list[list[int]]:

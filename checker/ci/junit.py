@@ -29,8 +29,10 @@ def _case(f: Finding) -> ET.Element:
     return case
 
 
-def junit_xml(findings: Sequence[Finding], seconds: float) -> str:
-    suites = ET.Element("testsuites", {"name": "batchcheck ci", "time": f"{seconds:.3f}"})
+def junit_xml(findings: Sequence[Finding], seconds: float, unfinished: str | None = None) -> str:
+    """``unfinished``: the run is still going (e.g. "3 of 40 checks finished"): said in the suites' name."""
+    name = "batchcheck ci" + (f" (unfinished: {unfinished})" if unfinished else "")
+    suites = ET.Element("testsuites", {"name": name, "time": f"{seconds:.3f}"})
     by_policy: dict[str, list[Finding]] = {}
     for f in findings:
         by_policy.setdefault(f.check.policy.shown, []).append(f)

@@ -75,7 +75,7 @@ class Check:
     requests: int = 0
     depth: int = 0
     timeout_s: float = 0.0
-    unbounded: bool = False
+    unbounded: bool | None = False  # None: verify's default (the proof first where one applies)
     workload: InputFile | None = None
     slo: InputFile | None = None
     profile: InputFile | None = None

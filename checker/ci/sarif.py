@@ -56,7 +56,9 @@ def _message(f: Finding) -> str:
     return text
 
 
-def sarif_log(findings: Sequence[Finding], root: Path) -> dict:
+def sarif_log(findings: Sequence[Finding], root: Path, unfinished: str | None = None) -> dict:
+    """``unfinished``: the run is still going (e.g. "3 of 40 checks finished"): the invocation is not (yet)
+    successful and says so."""
     shown, _ = annotated(findings)
     rules: dict[str, dict] = {}
     for f in sorted(findings, key=lambda f: f.rule_id):
@@ -87,10 +89,12 @@ def sarif_log(findings: Sequence[Finding], root: Path) -> dict:
                             "rules": list(rules.values())}},
         "originalUriBaseIds": {SOURCE_ROOT: {"uri": root.resolve().as_uri() + "/"}},
         "results": results,
-        "invocations": [{"executionSuccessful": True}],
+        "invocations": [{"executionSuccessful": True} if unfinished is None else
+                        {"executionSuccessful": False, "toolExecutionNotifications": [
+                            {"level": "note", "message": {"text": f"unfinished: {unfinished}"}}]}],
     }
     return {"$schema": SCHEMA_URI, "version": SARIF_VERSION, "runs": [run]}
 
 
-def sarif_text(findings: Sequence[Finding], root: Path) -> str:
-    return json.dumps(sarif_log(findings, root), indent=2) + "\n"
+def sarif_text(findings: Sequence[Finding], root: Path, unfinished: str | None = None) -> str:
+    return json.dumps(sarif_log(findings, root, unfinished), indent=2) + "\n"

@@ -27,12 +27,16 @@ _HEAD = "| verdict | gate | policy | check | location | detail |\n|---|---|---|-
 
 
 def summary_markdown(findings: Sequence[Finding], code: ExitCode, seconds: float, where: str,
-                     notes: Sequence[str] = ()) -> str:
+                     notes: Sequence[str] = (), unfinished: str | None = None) -> str:
+    """``unfinished``: the run is still going (e.g. "3 of 40 checks finished"): the headline says so and gives
+    the verdict of the finished checks only."""
     failed = [f for f in findings if f.outcome == FAILED]
     unsure = [f for f in findings if f.outcome == INCONCLUSIVE]
     gating = [f for f in failed if f.gating]
     policies = {f.check.policy.shown for f in findings}
-    out = [f"## batchcheck ci: {HEADLINE[code]} (exit {int(code)})", "",
+    head = (f"## batchcheck ci: {HEADLINE[code]} (exit {int(code)})" if unfinished is None else
+            f"## batchcheck ci, unfinished ({unfinished}): so far {HEADLINE[code]}")
+    out = [head, "",
            f"{len(findings)} checks on {len(policies)} policies in {seconds:.1f} s ({where}): "
            f"{len(failed)} violated ({len(gating)} gating), {len(unsure)} inconclusive, "
            f"{len(findings) - len(failed) - len(unsure)} hold within their bounds. Bounded verdicts "

@@ -14,7 +14,8 @@ def _diff(args: argparse.Namespace) -> int:
     out = None if args.out == "none" else args.out
     report = run_diff(args.old, args.new, args.workload, args.slo, args.invariant, args.requests, args.depth,
                       args.timeout, args.profile, args.threshold, args.min_delta, args.max_examples, args.fuzz_budget,
-                      args.seed, out, args.prompt_range, args.output_range, args.unbounded, args.property,
+                      args.seed, out, args.prompt_range, args.output_range,
+                      True if args.unbounded else False if args.bounded_only else None, args.property,
                       not args.no_audit, args.slo_gate == "violates", terminal_progress())
     terminal_progress.clear()
     print(json.dumps(report.as_dict(), indent=2) if args.json else report.text())
@@ -40,7 +41,12 @@ def register(verbs) -> None:
     p.add_argument("--timeout", type=SECONDS, default=60.0, metavar="S", help="seconds per solver search (default 60)")
     p.add_argument("--prompt-range", type=int_range, metavar="LOW:HIGH")
     p.add_argument("--output-range", type=int_range, metavar="LOW:HIGH")
-    p.add_argument("--unbounded", action="store_true", help="try to PROVE held invariants (induction)")
+    proof = p.add_mutually_exclusive_group()
+    proof.add_argument("--unbounded", action="store_true",
+                       help="try to PROVE held invariants (action-wise, then whole-step induction) for every invariant")
+    proof.add_argument("--bounded-only", action="store_true",
+                       help="each side's verdict from the bounded search alone (default: the proof first where the "
+                            "action-wise proof covers the invariant, as verify)")
     p.add_argument("--profile", metavar="FILE", help="service curve for the SLO runs and the audit")
     p.add_argument("--threshold", type=float, default=0.2, metavar="R",
                    help="an SLO is worse when higher by more than R relative (default 0.2 = 20 %%)")

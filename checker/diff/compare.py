@@ -150,15 +150,31 @@ def _product_side(keeps: Policy, breaks: Policy, breaks_file: str | None, inv: I
     return True, Side(len(w.specs), w.depth, path, detail + ("; " + "; ".join(w.notes) if w.notes else "")), ""
 
 
+def proof_first(policy: Policy, inv: Invariant, unbounded: bool | None) -> bool:
+    """Whether a side's verdict tries the proof first: ``unbounded`` True or False as given; None (diff's default,
+    issue 19): where the action-wise proof covers the policy and the invariant (PROVED for N slots and any depth
+    implies no violation within the bounds, so a witness search is needed only where a side does not hold), else
+    the bounded search alone (no whole-step induction added to it)."""
+    if unbounded is not None:
+        return unbounded
+    from checker.verify.actions import supported
+    from checker.verify.run import proof_applies
+
+    return proof_applies(policy) and supported(inv)
+
+
 def diff_invariant(pair: Pair, inv: Invariant, params: dict[str, int], env: Environment, timeout_s: float,
-                   out_dir: Path | None, unbounded: bool = False, progress=None) -> PropertyDiff:
-    old = check_one(pair.old, pair.old_file, inv, params, env, timeout_s, out_dir, unbounded, None, progress)
+                   out_dir: Path | None, unbounded: bool | None = None, progress=None) -> PropertyDiff:
+    """``unbounded``: see proof_first."""
+    old = check_one(pair.old, pair.old_file, inv, params, env, timeout_s, out_dir,
+                    proof_first(pair.old, inv, unbounded), None, progress)
     label = old.label
     bounds = f"{env.requests} requests, {env.depth} iterations"
     if pair.identical:
         return PropertyDiff("invariant", label, old.verdict.value, old.verdict.value, Change.EQUIVALENT,
                             strength="identical rules (the step semantics is a function of the rules)")
-    new = check_one(pair.new, pair.new_file, inv, params, env, timeout_s, out_dir, unbounded, None, progress)
+    new = check_one(pair.new, pair.new_file, inv, params, env, timeout_s, out_dir,
+                    proof_first(pair.new, inv, unbounded), None, progress)
     result = PropertyDiff("invariant", label, old.verdict.value, new.verdict.value, Change.UNKNOWN)
 
     def direction(breaks: Checked, keeps: Checked, keeps_policy: Policy, breaks_policy: Policy,

@@ -145,11 +145,13 @@ def run_diff(old: PolicyInput, new: PolicyInput, workload: str | Path | None = N
              profile: str | Path | None = None, threshold: float = 0.2, min_delta: float = 1.0,
              max_examples: int = 100, fuzz_budget_s: float = 60.0, seed: int = 0,
              out_dir: str | Path | None = "counterexamples", prompt: tuple[int, int] | None = None,
-             output: tuple[int, int] | None = None, unbounded: bool = False, slo_properties: list[str] | None = None,
+             output: tuple[int, int] | None = None, unbounded: bool | None = None, slo_properties: list[str] | None = None,
              audit: bool = True, slo_must_violate: bool = False, progress=None) -> DiffReport:
     """What a policy change breaks: invariant verdicts side by side with witnesses each way (z3), SLO
     regression witnesses on generated traces (when a workload has an SLO file), and the audit of both. OLD and
-    NEW: policy files or Policy objects."""
+    NEW: policy files or Policy objects. ``unbounded``: each side's verdict tries the proof first (True), the
+    bounded search alone (False), or, None, the proof first where the action-wise proof covers the invariant
+    (checker/diff/compare.py proof_first)."""
     started = time.monotonic()
     pair = Pair(load_policy(old), load_policy(new), policy_source(old), policy_source(new))
     if pair.old.name == pair.new.name:

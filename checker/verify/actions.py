@@ -377,7 +377,11 @@ def prove(policy: Policy, inv: Invariant, params: dict[str, int], env: Environme
         return InductionResult("unsupported")
     started = time.monotonic()
     name = target_name(inv, params)
-    status, tier, result = _survives(policy, inv, params, env, name, timeout_s)
+    try:  # building the queries, the engine probes and the solving all count against timeout_s (issue 19)
+        with _building(started + timeout_s):
+            status, tier, result = _survives(policy, inv, params, env, name, timeout_s)
+    except BuildTimeout:
+        status = "unknown"
     if status == "unknown":
         return InductionResult("unknown", time.monotonic() - started)
     if status == "dropped":

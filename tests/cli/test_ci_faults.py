@@ -154,3 +154,69 @@ def test_the_next_write_removes_only_the_temporaries_of_killed_writers(tmp_path)
                                                                  "summary.md"])
     stale.write_text("partial")
     assert clean_stale_temporaries(tmp_path) == []  # once per folder and process
+
+
+# A quick check, then one that runs far longer than the test waits (an 8-slot, 40-iteration bounded search).
+CUT_CONFIG = '''policies = ["spec/vllm_v1.yaml"]
+[output]
+counterexamples = "out/cex"
+junit = "out/junit.xml"
+sarif = "out/ci.sarif"
+summary = "out/summary.md"
+[[verify]]
+invariants = ["seq_cap"]
+requests = 1
+depth = 1
+unbounded = false
+[[verify]]
+invariants = ["token_budget"]
+requests = 8
+depth = 40
+timeout_s = 3600
+unbounded = false
+'''
+
+
+def test_a_run_cut_short_keeps_its_finished_findings_on_disk(tmp_path):
+    """Issue 19: ``ci`` writes each finding (JUnit, SARIF, summary) as it completes, so a CI job's timeout keeps
+    what was done. Before, every file was written only after the last check: a run killed during its second
+    check left nothing."""
+    (tmp_path / "spec").mkdir()
+    shutil.copy(POLICIES / "vllm_v1.yaml", tmp_path / "spec")
+    (tmp_path / "batchcheck.toml").write_text(CUT_CONFIG)
+    proc = subprocess.Popen([sys.executable, "-m", "checker.cli", "ci", "--jobs", "1"], cwd=tmp_path,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    summary = tmp_path / "out" / "summary.md"
+    try:
+        deadline = time.monotonic() + 300  # the first check takes about a second; the second far longer
+        while not summary.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+    finally:
+        proc.send_signal(signal.SIGKILL)  # the CI job's timeout
+        proc.wait()
+    assert summary.exists(), "no summary on disk while the run was going"
+    text = summary.read_text()
+    assert "unfinished (1 of 2 checks finished)" in text and "seq_cap" in text and "token_budget" not in text
+    junit = xml.dom.minidom.parseString((tmp_path / "out" / "junit.xml").read_text())
+    (suites,) = junit.getElementsByTagName("testsuites")
+    assert suites.getAttribute("name") == "batchcheck ci (unfinished: 1 of 2 checks finished)"
+    assert [c.getAttribute("name") for c in junit.getElementsByTagName("testcase")] == ["verify seq_cap"]
+    sarif = json.loads((tmp_path / "out" / "ci.sarif").read_text())
+    (invocation,) = sarif["runs"][0]["invocations"]
+    assert invocation["executionSuccessful"] is False
+    assert "1 of 2 checks finished" in invocation["toolExecutionNotifications"][0]["message"]["text"]
+
+
+def test_a_finished_run_overwrites_the_unfinished_reports(capsys, tmp_path, monkeypatch):
+    (tmp_path / "spec").mkdir()
+    shutil.copy(POLICIES / "vllm_v1.yaml", tmp_path / "spec")
+    (tmp_path / "batchcheck.toml").write_text(CUT_CONFIG.replace("depth = 40\ntimeout_s = 3600", "depth = 1"))
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run(capsys, "ci", "--jobs", "1")
+    assert code == 0, out + err
+    assert "unfinished" not in (tmp_path / "out" / "summary.md").read_text()
+    assert "unfinished" not in (tmp_path / "out" / "junit.xml").read_text()
+    sarif = json.loads((tmp_path / "out" / "ci.sarif").read_text())
+    assert sarif["runs"][0]["invocations"] == [{"executionSuccessful": True}]
+    assert "verify token_budget" in (tmp_path / "out" / "junit.xml").read_text()

@@ -159,7 +159,8 @@ def test_ci(capsys, tmp_path, monkeypatch):
 
     monkeypatch.chdir(tmp_path)
     make_project(tmp_path, 'policies = ["spec/policies/unchecked_growth.yaml", "spec/policies/vllm_v1.yaml"]\n'
-                           '[defaults]\nrequests = 2\ndepth = 2\n[[verify]]\ninvariants = ["kv_never_overcommitted"]\n')
+                           '[defaults]\nrequests = 2\ndepth = 2\nunbounded = false\n'
+                           '[[verify]]\ninvariants = ["kv_never_overcommitted"]\n')
     doc = output(capsys, "ci", "--jobs", "1", "--summary", "out/summary.md", "--json")
     check("ci", doc)
     assert doc["exit_code"] == 1 and doc["gating_violations"] == 1 and doc["written"][-1] == "out/summary.md"

@@ -16,6 +16,7 @@ policies = ["spec/policies/*.yaml"]
 requests = 2
 depth = 2
 timeout_s = 60
+unbounded = false   # the bounded search alone: bounded holds and vacuous verdicts to report
 
 [output]
 counterexamples = "out/counterexamples"

@@ -142,7 +142,7 @@ def test_annotations_are_capped_per_rule_with_the_overflow_in_the_summary(tmp_pa
             base.replace("name: vllm_v1", f"name: copy{i:02d}"))
     config = folder / "batchcheck.toml"
     config.write_text('policies = ["spec/policies/*.yaml"]\n[[verify]]\ninvariants = ["kv_never_overcommitted"]\n'
-                      'requests = 1\ndepth = 1\n')
+                      'requests = 1\ndepth = 1\nunbounded = false\n')  # bounded: VACUOUS (the proof: PROVED)
     outcome = run_ci(config, jobs=1, sarif=str(folder / "ci.sarif"), summary=str(folder / "summary.md"))
     assert outcome.exit_code == ExitCode.INCONCLUSIVE  # every check VACUOUS, gating
     results = json.loads((folder / "ci.sarif").read_text())["runs"][0]["results"]

@@ -12,6 +12,7 @@ policies = ["spec/policies/*.yaml"]
 [defaults]
 requests = 2
 depth = 2
+unbounded = false
 [[verify]]
 invariants = ["token_budget"]
 [[verify]]
