@@ -30,10 +30,13 @@ STATE_INVARIANTS = frozenset({"kv_never_overcommitted", "token_budget", "seq_cap
 # lookback of one they are properties of one step (before -> after), proved by the same query: from any
 # state the lemmas allow, one step keeps the lemmas and satisfies the property.
 STEP_INVARIANTS = {"decode_progress": "gap", "cancellation_releases": "steps", "degradation_order": "gap"}
+# Invariants of one step that read only the frame after it (what the step preempted or scheduled, and the state after
+# it): proved by the same query. Not state invariants: action-wise induction (checker/verify/actions.py) leaves them.
+FRAME_INVARIANTS = frozenset({"bounded_preemptions_per_step", "preemption_frees_capacity", "lookahead_fits"})
 
 
 def supported(inv: Invariant, params: dict[str, int]) -> bool:
-    if inv.name in STATE_INVARIANTS:
+    if inv.name in STATE_INVARIANTS or inv.name in FRAME_INVARIANTS:
         return True
     key = STEP_INVARIANTS.get(inv.name)
     return key is not None and {**inv.defaults, **params}[key] == 1
