@@ -33,3 +33,54 @@ def test_rejecting_prompts_that_never_fit_bounds_the_cascade(tmp_path):
     fixed.write_text(STORM.read_text().replace("reject_never_fits: false", "reject_never_fits: true"))
     _, (result,) = run_verify(fixed, ["bounded_preemptions_per_step:2"], 3, 5, timeout_s=120, out_dir=tmp_path)
     assert result.verdict is Verdict.HOLDS_UP_TO
+
+
+UNRESERVED = POLICIES / "broken" / "eagle_unreserved_lookahead.yaml"
+LOOKAHEAD_WORKLOAD = ROOT / "spec" / "workloads" / "weakness_unreserved_lookahead.yaml"
+
+
+def _lookahead_counts(policy_path, requests):
+    """The engine's frames on the trace (its arrivals are all at 0 ms: the fixed clock schedules it as the timed
+    engine does): the first frame lookahead_fits fails and the most blocks it counts at any frame."""
+    from checker.api import load_policy
+    from checker.smt.ops import IntOps
+    from checker.verify.counterexample import specs_from_json
+    from checker.verify.replay import first_violation, replay_fixed_clock
+    from invariants.catalogue import CATALOGUE, _kv_with_lookahead
+
+    specs = specs_from_json([{**r, "tenant": 0} for r in requests])  # one tenant, by name in a fuzz file
+    assert all(s.arrival_us == 0 and s.cancel_us is None for s in specs)
+    replay = replay_fixed_clock(load_policy(policy_path), specs, 600, 10_000)
+    assert all(r.status.name == "FINISHED" for r in replay.state.requests)
+    peak = max(_kv_with_lookahead(IntOps, replay.ctx, t) for t in range(len(replay.frames)))
+    return first_violation(CATALOGUE["lookahead_fits"], {}, replay), peak
+
+
+def test_fuzz_finds_unreserved_lookahead_slots_with_a_shrunk_replayed_trace(tmp_path):
+    from checker.api import run_fuzz
+
+    (result,) = run_fuzz(UNRESERVED, LOOKAHEAD_WORKLOAD, None, ["lookahead_fits"], 200, time_budget_s=300, seed=1,
+                         out_dir=tmp_path, database_dir=None)
+    assert result.violated, result.line()
+    assert len(result.trace) <= 3, result.trace
+    doc = json.loads(result.counterexample.read_text())
+    assert all(r.get("accepted") for r in doc["requests"])  # the verifier's choices travel with the trace
+    # the invariant on the engine's frames fails on the same trace, and counts the metric's peak
+    failing, peak = _lookahead_counts(UNRESERVED, doc["requests"])
+    assert failing is not None and peak == result.outcome.observed > 32
+    # reserving the lookahead slots (vLLM), the same trace keeps the invariant
+    fixed = tmp_path / "reserved.yaml"
+    fixed.write_text(UNRESERVED.read_text().replace("reserve_lookahead: false", "reserve_lookahead: true"))
+    failing, peak = _lookahead_counts(fixed, doc["requests"])
+    assert failing is None and peak <= 32
+
+
+def test_reserving_the_lookahead_slots_leaves_fuzz_nothing_to_find(tmp_path):
+    from checker.api import run_fuzz
+
+    fixed = tmp_path / "reserved.yaml"
+    fixed.write_text(UNRESERVED.read_text().replace("reserve_lookahead: false", "reserve_lookahead: true"))
+    (result,) = run_fuzz(fixed, LOOKAHEAD_WORKLOAD, None, ["lookahead_fits"], 500, time_budget_s=300, seed=1,
+                         out_dir=tmp_path, database_dir=None)
+    assert not result.violated, result.line()
+    assert result.examples == 500
