@@ -31,8 +31,13 @@ def test_rejecting_prompts_that_never_fit_bounds_the_cascade(tmp_path):
     # preempting the others frees enough for it (at most two of three requests preempted in a step)
     fixed = tmp_path / "storm_fixed.yaml"
     fixed.write_text(STORM.read_text().replace("reject_never_fits: false", "reject_never_fits: true"))
-    _, (result,) = run_verify(fixed, ["bounded_preemptions_per_step:2"], 3, 5, timeout_s=120, out_dir=tmp_path)
-    assert result.verdict is Verdict.HOLDS_UP_TO
+    _, (bounded,) = run_verify(fixed, ["bounded_preemptions_per_step:2"], 3, 5, timeout_s=120, out_dir=tmp_path)
+    assert bounded.verdict is Verdict.HOLDS_UP_TO
+    # and for any number of iterations: whole-step induction, with the lemma that a request let in fits alone
+    _, (proved,) = run_verify(fixed, ["bounded_preemptions_per_step:2"], 3, 5, timeout_s=120, out_dir=tmp_path,
+                              unbounded=True, proof_dir=tmp_path)
+    assert proved.verdict is Verdict.PROVED, proved.notes
+    assert proved.certificate is not None and proved.certificate.exists()
 
 
 UNRESERVED = POLICIES / "broken" / "eagle_unreserved_lookahead.yaml"
