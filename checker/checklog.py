@@ -970,7 +970,10 @@ class _Frames:
 #   conservation  the requests whose status or blocks changed in the step, with the KV in use less the
 #                 blocks of the others (each request's own conditions read only its own fields, which
 #                 held when they last changed; the sum is the same; no pool, so no shared blocks);
-#   preempted     the requests preempted in the step (the count only grows there);
+#   preempted     the requests preempted in the step (the count only grows there; a step's count of preemptions
+#                 and what its victims hold are read there only);
+#   lookahead     (lookahead_fits) the requests scheduled in the step, with the KV in use (only they can lack
+#                 lookahead blocks); without lookahead slots it reads the KV in use only, as globals;
 #   produced      the requests that produced a token in the step (every other one holds trivially);
 #   cancelled     (cancellation_releases) the requests holding KV now that have been cancelled: only those can
 #                 fail (cancelled at the window's start, still holding now); the predicate reads their status
@@ -990,6 +993,9 @@ INCREMENTAL: dict[Callable, str] = {
     catalogue.request_conservation: "conservation",
     catalogue.sglang_memory_identity: "globals",  # a log frame has no tree: true there (IdentityNotes checks the log)
     catalogue.bounded_preemptions: "preempted",
+    catalogue.bounded_preemptions_per_step: "preempted",
+    catalogue.preemption_frees_capacity: "preempted",
+    catalogue.lookahead_fits: "lookahead",
     catalogue.prompt_fully_computed: "produced",
     catalogue.cancellation_releases: "cancelled",
     catalogue.tenant_fairness: "fairness",
@@ -1240,6 +1246,16 @@ class Incremental:
             if t and not obs.entry.preempted:
                 return True  # nobody's count of preemptions changed (and every earlier step passed)
             rids = range(obs.n) if t == 0 else list(dict.fromkeys(obs.entry.preempted))
+            return holds(rids, t, self._restricted(rids, obs.kv_used))
+        return check
+
+    def _lookahead(self, inv: Invariant, full: dict[str, int]) -> Callable[[int], bool]:
+        if not self.obs.lookahead:  # no lookahead slots: the KV in use only
+            return self._globals(inv, full)
+        holds, obs = self._evaluator(inv, full), self.obs
+
+        def check(t: int) -> bool:
+            rids = range(obs.n) if t == 0 else list(obs.entry.scheduled)
             return holds(rids, t, self._restricted(rids, obs.kv_used))
         return check
 
@@ -1643,6 +1659,10 @@ def observed_frames(policy: Policy, arrivals: Arrivals, log: list[LogStep]) -> t
     frames: list[Frame] = []
     notes: list[str] = []
     prompt = [s.prompt_len for s in specs]  # as the scheduler takes it (SGLang's truncation shortens one)
+    # speculative decoding and async scheduling: the same rules as Observed (_verified, _verified_later, _resolve)
+    lookahead = policy.speculative.lookahead_slots if policy.speculative.enabled else None
+    max_len, in_flight = policy.max_model_len, policy.pipeline.enabled
+    pending: list[tuple[int, int]] = []  # (request, drafts rejected) of the last line's rows, rolled back in this one
 
     def preempt(r: int) -> None:
         nonlocal seq
@@ -1655,6 +1675,7 @@ def observed_frames(policy: Policy, arrivals: Arrivals, log: list[LogStep]) -> t
         k = entry.step
         produced = [False] * len(specs)
         preempted = [False] * len(specs)
+        rollbacks: list[tuple[int, int]] = []
         for s, slot in zip(specs, slots):
             if slot["status"] == int(Status.PENDING) and s.arrival_us <= k * STEP_US:
                 slot["status"] = int(Status.WAITING)
@@ -1680,8 +1701,23 @@ def observed_frames(policy: Policy, arrivals: Arrivals, log: list[LogStep]) -> t
             if slot["status"] != int(Status.RUNNING):
                 slot.update(status=int(Status.RUNNING), admitted_seq=seq)
                 seq += 1
+            if lookahead is not None and entry.accepted and r in entry.accepted:
+                c, g, a = slot["num_computed"], slot["num_generated"], entry.accepted[r]
+                slot["blocks"] = max(slot["blocks"], blocks_for(min(c + n + lookahead, max_len), size))
+                if in_flight:  # every draft counted until the next line resolves the batch
+                    d = n - (prompt[r] + g - c)
+                    slot["num_computed"], slot["num_generated"] = c + n, g + 1 + d
+                    rollbacks.append((r, d - a))
+                else:
+                    m = max(1, min(1 + a, specs[r].output_len - g, max_len - prompt[r] - g))
+                    slot["num_computed"], slot["num_generated"] = c + m, g + m
+                produced[r] = True
+                continue
             slot["num_computed"] += n
-            slot["blocks"] = blocks_for(slot["num_computed"], size)
+            if lookahead is None:
+                slot["blocks"] = blocks_for(slot["num_computed"], size)
+            else:  # and the lookahead slots; never given back on rejection
+                slot["blocks"] = max(slot["blocks"], blocks_for(min(slot["num_computed"] + lookahead, max_len), size))
             if slot["num_computed"] >= prompt[r] + slot["num_generated"]:
                 slot["num_generated"] += 1
                 produced[r] = True
@@ -1692,6 +1728,13 @@ def observed_frames(policy: Policy, arrivals: Arrivals, log: list[LogStep]) -> t
         for r in entry.preempted:
             if r in entry.scheduled:
                 preempt(r)
+        if in_flight:  # the last line's batch resolved: its rejected drafts rolled back
+            for r, rejected in pending:
+                if rejected and slots[r]["status"] in (RUNNING, WAITING):
+                    if slots[r]["status"] == RUNNING:
+                        slots[r]["num_computed"] -= rejected
+                    slots[r]["num_generated"] -= rejected
+            pending = rollbacks
         for r in entry.aborted:
             if r in entry.scheduled:
                 abort(r)

@@ -166,7 +166,9 @@ def _speculative(result: SimResult, output_tokens: int) -> dict:
     return {"drafts": spec.drafted, "accepted": spec.accepted_total,
             "acceptance_rate": round(spec.accepted_total / spec.drafted, 4) if spec.drafted else None,
             "tokens_per_verifying_row": round((rows + spec.accepted_total) / rows, 3) if rows else None,
-            "output_tokens_per_step": round(output_tokens / result.steps, 3) if result.steps else None}
+            "output_tokens_per_step": round(output_tokens / result.steps, 3) if result.steps else None,
+            # blocks in use at the peak counting the lookahead slots left unreserved (speculative.reserve_lookahead)
+            "kv_peak_blocks_with_lookahead": max(result.kv_peak_blocks, spec.lookahead_peak)}
 
 
 def summarize(result: SimResult) -> dict:

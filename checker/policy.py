@@ -410,6 +410,10 @@ class Speculative(_Strict):
     """The drafter; none keeps every other rule exactly as without this section."""
     num_tokens: Annotated[int, Field(ge=0, le=64)] = 0
     """Draft tokens per step (vLLM num_speculative_tokens): 0 with method none, 1..64 otherwise."""
+    reserve_lookahead: bool = True
+    """The drafter's lookahead slots get blocks with the scheduled tokens (vLLM). False models a scheduler that
+    allocates blocks for the scheduled tokens only, so the drafter writes KV past what a request holds (a planted bug:
+    the invariant lookahead_fits finds it); only with a method that has lookahead slots (draft, eagle, mtp)."""
 
     @model_validator(mode="after")
     def _consistent(self) -> Speculative:
@@ -417,6 +421,9 @@ class Speculative(_Strict):
             raise _fail("num_tokens", self.num_tokens, "0 when method is none")
         if self.method is not SpecMethod.NONE and not self.num_tokens:
             raise _fail("num_tokens", 0, f">= 1 when method is {self.method.value}")
+        if not self.reserve_lookahead and self.method in (SpecMethod.NONE, SpecMethod.NGRAM):
+            raise _fail("reserve_lookahead", _shown(False), f"true when method is {self.method.value} (it has no lookahead "
+                        "slots to leave unreserved)")
         return self
 
     @property
@@ -425,8 +432,13 @@ class Speculative(_Strict):
 
     @property
     def lookahead_slots(self) -> int:
-        """KV slots allocated past the scheduled tokens (vLLM VllmConfig.num_lookahead_tokens)."""
+        """KV slots the drafter needs past the scheduled tokens (vLLM VllmConfig.num_lookahead_tokens)."""
         return 0 if self.method in (SpecMethod.NONE, SpecMethod.NGRAM) else self.num_tokens
+
+    @property
+    def reserved_slots(self) -> int:
+        """The lookahead slots allocated with the scheduled tokens (all of them unless reserve_lookahead is false)."""
+        return self.lookahead_slots if self.reserve_lookahead else 0
 
     @property
     def budget_slots(self) -> int:

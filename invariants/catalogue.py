@@ -68,6 +68,41 @@ def _kv_fills(o: Any, ctx: TraceContext, t: int, headroom: int = 0) -> Term:
     return ctx.frames[t].kv_used + headroom >= ctx.policy.kv.num_blocks
 
 
+def _lookahead_slots(ctx: TraceContext) -> int:
+    """The drafter's lookahead slots a scheduled request needs past its computed tokens (0 without speculative
+    decoding; checker.policy.Speculative.lookahead_slots, whatever the policy reserves)."""
+    spec = ctx.policy.speculative
+    return spec.lookahead_slots if spec.enabled else 0
+
+
+def _kv_with_lookahead(o: Any, ctx: TraceContext, t: int) -> Term:
+    """Blocks in use, plus the blocks each request scheduled in the step and still running lacks for its computed
+    tokens and the drafter's lookahead slots (capped at max_model_len). Without lookahead slots: blocks in use."""
+    frame, look = ctx.frames[t], _lookahead_slots(ctx)
+    if not look:
+        return frame.kv_used
+    size, cap = ctx.policy.kv.block_size, ctx.policy.max_model_len
+
+    def lacks(i: int) -> Term:
+        s = frame.slots[i]
+        need = o.ceil_div(o.min(s["num_computed"] + look, cap), size)
+        short = o.and_(frame.scheduled[i] > 0, s["status"] == int(Status.RUNNING), need > s["blocks"])
+        return o.ite(short, need - s["blocks"], 0)
+    return frame.kv_used + sum_terms([lacks(i) for i in range(ctx.num_slots)])
+
+
+def lookahead_fits(o: Any, ctx: TraceContext, t: int) -> Term:
+    """Blocks in use never exceed the pool counting the lookahead slots: every request scheduled in a step that
+    still runs after it counts the blocks of its computed tokens plus the drafter's lookahead slots (capped at
+    max_model_len), held or not. Without lookahead slots (no speculative decoding, or n-gram drafting) it is
+    kv_never_overcommitted."""
+    return _kv_with_lookahead(o, ctx, t) <= ctx.policy.kv.num_blocks
+
+
+def _kv_fills_with_lookahead(o: Any, ctx: TraceContext, t: int) -> Term:
+    return _kv_with_lookahead(o, ctx, t) >= ctx.policy.kv.num_blocks
+
+
 def token_budget(o: Any, ctx: TraceContext, t: int) -> Term:
     """The tokens scheduled in one step never exceed max_num_batched_tokens (under SGLang's rules, where that is
     the prefill chunk budget, a decode step's max_num_seqs rows may be more)."""
@@ -346,6 +381,25 @@ def _someone_preempted(o: Any, ctx: TraceContext, t: int, times: int = 2) -> Ter
     return _any_slot(o, ctx, lambda i: ctx.frames[t].preempted[i])
 
 
+def bounded_preemptions_per_step(o: Any, ctx: TraceContext, t: int, p: int = 1) -> Term:
+    """No step preempts more than `p` requests (a preemption cascade: a step that takes many requests back to the
+    queue to make room for one)."""
+    return sum_terms([o.b2i(x) for x in ctx.frames[t].preempted]) <= p
+
+
+def _preempted_in_step(o: Any, ctx: TraceContext, t: int, **_: int) -> Term:
+    return _any_slot(o, ctx, lambda i: ctx.frames[t].preempted[i])
+
+
+def preemption_frees_capacity(o: Any, ctx: TraceContext, t: int) -> Term:
+    """A request preempted in a step holds no KV blocks after it unless the step admitted it again: its blocks went
+    back to the pool within the step (swap: out to swap space), usable by the step's later allocations, not fenced
+    until a later step."""
+    frame = ctx.frames[t]
+    return _all_slots(o, ctx, lambda i: o.or_(o.not_(frame.preempted[i]), frame.slots[i]["blocks"] == 0,
+                                             frame.slots[i]["status"] == int(Status.RUNNING)))
+
+
 # ----------------------------------------------------------------------------------------- ordering
 def _urgency(ctx: TraceContext, i: int) -> Term:
     from checker.policy import Polarity
@@ -493,6 +547,7 @@ def invariant(check: Check, trigger: Check, **defaults: int) -> Invariant:
 
 CATALOGUE: dict[str, Invariant] = {inv.name: inv for inv in (
     invariant(kv_never_overcommitted, _kv_fills, headroom=0),
+    invariant(lookahead_fits, _kv_fills_with_lookahead),
     invariant(token_budget, _tokens_scheduled),
     invariant(seq_cap, _something_runs),
     invariant(scheduled_requests_run, _tokens_scheduled),
@@ -509,6 +564,8 @@ CATALOGUE: dict[str, Invariant] = {inv.name: inv for inv in (
     invariant(bounded_starvation, _someone_waits, steps=8),
     invariant(no_deadlock, _work_exists, steps=2),
     invariant(bounded_preemptions, _someone_preempted, times=2),
+    invariant(bounded_preemptions_per_step, _preempted_in_step, p=1),
+    invariant(preemption_frees_capacity, _preempted_in_step),
     invariant(work_conserving, _slot_free_while_waiting),
     invariant(priority_inversion, _admission_with_waiters, bound=0),
     invariant(tenant_fairness, _two_tenants_backlogged, bound=1000, tenants=2, w_in=1, w_out=2),

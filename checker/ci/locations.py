@@ -13,6 +13,7 @@ from checker.ci.tomllines import LineMap
 
 INVARIANT_FIELDS: dict[str, tuple[str, ...]] = {
     "kv_never_overcommitted": ("kv.check_allocation", "kv.num_blocks", "kv.watermark"),
+    "lookahead_fits": ("speculative.reserve_lookahead", "speculative.num_tokens", "kv.num_blocks"),
     "token_budget": ("batch.max_num_batched_tokens",),
     "seq_cap": ("batch.max_num_seqs",),
     "scheduled_requests_run": ("preemption.triggers", "preemption.victim"),
@@ -29,6 +30,9 @@ INVARIANT_FIELDS: dict[str, tuple[str, ...]] = {
     "bounded_starvation": ("queue.order", "queue.head_of_line"),
     "no_deadlock": ("admission.reject_never_fits", "kv.num_blocks"),
     "bounded_preemptions": ("preemption.victim", "preemption.triggers"),
+    "bounded_preemptions_per_step": ("admission.reject_never_fits", "chunking.long_prefill_token_threshold",
+                                     "preemption.victim"),
+    "preemption_frees_capacity": ("preemption.mode", "kv.num_blocks"),
     "work_conserving": ("batch.phase_mode",),
     "priority_inversion": ("queue.order", "preemption.triggers"),
     "tenant_fairness": ("queue.order", "queue.vtc"),
@@ -45,6 +49,7 @@ SLO_FIELDS: dict[str, tuple[str, ...]] = {
     "tenant_fairness": ("queue.order", "queue.vtc"),
     "degradation_order": ("queue.order", "preemption.victim"),
     "kv_within_pool": ("kv.check_allocation", "kv.num_blocks"),
+    "lookahead_within_pool": ("speculative.reserve_lookahead", "speculative.num_tokens", "kv.num_blocks"),
 }
 
 # The liveness properties (docs/liveness.md), also the rules a lasso's bug report quotes (docs/report.md):

@@ -85,7 +85,17 @@ class KVWithinPool(_Strict):
     name: Annotated[str, Field(min_length=1)]
 
 
-Property = Annotated[Union[LatencyBound, RejectionRate, TenantFairness, DegradationOrder, KVWithinPool],
+class LookaheadWithinPool(_Strict):
+    """The KV blocks in use, counting the drafter's lookahead slots of every request scheduled in a step, never
+    exceed the pool during the run (the timing-side twin of the lookahead_fits invariant; without speculative
+    decoding it is kv_within_pool)."""
+
+    kind: Literal["lookahead_within_pool"]
+    name: Annotated[str, Field(min_length=1)]
+
+
+Property = Annotated[Union[LatencyBound, RejectionRate, TenantFairness, DegradationOrder, KVWithinPool,
+                           LookaheadWithinPool],
                      Field(discriminator="kind")]
 
 
@@ -172,6 +182,12 @@ def evaluate(prop: Property, summary: Mapping) -> Outcome:
     if isinstance(prop, KVWithinPool):
         peak, pool = summary["engine"]["kv_peak_blocks"], summary["engine"]["kv_blocks"]
         return Outcome(peak <= pool, peak, pool, "KV blocks in use at the peak")
+    if isinstance(prop, LookaheadWithinPool):
+        engine = summary["engine"]
+        spec = engine.get("speculative")
+        peak = engine["kv_peak_blocks"] if spec is None else spec["kv_peak_blocks_with_lookahead"]
+        return Outcome(peak <= engine["kv_blocks"], peak, engine["kv_blocks"],
+                       "KV blocks in use at the peak, counting the lookahead slots")
     protected = summary["by_class"].get(prop.protected)
     background = summary["by_class"].get(prop.background)
     if not protected or protected["tpot_ms"]["p99"] is None:

@@ -14,6 +14,8 @@ in a user's own tests::
 
 from __future__ import annotations
 
+import dataclasses
+import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -337,6 +339,7 @@ def request_maker(w: Workload) -> Callable[[list[Draw], str], RequestSet]:
     fields = [(c.priority, tenants[i], c.max_output) for i, c in enumerate(w.classes)]
     class_names, tenant_names = [c.name for c in w.classes], w.tenants
     prefixes = [c.shared_prefix for c in w.classes]
+    accepts = [c.speculative_acceptance for c in w.classes]
     names = TokenNames()
 
     def make(draws: list[Draw], source: str = "fuzz") -> RequestSet:
@@ -351,9 +354,13 @@ def request_maker(w: Workload) -> Callable[[list[Draw], str], RequestSet]:
                 content = (names.run(("system", d.cls, rid % shared.system_prompts), shared.tokens),
                            names.run(("own", rid), d.prompt))
                 prompt += shared.tokens
-            specs.append(RequestSpec(rid, arrival, prompt, d.output, max(max_output, d.output), priority, tenant,
-                                     d.cls, None if d.cancel_after_ms is None else arrival + d.cancel_after_ms * 1000,
-                                     content, min(d.external_tokens, prompt), d.load_steps))
+            spec = RequestSpec(rid, arrival, prompt, d.output, max(max_output, d.output), priority, tenant,
+                               d.cls, None if d.cancel_after_ms is None else arrival + d.cancel_after_ms * 1000,
+                               content, min(d.external_tokens, prompt), d.load_steps)
+            if accepts[d.cls] is not None:  # the verifier's choices: the class's acceptance, its own seeded stream
+                rng = random.Random(f"{w.seed}/{d.cls}/{rid}/accept")
+                spec = dataclasses.replace(spec, **accepts[d.cls].draw(rng, d.output))
+            specs.append(spec)
         return RequestSet(specs, class_names, tenant_names, source)
     return make
 

@@ -30,13 +30,14 @@ class SpecState:
     """What speculative decoding keeps between steps: each running request's drafts, and how many of its steps
     have verified drafts (the index into its ``accepted`` list)."""
 
-    __slots__ = ("k", "lookahead", "slot", "drafts", "verified", "fed", "padded", "drafted", "accepted_total",
-                 "steps_verified")
+    __slots__ = ("k", "lookahead", "needed", "slot", "drafts", "verified", "fed", "padded", "drafted",
+                 "accepted_total", "steps_verified", "lookahead_peak")
 
     def __init__(self, policy: Policy):
         spec = policy.speculative
         self.k = spec.num_tokens
-        self.lookahead = spec.lookahead_slots
+        self.lookahead = spec.reserved_slots  # allocated with the scheduled tokens
+        self.needed = spec.lookahead_slots  # what the drafter writes (more than the above: a planted bug)
         self.slot = spec.budget_slots
         self.drafts: dict[int, int] = {}  # rid -> draft tokens it holds (proposed, not yet scheduled)
         self.verified: dict[int, int] = {}  # rid -> how many of its steps verified drafts so far
@@ -47,13 +48,16 @@ class SpecState:
         self.drafted = 0  # totals, for the metrics: drafts verified and accepted, rows that verified drafts
         self.accepted_total = 0
         self.steps_verified = 0
+        # the most blocks in use counting the lookahead slots not reserved (lookahead_fits's count), where any are not
+        self.lookahead_peak = 0
 
     def copy(self) -> SpecState:
         c = SpecState.__new__(SpecState)
-        c.k, c.lookahead, c.slot = self.k, self.lookahead, self.slot
+        c.k, c.lookahead, c.needed, c.slot = self.k, self.lookahead, self.needed, self.slot
         c.drafts, c.verified, c.fed, c.padded = (dict(self.drafts), dict(self.verified),
                                               {rid: list(v) for rid, v in self.fed.items()}, set(self.padded))
         c.drafted, c.accepted_total, c.steps_verified = self.drafted, self.accepted_total, self.steps_verified
+        c.lookahead_peak = self.lookahead_peak
         return c
 
     def snapshot(self) -> tuple:
@@ -152,9 +156,24 @@ def propose(s: SchedulerState, scheduled: dict[int, int], produced: list[int]) -
     left even a single token of its prompt or recompute uncomputed)."""
     spec = s.spec
     spec.padded.clear()
+    if spec.needed > spec.lookahead:
+        _count_unreserved(s, scheduled)
     k, drafts, by_rid = spec.k, spec.drafts, s.requests
     for rid in scheduled:  # scheduling consumed the drafts each held (vLLM clears spec_token_ids)
         drafts.pop(rid, None)
     for rid in produced:
         if by_rid[rid].status is RUNNING:
             drafts[rid] = k
+
+
+def _count_unreserved(s: SchedulerState, scheduled: dict[int, int]) -> None:
+    """The blocks in use after the step counting, for every request it scheduled that still runs, the blocks its
+    computed tokens and the drafter's lookahead slots need beyond those it holds (the catalogue's lookahead_fits reads
+    the same count from the step's frame); the peak is kept for the metrics (fuzz's lookahead_within_pool)."""
+    size, cap, look, by_rid = s.policy.kv.block_size, s.policy.max_model_len, s.spec.needed, s.requests
+    lacking = 0
+    for rid in scheduled:
+        r = by_rid[rid]
+        if r.status is RUNNING:
+            lacking += max(0, -(-min(r.num_computed + look, cap) // size) - r.blocks)
+    s.spec.lookahead_peak = max(s.spec.lookahead_peak, s.kv_used + lacking)

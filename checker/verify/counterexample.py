@@ -29,7 +29,8 @@ STATUS_NAMES = {int(s): s.name for s in Status}
 # Fields added after policies were first hashed, with the value that leaves the semantics as before: left out
 # of the hash at that value, so files recorded earlier (counterexamples, certificates) keep their hash.
 LATER_FIELDS = (("chunking", "threshold_when_alone", True), ("chunking", "threshold_adaptive", False),
-                ("kv", "prefix_caching", {"enabled": False, "count_evictable_hits": True, "chained_hashes": True}))
+                ("kv", "prefix_caching", {"enabled": False, "count_evictable_hits": True, "chained_hashes": True}),
+                ("speculative", "reserve_lookahead", True))
 LATER_SECTIONS = (("connector", Policy.model_fields["connector"].default_factory().model_dump(mode="json")),
                   ("scheduler", "vllm"),
                   ("sglang", Policy.model_fields["sglang"].default_factory().model_dump(mode="json")),
@@ -39,12 +40,12 @@ LATER_SECTIONS = (("connector", Policy.model_fields["connector"].default_factory
 
 def policy_hash(policy: Policy) -> str:
     data = policy.model_dump(mode="json", exclude={"name"})
-    for section, name, unchanged in LATER_FIELDS:
-        if data[section].get(name) == unchanged:
-            del data[section][name]
-    for section, unchanged in LATER_SECTIONS:
+    for section, unchanged in LATER_SECTIONS:  # first: a section at its default goes whole, its later fields too
         if data.get(section) == unchanged:
             del data[section]
+    for section, name, unchanged in LATER_FIELDS:
+        if section in data and data[section].get(name) == unchanged:
+            del data[section][name]
     canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()
 

@@ -201,7 +201,8 @@ _LOOKBACK: dict[str, Callable[[dict[str, int]], int]] = {
     "kv_never_overcommitted": lambda p: 0, "token_budget": lambda p: 0, "seq_cap": lambda p: 0,
     "request_conservation": lambda p: 0, "sglang_memory_identity": lambda p: 0, "scheduled_requests_run": lambda p: 0, "block_pool_conservation": lambda p: 0,
     "no_referenced_block_reused": lambda p: 0, "hit_only_on_identical_chain": lambda p: 0,
-    "bounded_preemptions": lambda p: 0, "work_conserving": lambda p: 0,
+    "bounded_preemptions": lambda p: 0, "work_conserving": lambda p: 0, "bounded_preemptions_per_step": lambda p: 0,
+    "preemption_frees_capacity": lambda p: 0, "lookahead_fits": lambda p: 0,
     # frame t, and frame t - steps's now_us, which is (t - steps) * step_us on the fixed clock
     "bounded_starvation": lambda p: 0,
     "cancellation_releases": lambda p: max(p["steps"], 1),  # its trigger reads frame t - 1

@@ -19,7 +19,7 @@ from checker.frames import Frame, TraceContext
 from checker.verify.budget import BuildTimeout, within
 from checker.policy import Allocation, Policy, PreemptMode
 from checker.semantics.state import FIELDS, Status
-from checker.smt.encode import SlotParams, SlotState, symbolic_step
+from checker.smt.encode import SlotParams, SlotState, max_context, symbolic_step
 from checker.smt.ops import SmtSession, Term, Z3Ops, sum_terms
 from checker.verify.env import Environment
 from invariants.catalogue import Invariant
@@ -30,10 +30,13 @@ STATE_INVARIANTS = frozenset({"kv_never_overcommitted", "token_budget", "seq_cap
 # lookback of one they are properties of one step (before -> after), proved by the same query: from any
 # state the lemmas allow, one step keeps the lemmas and satisfies the property.
 STEP_INVARIANTS = {"decode_progress": "gap", "cancellation_releases": "steps", "degradation_order": "gap"}
+# Invariants of one step that read only the frame after it (what the step preempted or scheduled, and the state after
+# it): proved by the same query. Not state invariants: action-wise induction (checker/verify/actions.py) leaves them.
+FRAME_INVARIANTS = frozenset({"bounded_preemptions_per_step", "preemption_frees_capacity", "lookahead_fits"})
 
 
 def supported(inv: Invariant, params: dict[str, int]) -> bool:
-    if inv.name in STATE_INVARIANTS:
+    if inv.name in STATE_INVARIANTS or inv.name in FRAME_INVARIANTS:
         return True
     key = STEP_INVARIANTS.get(inv.name)
     return key is not None and {**inv.defaults, **params}[key] == 1
@@ -113,6 +116,20 @@ def lemmas(o, policy: Policy, params: list[SlotParams], slots: list[dict[str, Te
             out.append((f"slots{i},{j}.distinct_admission", o.or_(o.not_(both),
                                                                    slots[i]["admitted_seq"] != slots[j]["admitted_seq"])))
     return out + global_lemmas(o, policy, slots, step)
+
+
+def _lemmas_for(inv: Invariant, o, policy: Policy, params: list[SlotParams], slots: list[dict[str, Term]], step: Term,
+                next_seq: Term, step_us: int) -> list[tuple[str, Term]]:
+    """The structural lemmas, and for the frame invariants (only: the other proofs keep their lemma sets) that a
+    request admission let in can fit the pool alone where the policy rejects those that never fit."""
+    out = lemmas(o, policy, params, slots, step, next_seq, step_us)
+    if inv.name in FRAME_INVARIANTS and policy.admission.reject_never_fits:
+        size, pool = policy.kv.block_size, policy.kv.num_blocks
+        for i, s in enumerate(slots):
+            let_in = o.and_(s["status"] != int(Status.PENDING), s["status"] != int(Status.REJECTED))
+            most = max_context(o, policy, params[i].prompt_len, params[i].max_output)
+            out.append((f"slot{i}.fits_alone", o.or_(o.not_(let_in), o.ceil_div(most, size) <= pool)))
+    return out
 
 
 def slot_ranges(o, s: dict[str, Term], next_seq: Term) -> Term:
@@ -218,7 +235,7 @@ def _step_query(policy: Policy, inv: Invariant, params_: dict[str, int], env: En
     smt = SmtSession(timeout_ms=int(timeout_s * 1000))
     params, state, cons = _symbolic_state(smt, env, n, "")
     smt.add(*cons)
-    pre = lemmas(o, policy, params, state.slots, state.step, state.next_seq, env.step_us)
+    pre = _lemmas_for(inv, o, policy, params, state.slots, state.step, state.next_seq, env.step_us)
     zeros = tuple([0] * n)
     frames = [Frame(tuple(state.slots), zeros, tuple([False] * n), tuple([False] * n), state.kv_used,
                     (state.step - 1) * env.step_us, tuple(state.counters))]
@@ -230,7 +247,7 @@ def _step_query(policy: Policy, inv: Invariant, params_: dict[str, int], env: En
         # the intermediate states get names (small terms, readable CTIs); the last one stays a term
         state = _step_into(smt, policy, params, state, env, frames, f"s{j}_" if j < k else None, f"cancel_{j}_")
         ctx = TraceContext(policy, tuple(params), list(frames))
-        now = lemmas(o, policy, params, state.slots, state.step, state.next_seq, env.step_us)
+        now = _lemmas_for(inv, o, policy, params, state.slots, state.step, state.next_seq, env.step_us)
         if j < k:
             smt.add(inv.holds(o, ctx, j, params_), *(t for _, t in now))
     goal = [(inv.name, inv.holds(o, ctx, k, params_))] + now
@@ -282,13 +299,14 @@ def _base_case(policy: Policy, inv: Invariant, params_: dict[str, int], env: Env
     n = env.requests
     frame = Frame(tuple(init.slots), tuple([0] * n), tuple([False] * n), tuple([False] * n), 0, 0, tuple(init.counters))
     ctx = TraceContext(policy, tuple(params), [frame])
-    terms = [t for _, t in lemmas(o, policy, params, init.slots, init.step, init.next_seq, env.step_us)]
+    terms = [t for _, t in _lemmas_for(inv, o, policy, params, init.slots, init.step, init.next_seq, env.step_us)]
     frames, state = [frame], init
     for j in range(1, k):  # k-induction: every path of k-1 steps from the initial state, too
         state = _step_into(smt, policy, params, state, env, frames, f"init_s{j}_", f"init_cancel_{j}_")
         ctx_j = TraceContext(policy, tuple(params), list(frames))
         terms += [inv.holds(o, ctx_j, j, params_)]
-        terms += [t for _, t in lemmas(o, policy, params, state.slots, state.step, state.next_seq, env.step_us)]
+        terms += [t for _, t in _lemmas_for(inv, o, policy, params, state.slots, state.step, state.next_seq,
+                                            env.step_us)]
     broken = smt.bool_var("init_broken")
     smt.add(smt.implies(broken, o.not_(o.and_(inv.holds(o, ctx, 0, params_), *terms))))
     return smt.check(broken) == "unsat"

@@ -29,7 +29,9 @@ SPECS = ["kv_never_overcommitted", "kv_never_overcommitted:headroom=3", "token_b
          "work_conserving", "priority_inversion", "priority_inversion:bound=1", "degradation_order",
          "degradation_order:gap=2,protected=1", "block_pool_conservation", "no_referenced_block_reused",
          "hit_only_on_identical_chain", "scheduled_requests_run", "finished_releases", "finished_releases:steps=3",
-         "no_hold_and_wait", "no_hold_and_wait:steps=2", "prompt_fully_computed", "sglang_memory_identity"]
+         "no_hold_and_wait", "no_hold_and_wait:steps=2", "prompt_fully_computed", "sglang_memory_identity",
+         "bounded_preemptions_per_step", "bounded_preemptions_per_step:p=0", "preemption_frees_capacity",
+         "lookahead_fits"]
 
 POLICY_CASES = {
     "vllm_small_pool": ("broken/vllm_v1_small_pool.yaml", []),
