@@ -33,9 +33,9 @@ from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from checker.engine import _Clock, _next_internal_event
+from checker.engine import _Clock, quiet_stretch
 from checker.errors import InputError, InternalError, Problem
-from checker.fastforward import apply_stretch, next_steps_are_quiet_decodes, stretch_durations
+from checker.fastforward import apply_stretch, finish_stretch, next_steps_are_quiet_decodes
 from checker.frames import Frame, TraceContext
 from checker.loading import json_lines, load_document
 from checker.inputfiles import PolicyInput
@@ -1413,7 +1413,9 @@ class Lockstep:
     """The engine on the log's arrivals under the policy, one step per log step (step k at k * STEP_US, as
     replay_fixed_clock runs it), compared with the log as it is read. Quiet decode stretches (every
     running request decodes one token, until an event) are applied at once, as the engine's simulate does
-    (checker/fastforward.py); each of their steps schedules one token per running request."""
+    (checker/fastforward.py, engine.quiet_stretch): each of their steps schedules one token per running request,
+    arrivals behind the queue's head join them, and the last may be the step in which the first requests reach
+    their last token (it finishes them)."""
 
     def __init__(self, policy: Policy, arrivals: Arrivals, fast_forward: bool = True):
         self.s = SchedulerState(policy, arrivals.specs, num_tenants=1)
@@ -1422,6 +1424,7 @@ class Lockstep:
         self.next = 0  # the engine's next step
         self.quiet: dict[int, int] = {}
         self.quiet_until = 0  # steps before this one are a quiet stretch already applied
+        self.quiet_finished: list[int] = []  # requests the stretch's last step (quiet_until - 1) finishes, sorted
         self.fast_forward = fast_forward  # next_steps_are_quiet_decodes says no where it does not apply
         self.steps = self.agreeing = 0
         self.first: int | None = None
@@ -1429,19 +1432,23 @@ class Lockstep:
 
     def _stretch(self, start: int) -> None:
         s = self.s
-        now = start * STEP_US
-        times = [t for t in (self.clock.next_time(), _next_internal_event(s, now)) if t is not None]
-        k = len(stretch_durations(s, _FixedClock, now, min(times) if times else None, MAX_STRETCH))
+        durations, finishing, _ = quiet_stretch(s, _FixedClock, self.clock, start * STEP_US, MAX_STRETCH)
+        k = len(durations)
         if k:
             self.quiet = {r.rid: 1 for r in s.running}
             apply_stretch(s, k)
+            self.quiet_finished = sorted([r.rid for r in finish_stretch(s)]) if finishing else []
             self.quiet_until = self.next = start + k
+
+    def _quiet(self, k: int) -> tuple[dict[int, int], list[int], list[int]]:
+        """The engine's decision at step k of the quiet stretch."""
+        return self.quiet, [], self.quiet_finished if k == self.quiet_until - 1 else []
 
     def engine(self, k: int) -> tuple[dict[int, int], list[int], list[int]]:
         """What the engine scheduled, preempted and finished at step k (steps asked in order)."""
         while True:
             if k < self.quiet_until:
-                return self.quiet, [], []
+                return self._quiet(k)
             j = self.next
             if j > k:
                 raise InternalError(f"check-log: engine step {k} asked after step {j - 1}")
@@ -1459,9 +1466,10 @@ class Lockstep:
         self.steps += 1
         if entry.accepted and self.s.spec is not None:  # the verifier's choices, before the engine's step
             speculative.feed(self.s, entry.accepted)
-        if entry.step < self.quiet_until:  # in a quiet stretch: one token per running request, nothing else
-            ours = (self.quiet, [], [])
-            agree = entry.scheduled == self.quiet and not entry.preempted and not entry.finished
+        if entry.step < self.quiet_until:  # in a quiet stretch: one token per running request, finishes at its end
+            ours = self._quiet(entry.step)
+            agree = (entry.scheduled == self.quiet and not entry.preempted
+                     and (sorted(entry.finished) == ours[2] if entry.finished else not ours[2]))
         else:
             ours = self.engine(entry.step)
             agree = (ours[0] == entry.scheduled and ours[1] == sorted(entry.preempted)

@@ -259,6 +259,37 @@ def test_lockstep_conformance_on_real_logs(tmp_path, name, mutation):
         assert reference.agreeing == reference.steps
 
 
+def stretch_kinds(lockstep):
+    """Count the stretches that end with a finishing step and the arrivals that join one (wrapping _stretch)."""
+    kinds = {"finishing": 0, "joined": 0}
+    plan = lockstep._stretch
+
+    def counting(start):
+        arrived = lockstep.clock.ai
+        plan(start)
+        kinds["finishing"] += bool(lockstep.quiet_finished) and lockstep.quiet_until > start
+        kinds["joined"] += lockstep.clock.ai - arrived
+    lockstep._stretch = counting
+    return kinds
+
+
+@pytest.mark.parametrize("name", ["fcfs", "priority"])
+def test_lockstep_stretches_decide_each_step_as_plain_stepping(tmp_path, name):
+    """The fast-forward's stretches (arrivals joining behind the queue's head, a last step that finishes
+    requests) give every step the decision plain stepping gives it: the same scheduled tokens in the same
+    order, the same preempted and finished requests."""
+    policy, arrivals, steps = real_case(tmp_path, name)
+    fast, plain = cl.Lockstep(policy, arrivals), cl.Lockstep(policy, arrivals, fast_forward=False)
+    kinds = stretch_kinds(fast)
+    for entry in steps:
+        ours, theirs = fast.engine(entry.step), plain.engine(entry.step)
+        assert (list(ours[0].items()), ours[1], ours[2]) == (list(theirs[0].items()), theirs[1], theirs[2]), entry.step
+    assert fast.s.kv_used == plain.s.kv_used and fast.s.step == plain.s.step
+    assert [(r.status, r.num_computed, r.num_generated, r.blocks) for r in fast.s.requests] == \
+        [(r.status, r.num_computed, r.num_generated, r.blocks) for r in plain.s.requests]
+    assert kinds["finishing"] > 0 and kinds["joined"] > 0, kinds  # both kinds occur on these logs
+
+
 def test_the_fast_forward_covers_most_steps_of_a_decode_heavy_log(tmp_path):
     policy, arrivals, steps = real_case(tmp_path, "fcfs")
     lockstep = cl.Lockstep(policy, arrivals)
