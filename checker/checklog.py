@@ -746,6 +746,8 @@ class Observed:
                     self._preempt(r, w(r), touched)
         size, prompt, slots, running, produce = self.size, self.prompt, self.slots, RUNNING, produced.add
         cow = self.keep is not None
+        lookahead, chunked = self.lookahead, entry.chunked is not None  # read once a step, not once a request
+        accepted = entry.accepted if lookahead is not None else None
         for r, n in entry.scheduled.items():
             s = w(r) if cow else slots[r]
             if s["status"] != running:
@@ -756,21 +758,21 @@ class Observed:
                 self.seq += 1
                 admitted.append(r)
             g = s["num_generated"]
-            if self.lookahead is not None and entry.accepted and r in entry.accepted:
+            if accepted and r in accepted:
                 if self.in_flight:
-                    self._verified_later(r, s, n, entry.accepted[r], rollbacks)
+                    self._verified_later(r, s, n, accepted[r], rollbacks)
                 else:
-                    self._verified(r, s, n, entry.accepted[r])
+                    self._verified(r, s, n, accepted[r])
                 produce(r)
                 continue
             c = s["num_computed"] = s["num_computed"] + n
-            t = c if self.lookahead is None else min(c + self.lookahead, self.max_len)  # and the lookahead slots
+            t = c if lookahead is None else min(c + lookahead, self.max_len)  # and the lookahead slots
             if t > s["blocks"] * size:  # blocks is 0 or blocks_for(computed before): it grows only past them
                 blocks(r, s, blocks_for(t, size))
             if c >= prompt[r] + g:
                 s["num_generated"] = g + 1
                 produce(r)
-            elif entry.chunked is not None and taken_as_prefilled(entry, r):
+            elif chunked and taken_as_prefilled(entry, r):
                 prompt[r] = c - g  # its prompt, as the scheduler now takes it, ends here (as the engine's)
                 s["num_generated"] = g + 1
                 produce(r)
