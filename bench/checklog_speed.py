@@ -1,7 +1,8 @@
 """Benchmark: `batchcheck check-log --conformance` on a real vLLM log at canary scale (docs/benchmarks.md,
 "check-log on a canary-scale log").
 
-    python bench/checklog_speed.py [--repeat N] [--old-repeat N] [--workdir DIR] [--vs DIR] [--requests N]
+    python bench/checklog_speed.py [--repeat N] [--old-repeat N] [--workdir DIR] [--vs DIR [--vs-mode new]]
+                                   [--requests N]
 
 It makes its own inputs (in a temporary folder, or --workdir to keep them):
 
@@ -16,7 +17,7 @@ Then each run is a fresh process: ``new`` runs ``checker.checklog.run_check_log`
 log streamed, invariants on what changed, the engine in lockstep); ``old`` runs the whole-frame reference
 path of the same module (load_log, check_log, conformance: what the CLI ran before, every frame and engine
 decision kept); with ``--vs DIR``, ``old`` is the CLI of another tree instead (a ``git worktree`` of the
-commit before). Runs alternate old/new so a drift in the machine's speed hits both. Reported: steps/s
+commit before), or with ``--vs-mode new`` that tree's ``run_check_log``, timed exactly as ``new`` is. Runs alternate old/new so a drift in the machine's speed hits both. Reported: steps/s
 (steps / seconds of the check itself, not the interpreter start), CPU seconds, peak RSS, min and median,
 with the load average before and after. Skips with a message when the harness venv or the trace is absent.
 """
@@ -136,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--old-repeat", type=int, default=2, help="runs of the old path (default 2; ~1-2 min each)")
     ap.add_argument("--workdir", type=Path, help="keep the generated inputs here (reused when present)")
     ap.add_argument("--vs", type=Path, metavar="DIR", help="time the CLI of the tree in DIR as the old path")
+    ap.add_argument("--vs-mode", choices=("cli", "new"), default="cli",
+                    help="with --vs: time the other tree's CLI end to end (cli) or its run_check_log as new is timed")
     ap.add_argument("--requests", type=int, default=1000)
     args = ap.parse_args(argv)
     if not (VENV / "bin" / "python").exists() or not HARNESS.exists():
@@ -154,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{platform.python_version()}; {time.strftime('%Y-%m-%d %H:%M')}")
         print(f"log: {lines} steps, {args.requests} requests ({log})")
         print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
-        old_mode, old_root = ("cli", args.vs.resolve()) if args.vs else ("old", ROOT)
+        old_mode, old_root = (args.vs_mode, args.vs.resolve()) if args.vs else ("old", ROOT)
         new_runs, old_runs = [], []
         for i in range(max(args.repeat, args.old_repeat)):
             if i < args.old_repeat:

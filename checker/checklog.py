@@ -33,9 +33,9 @@ from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from checker.engine import _Clock, _next_internal_event
+from checker.engine import _Clock, quiet_stretch
 from checker.errors import InputError, InternalError, Problem
-from checker.fastforward import apply_stretch, next_steps_are_quiet_decodes, stretch_durations
+from checker.fastforward import apply_stretch, finish_stretch, next_steps_are_quiet_decodes
 from checker.frames import Frame, TraceContext
 from checker.loading import json_lines, load_document
 from checker.inputfiles import PolicyInput
@@ -746,6 +746,8 @@ class Observed:
                     self._preempt(r, w(r), touched)
         size, prompt, slots, running, produce = self.size, self.prompt, self.slots, RUNNING, produced.add
         cow = self.keep is not None
+        lookahead, chunked = self.lookahead, entry.chunked is not None  # read once a step, not once a request
+        accepted = entry.accepted if lookahead is not None else None
         for r, n in entry.scheduled.items():
             s = w(r) if cow else slots[r]
             if s["status"] != running:
@@ -756,21 +758,21 @@ class Observed:
                 self.seq += 1
                 admitted.append(r)
             g = s["num_generated"]
-            if self.lookahead is not None and entry.accepted and r in entry.accepted:
+            if accepted and r in accepted:
                 if self.in_flight:
-                    self._verified_later(r, s, n, entry.accepted[r], rollbacks)
+                    self._verified_later(r, s, n, accepted[r], rollbacks)
                 else:
-                    self._verified(r, s, n, entry.accepted[r])
+                    self._verified(r, s, n, accepted[r])
                 produce(r)
                 continue
             c = s["num_computed"] = s["num_computed"] + n
-            t = c if self.lookahead is None else min(c + self.lookahead, self.max_len)  # and the lookahead slots
+            t = c if lookahead is None else min(c + lookahead, self.max_len)  # and the lookahead slots
             if t > s["blocks"] * size:  # blocks is 0 or blocks_for(computed before): it grows only past them
                 blocks(r, s, blocks_for(t, size))
             if c >= prompt[r] + g:
                 s["num_generated"] = g + 1
                 produce(r)
-            elif entry.chunked is not None and taken_as_prefilled(entry, r):
+            elif chunked and taken_as_prefilled(entry, r):
                 prompt[r] = c - g  # its prompt, as the scheduler now takes it, ends here (as the engine's)
                 s["num_generated"] = g + 1
                 produce(r)
@@ -1046,6 +1048,17 @@ def _bound(seen: dict) -> None:
         seen.clear()
 
 
+def conservation_reads(slot: dict[str, int]) -> tuple[int, int, bool, bool]:
+    """What request_conservation reads of one request's own fields: its status, the sign of its blocks (== 0,
+    >= 0), whether it has swapped blocks and whether a release is pending. Its blocks count otherwise only in the
+    sum the KV in use is compared with; in a frame restricted to some requests with the KV in use less the blocks
+    of all the others (and no pool or tree: a log frame), that comparison is whether the others' blocks are the KV
+    in use. So the verdict is a function of these and that difference (tests/unit/test_checklog_stream.py tries
+    the predicate on frames that differ in everything else)."""
+    b = slot["blocks"]
+    return slot["status"], (b > 0) - (b < 0), slot["swapped_blocks"] == 0, slot["release_step"] == -1
+
+
 class Incremental:
     """The chosen invariants, evaluated step by step on an Observed state."""
 
@@ -1159,11 +1172,15 @@ class Incremental:
     def _served(self, inv: Invariant, full: dict[str, int]) -> Callable[[int], bool]:
         holds, obs = self._evaluator(inv, full), self.obs
         seen: dict[tuple, bool] = {}  # (tokens > 0, status) of each scheduled request -> verdict: it reads those
+        running = ((True, RUNNING),)
 
         def check(t: int) -> bool:
             slots, sched = obs.slots, obs.entry.scheduled
             rids = list(sched)
-            key = tuple([(sched[r] > 0, slots[r]["status"]) for r in rids])
+            if rids and min(sched.values()) > 0 and obs.running.issuperset(rids):
+                key = running * len(rids)  # the key below when every one has tokens and runs (most steps), at C speed
+            else:
+                key = tuple([(sched[r] > 0, slots[r]["status"]) for r in rids])
             ok = seen.get(key)
             if ok is None:
                 ok = seen[key] = holds(rids, t, self._restricted(rids, obs.kv_used))
@@ -1187,7 +1204,7 @@ class Incremental:
 
     def _conservation(self, inv: Invariant, full: dict[str, int]) -> Callable[[int], bool]:
         holds, obs = self._evaluator(inv, full), self.obs
-        seen: dict[tuple, bool] = {}  # (status, blocks, swapped, release step) of each request, KV -> verdict
+        seen: dict[tuple, bool] = {}  # (conservation_reads of each request, KV in use less all blocks held) -> verdict
 
         def check(t: int) -> bool:
             if t == 0:
@@ -1196,22 +1213,13 @@ class Incremental:
                 changed = set(obs.status_changed)
                 changed.update(obs.blocks_changed)
                 rids = list(changed)
-            elif obs.blocks_changed:
-                rids = obs.blocks_changed  # each once: a request's blocks change twice only with its status
-            else:  # nobody changed: no request in the frame, the KV in use less all the blocks held
-                key = obs.kv_used - obs.held
-                ok = seen.get(key)
-                if ok is None:
-                    ok = seen[key] = holds((), t, self._restricted((), key))
-                return ok
-            slots = obs.slots
-            fields = tuple([(s["status"], s["blocks"], s["swapped_blocks"], s["release_step"])
-                            for s in [slots[r] for r in rids]])
-            kv = obs.kv_used - obs.held + sum([f[1] for f in fields])
-            key = (fields, kv)
+            else:  # each once: a request's blocks change twice only with its status (none: no request in the frame)
+                rids = obs.blocks_changed
+            slots, rest = obs.slots, obs.kv_used - obs.held
+            key = (tuple([conservation_reads(slots[r]) for r in rids]), rest)
             ok = seen.get(key)
-            if ok is None:
-                ok = seen[key] = holds(rids, t, self._restricted(rids, kv))
+            if ok is None:  # the frame's KV in use: the blocks of the others (rest) and theirs
+                ok = seen[key] = holds(rids, t, self._restricted(rids, rest + sum([slots[r]["blocks"] for r in rids])))
                 _bound(seen)
             return ok
         return check
@@ -1429,7 +1437,9 @@ class Lockstep:
     """The engine on the log's arrivals under the policy, one step per log step (step k at k * STEP_US, as
     replay_fixed_clock runs it), compared with the log as it is read. Quiet decode stretches (every
     running request decodes one token, until an event) are applied at once, as the engine's simulate does
-    (checker/fastforward.py); each of their steps schedules one token per running request."""
+    (checker/fastforward.py, engine.quiet_stretch): each of their steps schedules one token per running request,
+    arrivals behind the queue's head join them, and the last may be the step in which the first requests reach
+    their last token (it finishes them)."""
 
     def __init__(self, policy: Policy, arrivals: Arrivals, fast_forward: bool = True):
         self.s = SchedulerState(policy, arrivals.specs, num_tenants=1)
@@ -1438,6 +1448,7 @@ class Lockstep:
         self.next = 0  # the engine's next step
         self.quiet: dict[int, int] = {}
         self.quiet_until = 0  # steps before this one are a quiet stretch already applied
+        self.quiet_finished: list[int] = []  # requests the stretch's last step (quiet_until - 1) finishes, sorted
         self.fast_forward = fast_forward  # next_steps_are_quiet_decodes says no where it does not apply
         self.steps = self.agreeing = 0
         self.first: int | None = None
@@ -1445,19 +1456,23 @@ class Lockstep:
 
     def _stretch(self, start: int) -> None:
         s = self.s
-        now = start * STEP_US
-        times = [t for t in (self.clock.next_time(), _next_internal_event(s, now)) if t is not None]
-        k = len(stretch_durations(s, _FixedClock, now, min(times) if times else None, MAX_STRETCH))
+        durations, finishing, _ = quiet_stretch(s, _FixedClock, self.clock, start * STEP_US, MAX_STRETCH)
+        k = len(durations)
         if k:
             self.quiet = {r.rid: 1 for r in s.running}
             apply_stretch(s, k)
+            self.quiet_finished = sorted([r.rid for r in finish_stretch(s)]) if finishing else []
             self.quiet_until = self.next = start + k
+
+    def _quiet(self, k: int) -> tuple[dict[int, int], list[int], list[int]]:
+        """The engine's decision at step k of the quiet stretch."""
+        return self.quiet, [], self.quiet_finished if k == self.quiet_until - 1 else []
 
     def engine(self, k: int) -> tuple[dict[int, int], list[int], list[int]]:
         """What the engine scheduled, preempted and finished at step k (steps asked in order)."""
         while True:
             if k < self.quiet_until:
-                return self.quiet, [], []
+                return self._quiet(k)
             j = self.next
             if j > k:
                 raise InternalError(f"check-log: engine step {k} asked after step {j - 1}")
@@ -1475,9 +1490,10 @@ class Lockstep:
         self.steps += 1
         if entry.accepted and self.s.spec is not None:  # the verifier's choices, before the engine's step
             speculative.feed(self.s, entry.accepted)
-        if entry.step < self.quiet_until:  # in a quiet stretch: one token per running request, nothing else
-            ours = (self.quiet, [], [])
-            agree = entry.scheduled == self.quiet and not entry.preempted and not entry.finished
+        if entry.step < self.quiet_until:  # in a quiet stretch: one token per running request, finishes at its end
+            ours = self._quiet(entry.step)
+            agree = (entry.scheduled == self.quiet and not entry.preempted
+                     and (sorted(entry.finished) == ours[2] if entry.finished else not ours[2]))
         else:
             ours = self.engine(entry.step)
             agree = (ours[0] == entry.scheduled and ours[1] == sorted(entry.preempted)

@@ -223,25 +223,38 @@ def _livelock_limit(s: SchedulerState) -> int:
     return 2 * live + LIVELOCK_SLACK_TOKENS
 
 
+def quiet_stretch(s: SchedulerState, profile: Profile, clock: _Clock, now: int,
+                  max_steps: int) -> tuple[list[int], bool, list[tuple[int, int]]]:
+    """The quiet decode steps that follow a step ending at ``now`` (the engine's and check-log's lockstep engine's
+    one plan): their durations (none: step plainly), whether the last of them is the step in which the first
+    requests reach their last token (fastforward.may_finish_in_stretch: finish_stretch after apply_stretch), and the
+    arrivals that joined the stretch behind the queue's head (fastforward.arrivals_may_join) and were rejected, with
+    the start of their step. The arrivals that joined are taken from the clock, their arrive phase run."""
+    join = arrivals_may_join(s)
+    horizon = [t for t in (clock.next_cancel_time() if join else clock.next_time(), _next_internal_event(s, now))
+               if t is not None]
+    last = finishing_step(s) if may_finish_in_stretch(s) else None  # the stretch may end with that step
+    durations = stretch_durations(s, profile, now, min(horizon) if horizon else None, max_steps, last)
+    rejected = join_arrivals(s, clock, now, durations) if join and durations else []
+    return durations, bool(durations) and len(durations) == last, rejected
+
+
 def _skip_quiet_decodes(s: SchedulerState, result: SimResult, clock: _Clock, now: int,
                         max_steps: int) -> tuple[int, int]:
     """Apply the quiet decode steps that follow; return the time after them and how many requests ended in them:
     arrivals rejected (arrivals behind the queue's head join the stretch: fastforward.arrivals_may_join), and the
     requests finished by its last step when that is the step in which the first ones reach their last token
     (fastforward.may_finish_in_stretch)."""
-    join = arrivals_may_join(s)
-    horizon = [t for t in (clock.next_cancel_time() if join else clock.next_time(), _next_internal_event(s, now))
-               if t is not None]
-    last = finishing_step(s) if may_finish_in_stretch(s) else None  # the stretch may end with that step
-    durations = stretch_durations(s, result.profile, now, min(horizon) if horizon else None,
-                                  max_steps - result.steps, last)
-    rejected = _join_arrivals(s, result, clock, now, durations) if join and durations else 0
+    durations, finishing, rejects = quiet_stretch(s, result.profile, clock, now, max_steps - result.steps)
+    for rid, start in rejects:
+        result.times.done[rid] = start  # the start of their step, as RequestTimes.observe sets it
+    rejected = len(rejects)
     if not durations:
         return now, rejected
     k, total = len(durations), sum(durations)
     running, max_seqs = len(s.running), s.policy.batch.max_num_seqs
-    finishing = k == last  # the last step finishes requests (finish_stretch)
-    if finishing:  # the blocks used after the step before it (they only grow until then): its decodes' takes
+    if finishing:  # the last step finishes requests (finish_stretch); the blocks used after the step before it (they
+        # only grow until then): its decodes' takes
         size = s.policy.kv.block_size
         before_last = s.kv_used + sum(max(0, blocks_for(r.num_computed + k - 1, size) - r.blocks) for r in s.running)
         result.kv_peak_blocks = max(result.kv_peak_blocks, before_last)
@@ -269,14 +282,14 @@ def _skip_quiet_decodes(s: SchedulerState, result: SimResult, clock: _Clock, now
     return now + total, rejected + finished
 
 
-def _join_arrivals(s: SchedulerState, result: SimResult, clock: _Clock, now: int, durations: list[int]) -> int:
+def join_arrivals(s: SchedulerState, clock: _Clock, now: int, durations: list[int]) -> list[tuple[int, int]]:
     """Run the arrive phase of each step of the stretch for the requests due then, as plain stepping would
     (step j, starting at starts[j], takes the arrivals after starts[j - 1] up to starts[j]); cut the stretch
     (``durations``, in place) before the first step with an arrival that would go ahead of the queue's head.
-    Return how many were rejected (their time is the start of their step, as RequestTimes.observe sets it)."""
+    Return the requests rejected, each with the start of its step."""
     starts = list(accumulate(durations, initial=now))
     arrivals, k = clock.arrivals, len(durations)
-    rejected = 0
+    rejected: list[tuple[int, int]] = []
     out = DecisionBuilder()
     while clock.ai < len(arrivals):
         j = bisect_left(starts, arrivals[clock.ai].arrival_us, 0, k)  # the first step starting at or after it
@@ -291,8 +304,6 @@ def _join_arrivals(s: SchedulerState, result: SimResult, clock: _Clock, now: int
             break
         arrive_phase(s, batch, out)
         clock.ai = due
-        for rid, _ in out.rejected:
-            result.times.done[rid] = starts[j]
-        rejected += len(out.rejected)
+        rejected += [(rid, starts[j]) for rid, _ in out.rejected]
         out.rejected.clear()
     return rejected

@@ -35,9 +35,9 @@ control reads the queue's and the batch's lengths and the policy, not the tokens
 the engine lets such arrivals join (or be rejected) at the step they are due and goes on; the stretch stops
 before the first step with an arrival that would go ahead of the head.
 The step in which the first requests reach their last token may be a stretch's last step (``finish_at``,
-``finish_stretch``; the engine does this, check-log's lockstep engine does not): its waiting pass runs before
-its decodes finish, so it sees what the other steps of the stretch see; its finishes change the batch and the
-pool for the step after it, which is stepped plainly.
+``finish_stretch``; the engine and check-log's lockstep engine do this, both through engine.quiet_stretch): its
+waiting pass runs before its decodes finish, so it sees what the other steps of the stretch see; its finishes
+change the batch and the pool for the step after it, which is stepped plainly.
 tests/conformance/test_fastforward.py pins this module to plain
 stepping: same final state, same pool, same metrics.
 """

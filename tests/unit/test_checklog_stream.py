@@ -261,6 +261,84 @@ def test_lockstep_conformance_on_real_logs(tmp_path, name, mutation):
         assert reference.agreeing == reference.steps
 
 
+@pytest.mark.parametrize("case", [("vllm_v1.yaml", []), ("connector/vllm_v1_decode_node.yaml", []),
+                                  ("connector/vllm_v1_decode_node.yaml", ["connector.kind=both"])])
+def test_request_conservation_reads_only_what_its_memo_key_says(case):
+    """check-log remembers request_conservation's verdicts by conservation_reads of each request and the KV in use
+    less the others' blocks: the predicate, on random restricted frames, gives the same verdict on two frames that
+    agree on those and differ in everything else (statuses out of range, negative blocks and held states of
+    each connector role included)."""
+    path, overrides = case
+    policy = apply_overrides(load_policy(POLICIES / path), overrides)
+    check = CATALOGUE["request_conservation"].check
+    rng = random.Random(7)
+
+    def verdict(slots, rest):
+        kv = rest + sum(s["blocks"] for s in slots)
+        frame = cl._frame(tuple(slots), (0,) * len(slots), (False,) * len(slots), (False,) * len(slots), kv, 0)
+        return bool(check(cl.IntOps, cl._context(policy, (), cl._Frames(0, [frame])), 0))
+
+    def slot(status, sign, no_swap, no_release):
+        s = {f: rng.randint(0, 50) for f in cl.FIELDS}
+        s.update(status=status, blocks=sign * rng.randint(1, 9), swapped_blocks=0 if no_swap else rng.randint(1, 9),
+                 release_step=-1 if no_release else rng.randint(0, 9))
+        return s
+
+    verdicts = []
+    for _ in range(3000):
+        reads = [(rng.randint(-1, 8), rng.choice((-1, 0, 1, 1)), rng.random() < 0.8, rng.random() < 0.7)
+                 for _ in range(rng.randint(0, 3))]
+        rest = rng.choice((0, 0, 0, -1, 2))
+        one, two = [slot(*r) for r in reads], [slot(*r) for r in reads]
+        assert [cl.conservation_reads(s) for s in one] == [cl.conservation_reads(s) for s in two] == reads
+        verdicts.append(verdict(one, rest))
+        assert verdict(two, rest) == verdicts[-1], (reads, rest)
+    assert 300 < sum(verdicts) < 2700  # both verdicts, often
+
+
+@pytest.mark.parametrize("name", ["fcfs", "priority"])
+@pytest.mark.parametrize("mutation", [None, "preempt_thrice", "schedule_preempted", "reschedule_finished"])
+def test_the_running_set_is_the_running_statuses(tmp_path, name, mutation):
+    """seq_cap's and scheduled_requests_run's memo keys read Observed.running for the statuses: at every step it
+    is exactly the requests whose status is RUNNING."""
+    policy, arrivals, steps = real_case(tmp_path, name, mutation)
+    obs = cl.Observed(policy, arrivals)
+    for entry in steps:
+        obs.apply(entry)
+        assert obs.running == {r for r, s in enumerate(obs.slots) if s["status"] == cl.RUNNING}, entry.step
+
+
+def stretch_kinds(lockstep):
+    """Count the stretches that end with a finishing step and the arrivals that join one (wrapping _stretch)."""
+    kinds = {"finishing": 0, "joined": 0}
+    plan = lockstep._stretch
+
+    def counting(start):
+        arrived = lockstep.clock.ai
+        plan(start)
+        kinds["finishing"] += bool(lockstep.quiet_finished) and lockstep.quiet_until > start
+        kinds["joined"] += lockstep.clock.ai - arrived
+    lockstep._stretch = counting
+    return kinds
+
+
+@pytest.mark.parametrize("name", ["fcfs", "priority"])
+def test_lockstep_stretches_decide_each_step_as_plain_stepping(tmp_path, name):
+    """The fast-forward's stretches (arrivals joining behind the queue's head, a last step that finishes
+    requests) give every step the decision plain stepping gives it: the same scheduled tokens in the same
+    order, the same preempted and finished requests."""
+    policy, arrivals, steps = real_case(tmp_path, name)
+    fast, plain = cl.Lockstep(policy, arrivals), cl.Lockstep(policy, arrivals, fast_forward=False)
+    kinds = stretch_kinds(fast)
+    for entry in steps:
+        ours, theirs = fast.engine(entry.step), plain.engine(entry.step)
+        assert (list(ours[0].items()), ours[1], ours[2]) == (list(theirs[0].items()), theirs[1], theirs[2]), entry.step
+    assert fast.s.kv_used == plain.s.kv_used and fast.s.step == plain.s.step
+    assert [(r.status, r.num_computed, r.num_generated, r.blocks) for r in fast.s.requests] == \
+        [(r.status, r.num_computed, r.num_generated, r.blocks) for r in plain.s.requests]
+    assert kinds["finishing"] > 0 and kinds["joined"] > 0, kinds  # both kinds occur on these logs
+
+
 def test_the_fast_forward_covers_most_steps_of_a_decode_heavy_log(tmp_path):
     policy, arrivals, steps = real_case(tmp_path, "fcfs")
     lockstep = cl.Lockstep(policy, arrivals)
