@@ -16,6 +16,7 @@ from typing import Any
 from checker.errors import BatchcheckError
 from checker.exitcodes import ExitCode
 
+MAX_JOBS = 1024  # the most worker processes --jobs (ci, diff, fleet) and a config's jobs may ask for
 SCHEDULER_CONNECT_S = 20  # how long --scheduler waits for a Dask scheduler to answer
 
 Done = Callable[[int, Any], None] | None

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from checker.ci.tomllines import LineMap, toml_lines
 from checker.errors import InputError, Problem
 from checker.loading import MAX_DEPTH, check_depth, check_size, read_text, validate
+from checker.parallel import MAX_JOBS
 
 Level = Literal["error", "warning"]
 """error: the finding gates (exit 1 when violated); warning: it is reported, the exit code ignores it."""
@@ -26,7 +27,6 @@ MAX_REQUESTS = 16  # request slots: beyond this the bounded search does not fini
 MAX_DEPTH = 64
 MAX_TIMEOUT_S = 3600.0
 MAX_EXAMPLES = 100_000
-MAX_JOBS = 1024
 MAX_STATES = 10_000_000  # liveness: explored states (the graph lives in memory)
 LivenessProperty = Literal["eventually_served", "no_livelock", "no_deadlock",
                            "no_hold_and_wait"]  # checker.liveness.lasso.ALL_PROPERTIES

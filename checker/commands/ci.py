@@ -6,12 +6,9 @@ import argparse
 import json
 import sys
 
-from checker.ci.config import MAX_JOBS
-from checker.commands.shell import number
+from checker.commands.shell import JOBS
 from checker.exitcodes import ExitCode
 
-
-_jobs = number(int, 1, MAX_JOBS, unit="processes")
 
 
 def _ci(args: argparse.Namespace) -> int:
@@ -66,7 +63,7 @@ def register(verbs) -> None:
                                      "was inconclusive (and none violated); 2: bad config or input. docs/ci.md.")
     p.add_argument("--config", default=None, metavar="FILE",
                    help="project config (default: batchcheck.toml here or in the nearest folder above)")
-    p.add_argument("--jobs", type=_jobs, metavar="N", help="parallel checks on this machine (default: config's jobs, "
+    p.add_argument("--jobs", type=JOBS, metavar="N", help="parallel checks on this machine (default: config's jobs, "
                    "else the CPU count)")
     p.add_argument("--scheduler", metavar="ADDRESS", help="run on a Dask cluster instead (tcp://HOST:PORT); "
                    "needs batchcheck[scale]")

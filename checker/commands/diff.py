@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 
-from checker.commands.shell import DEPTH, EXAMPLES, SECONDS, SEED, SLOTS, int_range, number, terminal_progress
+from checker.commands.shell import DEPTH, EXAMPLES, JOBS, SECONDS, SEED, SLOTS, int_range, number, terminal_progress
 
 
 def _diff(args: argparse.Namespace) -> int:
@@ -16,7 +17,8 @@ def _diff(args: argparse.Namespace) -> int:
                       args.timeout, args.profile, args.threshold, args.min_delta, args.max_examples, args.fuzz_budget,
                       args.seed, out, args.prompt_range, args.output_range,
                       True if args.unbounded else False if args.bounded_only else None, args.property,
-                      not args.no_audit, args.slo_gate == "violates", terminal_progress())
+                      not args.no_audit, args.slo_gate == "violates", terminal_progress(),
+                      args.jobs or os.cpu_count() or 1)
     terminal_progress.clear()
     print(json.dumps(report.as_dict(), indent=2) if args.json else report.text())
     return report.exit_code
@@ -47,6 +49,9 @@ def register(verbs) -> None:
     proof.add_argument("--bounded-only", action="store_true",
                        help="each side's verdict from the bounded search alone (default: the proof first where the "
                             "action-wise proof covers the invariant, as verify)")
+    p.add_argument("--jobs", type=JOBS, metavar="N",
+                   help="worker processes for the two sides' invariant verdicts (default: the CPU count; 1: in this "
+                        "process, one after the other); the same rows and exit code either way")
     p.add_argument("--profile", metavar="FILE", help="service curve for the SLO runs and the audit")
     p.add_argument("--threshold", type=float, default=0.2, metavar="R",
                    help="an SLO is worse when higher by more than R relative (default 0.2 = 20 %%)")

@@ -154,10 +154,9 @@ def fleet_requests_flags(p: argparse.ArgumentParser) -> None:
 
 def jobs_flags(p: argparse.ArgumentParser, jobs_help: str) -> None:
     """--jobs N (local processes) and --scheduler ADDRESS (a Dask cluster), as ci takes them (checker.parallel)."""
-    from checker.ci.config import MAX_JOBS
-    from checker.commands.shell import number
+    from checker.commands.shell import JOBS
 
-    p.add_argument("--jobs", type=number(int, 1, MAX_JOBS, unit="processes"), metavar="N", help=jobs_help)
+    p.add_argument("--jobs", type=JOBS, metavar="N", help=jobs_help)
     p.add_argument("--scheduler", metavar="ADDRESS", help="run on a Dask cluster instead (tcp://HOST:PORT); needs "
                    "batchcheck[scale]")
 

@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from checker.errors import NumberRange
+from checker.parallel import MAX_JOBS
 
 # ----------------------------------------------------------------------------------------- numeric flags
 # Every numeric flag is read by ``number`` (or ``arg_type``): checked like a file field when the command line
@@ -55,6 +56,7 @@ STEP_MS = number(float, 0.001, MAX_STEP_MS, unit="ms")
 SEED = number(int, 0, MAX_SEED)
 SLOTS = number(int, 1, 256, unit="request slots")  # verify and diff --requests
 DEPTH = number(int, 1, 10_000, unit="iterations")  # verify and diff --depth
+JOBS = number(int, 1, MAX_JOBS, unit="processes")  # ci, diff and fleet --jobs
 EXAMPLES = number(int, 1, 100_000_000)  # fuzz and diff --max-examples
 
 

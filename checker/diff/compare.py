@@ -114,6 +114,23 @@ class Pair:
     def identical(self) -> bool:
         return cex.policy_hash(self.old) == cex.policy_hash(self.new)
 
+    def same_within(self, slots: int) -> bool:
+        """Identical rules, or rules that differ only in limits no run of ``slots`` requests reaches
+        (checker/semantics/limits.py): then every verdict of NEW is OLD's, for any number of iterations."""
+        from checker.semantics.limits import as_seen_by
+
+        return self.identical or cex.policy_hash(as_seen_by(self.old, slots)) == \
+            cex.policy_hash(as_seen_by(self.new, slots))
+
+
+def unreached_line(pair: Pair, slots: int) -> str | None:
+    """The summary's line when the rules differ only in limits that ``slots`` requests cannot reach."""
+    if pair.identical or not pair.same_within(slots):
+        return None
+    return (f"unreached: with {slots} request slots no run reaches the changed limits (a count of {slots} requests "
+            f"is below both values): every invariant row is OLD's verdict on both sides; to compare them, raise "
+            f"--requests above the smaller value")
+
 
 def _holds_on(policy: Policy, inv: Invariant, params: dict[str, int], env: Environment, specs, depth: int) -> bool:
     return first_violation(inv, params, replay_fixed_clock(policy, specs, depth, env.step_us, env.tenants)) is None
@@ -165,16 +182,40 @@ def proof_first(policy: Policy, inv: Invariant, unbounded: bool | None) -> bool:
 
 def diff_invariant(pair: Pair, inv: Invariant, params: dict[str, int], env: Environment, timeout_s: float,
                    out_dir: Path | None, unbounded: bool | None = None, progress=None) -> PropertyDiff:
-    """``unbounded``: see proof_first."""
+    """``unbounded``: see proof_first. Each side's verdict in this process, then the comparison."""
     old = check_one(pair.old, pair.old_file, inv, params, env, timeout_s, out_dir,
                     proof_first(pair.old, inv, unbounded), None, progress)
+    new = None if pair.same_within(env.requests) else check_one(pair.new, pair.new_file, inv, params, env, timeout_s, out_dir,
+                                                proof_first(pair.new, inv, unbounded), None, progress)
+    return compare_invariant(pair, old, new, env, timeout_s, out_dir, progress)
+
+
+# Said on a row when the product query was not asked because the breaking side's own search timed out
+PRODUCT_SKIPPED = ("no product query: {breaks}'s own search timed out and {keeps} {how}, so a trace where {breaks} "
+                   "fails and {keeps} holds is a question at least as hard as the one that timed out: undecided "
+                   "(raise --timeout, or lower --requests / --depth)")
+
+
+def compare_invariant(pair: Pair, old: Checked, new: Checked | None, env: Environment, timeout_s: float,
+                      out_dir: Path | None, progress=None) -> PropertyDiff:
+    """The row of one invariant from each side's verdict (``new`` None: the same rules as N slots see them,
+    Pair.same_within): witnesses each way.
+
+    Where the breaking side VIOLATED and the other HELD, its counterexample is a witness (replayed on the engine);
+    where the other side is UNKNOWN, that counterexample is replayed on it first and is a witness if it holds there,
+    else the product encoding asks for one. Where the breaking side is UNKNOWN (its own search timed out) and the
+    other side did not violate, the product query is not asked: it cannot be easier than the search that timed out
+    (the row is undecided, and a note says why)."""
+    inv, params = old.invariant, old.params
     label = old.label
     bounds = f"{env.requests} requests, {env.depth} iterations"
-    if pair.identical:
+    if new is None:
         return PropertyDiff("invariant", label, old.verdict.value, old.verdict.value, Change.EQUIVALENT,
-                            strength="identical rules (the step semantics is a function of the rules)")
-    new = check_one(pair.new, pair.new_file, inv, params, env, timeout_s, out_dir,
-                    proof_first(pair.new, inv, unbounded), None, progress)
+                            strength="identical rules (the step semantics is a function of the rules)"
+                            if pair.identical else
+                            f"the same runs with {env.requests} request slots: the rules differ only in limits no "
+                            f"run of {env.requests} requests reaches ({old.verdict.value} on both, "
+                            + ("for any number of iterations)" if old.verdict is Verdict.PROVED else f"within {bounds})"))
     result = PropertyDiff("invariant", label, old.verdict.value, new.verdict.value, Change.UNKNOWN)
 
     def direction(breaks: Checked, keeps: Checked, keeps_policy: Policy, breaks_policy: Policy,
@@ -183,6 +224,15 @@ def diff_invariant(pair: Pair, inv: Invariant, params: dict[str, int], env: Envi
             return False, None
         if breaks.verdict is Verdict.VIOLATED and keeps.verdict in HELD:
             return True, _from_counterexample(breaks, keeps_policy, env)
+        if breaks.verdict is Verdict.VIOLATED and keeps.verdict is Verdict.UNKNOWN and breaks.specs \
+                and _holds_on(keeps_policy, inv, params, env, breaks.specs, breaks.violation_step + 1):
+            return True, _from_counterexample(breaks, keeps_policy, env)
+        if breaks.verdict is Verdict.UNKNOWN and keeps.verdict is not Verdict.VIOLATED:
+            how = "was undecided too" if keeps.verdict is Verdict.UNKNOWN else \
+                f"holds within the bounds ({keeps.verdict.value})"
+            note = PRODUCT_SKIPPED.format(breaks=breaks_policy.name, keeps=keeps_policy.name, how=how)
+            result.notes.append(note)
+            return None, None
         found, side, note = _product_side(keeps_policy, breaks_policy, breaks_file, inv, params, env, timeout_s,
                                           out_dir, progress)
         if note:

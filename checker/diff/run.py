@@ -8,7 +8,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from checker.audit import run_derived_audit
-from checker.diff.compare import Change, Pair, PropertyDiff, diff_invariant, diff_slo
+from checker.diff.compare import (Change, Pair, PropertyDiff, compare_invariant, diff_invariant, diff_slo,
+                                  unreached_line)
+from checker.diff.sides import parallel_ok, side_verdicts
 from checker.errors import InputError, Problem, UsageError
 from checker.exitcodes import ExitCode
 from checker.fuzz.slo import load_slo, slo_file_for
@@ -42,6 +44,7 @@ class DiffReport:
     audit: AuditPair | None = None
     changed_fields: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    unreached: str | None = None  # the summary's line when no run within the bounds reaches the changed limits
 
     @property
     def regressions(self) -> list[PropertyDiff]:
@@ -73,6 +76,8 @@ class DiffReport:
             lines.append("changed: " + ", ".join(self.changed_fields))
         else:
             lines.append("changed: nothing (identical rules)")
+        if self.unreached:
+            lines.append(self.unreached)
         for p in self.regressions:  # one line each: what the change breaks, and how it shows
             assert p.new_worse is not None
             lines.append(f"why {p.label}: NEW worse, {p.new_worse.detail}")
@@ -119,7 +124,7 @@ class DiffReport:
     def as_dict(self) -> dict:
         return {"old": {"name": self.old.name, "file": self.old_file}, "new": {"name": self.new.name, "file": self.new_file},
                 "exit_code": int(self.exit_code), "regressions": [p.label for p in self.regressions],
-                "changed": self.changed_fields, "properties": [p.as_dict() for p in self.properties],
+                "changed": self.changed_fields, "unreached": self.unreached, "properties": [p.as_dict() for p in self.properties],
                 "environment": self.env.as_dict() if self.env else None,
                 "audit": None if self.audit is None else {"old": self.audit.old, "new": self.audit.new},
                 "seconds": round(self.seconds, 2)}
@@ -146,12 +151,13 @@ def run_diff(old: PolicyInput, new: PolicyInput, workload: str | Path | None = N
              max_examples: int = 100, fuzz_budget_s: float = 60.0, seed: int = 0,
              out_dir: str | Path | None = "counterexamples", prompt: tuple[int, int] | None = None,
              output: tuple[int, int] | None = None, unbounded: bool | None = None, slo_properties: list[str] | None = None,
-             audit: bool = True, slo_must_violate: bool = False, progress=None) -> DiffReport:
+             audit: bool = True, slo_must_violate: bool = False, progress=None, jobs: int = 1) -> DiffReport:
     """What a policy change breaks: invariant verdicts side by side with witnesses each way (z3), SLO
     regression witnesses on generated traces (when a workload has an SLO file), and the audit of both. OLD and
     NEW: policy files or Policy objects. ``unbounded``: each side's verdict tries the proof first (True), the
     bounded search alone (False), or, None, the proof first where the action-wise proof covers the invariant
-    (checker/diff/compare.py proof_first)."""
+    (checker/diff/compare.py proof_first). ``jobs``: the sides' invariant verdicts on that many worker processes
+    (checker/diff/sides.py; 1: serially, in this process); the same rows and exit code either way."""
     started = time.monotonic()
     pair = Pair(load_policy(old), load_policy(new), policy_source(old), policy_source(new))
     if pair.old.name == pair.new.name:
@@ -176,7 +182,11 @@ def run_diff(old: PolicyInput, new: PolicyInput, workload: str | Path | None = N
     widest = pair.old if pair.old.max_model_len >= pair.new.max_model_len else pair.new
     env = default_environment(widest, requests, depth, wl, prompt, output) if chosen else None
     out = Path(out_dir) if out_dir is not None else None
-    props = [diff_invariant(pair, inv, params, env, timeout_s, out, unbounded, progress) for inv, params in chosen]
+    if jobs > 1 and len(chosen) > 0 and parallel_ok(chosen):
+        verdicts = side_verdicts(pair, chosen, env, timeout_s, out, unbounded, jobs, progress)
+        props = [compare_invariant(pair, o, n, env, timeout_s, out, progress) for o, n in verdicts]
+    else:
+        props = [diff_invariant(pair, inv, params, env, timeout_s, out, unbounded, progress) for inv, params in chosen]
     audit_pair = None
     if slo_chosen:
         from checker.diff.slo import Tolerance  # Hypothesis loads only for SLO comparisons
@@ -188,4 +198,5 @@ def run_diff(old: PolicyInput, new: PolicyInput, workload: str | Path | None = N
         a, b = (run_derived_audit(p, workload, profile) for p in (old, new))
         audit_pair = AuditPair(a.text(), b.text(), a.decision, b.decision)
     return DiffReport(pair.old, pair.new, pair.old_file, pair.new_file, env, props, audit_pair,
-                      changed_fields(pair.old, pair.new), time.monotonic() - started)
+                      changed_fields(pair.old, pair.new), time.monotonic() - started,
+                      unreached_line(pair, env.requests) if chosen else None)

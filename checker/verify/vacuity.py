@@ -80,17 +80,27 @@ def engine_witness(policy: Policy, inv: Invariant, params: dict[str, int], env: 
     return engine_witnesses(policy, [(inv, params)], env)[0]
 
 
+def engine_witness_within_depth(policy: Policy, inv: Invariant, params: dict[str, int], env: Environment) -> str | None:
+    """An engine probe that reaches the trigger within the environment's depth (iterations 0..K-1), or None: each
+    probe is a trace of the environment (N requests arriving at once, lengths in its ranges), so the trigger is
+    reachable in the bounded unrolling (the z3 step agrees with the engine: tests/conformance). Not for prefix
+    caching or a KV connector (their probes would need prompt identities and external tiers)."""
+    if policy.kv.prefix_caching.enabled or policy.connector.enabled:
+        return None
+    return engine_witnesses(policy, [(inv, params)], env, env.depth)[0]
+
+
 def engine_witnesses(policy: Policy, targets: list[tuple[Invariant, dict[str, int]]],
-                     env: Environment) -> list[str | None]:
-    """For each (invariant, parameters): a description of an engine probe that reaches its trigger, or None
-    (each probe is replayed once for all of them)."""
+                     env: Environment, within: int = PROBE_STEPS) -> list[str | None]:
+    """For each (invariant, parameters): a description of an engine probe that reaches its trigger at an
+    iteration below ``within``, or None (each probe is replayed once for all of them)."""
     found: list[str | None] = [None] * len(targets)
     key = (policy.model_dump_json(), env)
     if key not in _REPLAYS:  # the four state invariants, and the Houdini run before them, share the probes
         _REPLAYS[key] = [(specs, replay_fixed_clock(policy, specs, PROBE_STEPS, env.step_us, env.tenants))
                          for specs in _probes(policy, env)]
     for specs, replay in _REPLAYS[key]:
-        for t in range(len(replay.frames)):
+        for t in range(min(within, len(replay.frames))):
             for k, (inv, params) in enumerate(targets):
                 if found[k] is None and inv.triggered(IntOps, replay.ctx, t, params):
                     found[k] = (f"its situation occurs at iteration {t} of an engine run ({len(specs)} requests "

@@ -94,3 +94,20 @@ def test_ctrl_c_during_ci_stops_its_workers_too(tmp_path):
     while _processes_in(tmp_path) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert _processes_in(tmp_path) == []
+
+
+@pytest.mark.skipif(not Path("/proc/self/cwd").exists(), reason="needs /proc to find the workers")
+def test_ctrl_c_during_a_parallel_diff_stops_its_workers_too(tmp_path):
+    # both sides searched on worker processes (--jobs 2): a budget both policies reach, a search z3 spends long on
+    new = (POLICIES / "vllm_v1.yaml").read_text().replace("max_num_batched_tokens: 8192", "max_num_batched_tokens: 4096")
+    assert "4096" in new
+    (tmp_path / "new.yaml").write_text(new)
+    code, out, err, stopped_s = _interrupt(["diff", str(POLICIES / "vllm_v1.yaml"), "new.yaml", "--jobs", "2",
+                                            "--invariant", "no_deadlock", "--requests", "4", "--depth", "6",
+                                            "--timeout", "120", "--out", "out"], after_s=8, cwd=tmp_path)
+    assert (code, out, err) == (130, "", "batchcheck: interrupted\n")
+    assert stopped_s < 10 and not (tmp_path / "out").exists()
+    deadline = time.monotonic() + 10
+    while _processes_in(tmp_path) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _processes_in(tmp_path) == []

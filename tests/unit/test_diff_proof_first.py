@@ -14,7 +14,7 @@ from tests.helpers import POLICIES
 def _pair() -> tuple[Policy, Policy]:
     doc = yaml.safe_load((POLICIES / "vllm_v1.yaml").read_text())
     old = Policy.model_validate(doc)
-    doc["batch"]["max_num_seqs"] //= 2
+    doc["batch"]["max_num_seqs"] = 2  # within reach of 2 slots (256 -> 128 is not: decided on OLD alone, test_limits)
     return old, Policy.model_validate(doc)
 
 
@@ -26,7 +26,7 @@ def test_a_one_knob_change_is_decided_by_the_proof_on_both_sides():
     assert (seq_cap.old_verdict, seq_cap.new_verdict, seq_cap.change.value) == ("PROVED", "PROVED", "equivalent")
     assert seq_cap.strength == "both PROVED for any number of iterations"
     assert progress.old_verdict != "PROVED"  # not covered by the action-wise proof: the bounded search alone
-    assert any("batch.max_num_seqs: 256 -> 128" in line for line in report.changed_fields)
+    assert any("batch.max_num_seqs: 256 -> 2" in line for line in report.changed_fields)
 
 
 def test_bounded_only_is_the_bounded_search_alone():

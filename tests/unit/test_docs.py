@@ -34,3 +34,16 @@ def test_every_invariant_is_documented():
     text = (ROOT / "docs" / "invariants.md").read_text()
     for name, inv in CATALOGUE.items():
         assert f"| `{name}` |" in text and inv.statement in text, name
+
+
+def test_the_api_page_documents_every_verb_entry_point():
+    # issue 19: the Python API has a docs page; every run_* entry point of checker.api is on it
+    import inspect
+
+    import checker.api as api
+
+    names = {n for n, v in vars(api).items() if inspect.isfunction(v) and v.__module__ == "checker.api"
+             and n.startswith("run_")} | {n for n in api._ON_FIRST_USE if n.startswith("run_")}
+    page = (ROOT / "docs" / "api.md").read_text(encoding="utf-8")
+    assert len(names) >= 10
+    assert [n for n in sorted(names) if not re.search(rf"`{n}\(", page)] == []
