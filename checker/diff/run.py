@@ -54,15 +54,23 @@ class DiffReport:
     def exit_code(self) -> ExitCode:
         if self.regressions:
             return ExitCode.VIOLATED
-        if any(p.change is Change.UNKNOWN for p in self.properties):
+        if any(p.change is Change.UNKNOWN for p in self.properties) or self.change_unseen:
             return ExitCode.INCONCLUSIVE
         return ExitCode.OK
+
+    @property
+    def change_unseen(self) -> bool:
+        """The rules differ only in limits no run within the bounds reaches and no SLO row ran a workload: no row
+        saw the change, so "no regression" would be a green gate for any value of the knob (exit 3, not 0)."""
+        return self.unreached is not None and not any(p.kind == "slo" for p in self.properties)
 
     def headline(self) -> str:
         n, r = len(self.properties), len(self.regressions)
         props = "property" if n == 1 else "properties"
         if r:
             word = f"REGRESSION in {r} of {n} {props}"
+        elif self.change_unseen:
+            word = f"the change is not reached within the bounds: no row of {n} {props} saw it (see unreached:)"
         elif self.exit_code is ExitCode.INCONCLUSIVE:
             word = f"no regression found, but {sum(p.change is Change.UNKNOWN for p in self.properties)} of {n} " \
                    f"{props} undecided (timeout)"

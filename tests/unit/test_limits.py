@@ -103,8 +103,10 @@ def test_a_diff_of_an_unreached_limit_is_decided_on_old_alone_and_says_so():
     assert seq_cap.old_verdict == seq_cap.new_verdict == "PROVED"
     assert deadlock.strength == ("the same runs with 2 request slots: the rules differ only in limits no run of 2 "
                                  "requests reaches (HOLDS_UP_TO on both, within 2 requests, 2 iterations)")
-    assert report.exit_code is ExitCode.OK
+    assert report.exit_code is ExitCode.INCONCLUSIVE  # no row saw the change: not a green gate
     lines = report.text().splitlines()
+    assert lines[0] == ("diff vllm_v1 -> vllm_v1 (new): the change is not reached within the bounds: no row of 2 "
+                        "properties saw it (see unreached:)  (exit 3)")
     assert lines[1] == "changed: batch.max_num_seqs: 256 -> 128"
     assert lines[2].startswith("unreached: with 2 request slots no run reaches the changed limits")
 
