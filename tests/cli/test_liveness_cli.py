@@ -132,3 +132,34 @@ def test_verify_keeps_bounded_and_liveness_options_apart(capsys, tmp_path, argv,
     assert code == 2 and out == ""
     assert len(err.splitlines()) == 1 and err.startswith(message)
     assert not tmp_path.exists() or not list(tmp_path.iterdir())
+
+
+def test_the_default_instance_of_a_priority_policy_is_vacuous_not_proved(capsys):
+    """Issue 19 item 2: the default liveness run of strict_priority (2 requests, 256 slots) once said PROVED on a
+    7-state graph; the instance never reaches the limits, so it is VACUOUS (exit 3) and says what to change."""
+    code, out, _ = run(capsys, "liveness", STRICT, "--property", "eventually_served")
+    assert code == 3, out
+    verdict = next(line for line in out.splitlines() if line.startswith(("PROVED", "VACUOUS")))
+    assert verdict == (
+        "VACUOUS            eventually_served  no lasso in the complete graph, but no request ever waits in this "
+        "instance (2 request(s) in flight, every arrival admitted in its iteration, none rejected): the policy's "
+        "limits (batch.max_num_seqs=256, batch.max_num_batched_tokens=8192, kv.num_blocks=2500) are never reached, "
+        "so the property holds trivially; give more --requests, or smaller limits with --set (e.g. --set "
+        "batch.max_num_seqs=1)")
+
+
+def test_a_request_preempted_then_waiting_forever_has_no_starvation_bound(capsys, tmp_path):
+    """Issue 19 item 6: on a 2-block pool every arrival of strict_priority is admitted in its iteration (a bound on
+    first admission alone would be 0), but request 0 is preempted at iteration 1 by a more urgent arrival and waits
+    forever behind the next ones: the bound must cover re-admission, so there is none."""
+    code, out, _ = run(capsys, "liveness", STRICT, "--set", "kv.num_blocks=2", "--property", "eventually_served",
+                       "--out", str(tmp_path))
+    assert code == 1, out
+    lines = out.splitlines()
+    assert lines[-1] == ("starvation bound: none (the eventually_served lasso keeps a request waiting forever, "
+                         "after a preemption or before its first admission)")
+    (path,) = tmp_path.glob("strict_priority__eventually_served_lasso__*.json")
+    code, out, _ = run(capsys, "replay", str(path))
+    rows = [line.split() for line in out.splitlines()[2:-1]]
+    assert code == 1 and rows[0][3] == "0:16" and rows[1][4] == "0"  # request 0 admitted, then preempted
+    assert all(row[3] != "0:16" for row in rows[1:])  # and never scheduled again
