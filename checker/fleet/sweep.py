@@ -125,6 +125,20 @@ def check_knobs(fleet: LoadedFleet, knobs: list[Knob]) -> None:
             configured(fleet, {k.name: v})
 
 
+@dataclass(frozen=True)
+class Plan:
+    """What every configuration's run needs, sent to each worker once (checker.parallel's ``shared``): the fleet
+    of each configuration, in grid order, and the requests they all run."""
+    fleets: tuple[LoadedFleet, ...]
+    configs: tuple[dict[str, str], ...]
+    requests: RequestSet
+
+
+def run_nth(plan: Plan, i: int) -> dict[str, Any]:
+    """Configuration i of the plan (a task is its index)."""
+    return run_configuration((plan.fleets[i], plan.requests, plan.configs[i]))
+
+
 def run_configuration(task: tuple[LoadedFleet, RequestSet, dict[str, str]]) -> dict[str, Any]:
     """One configuration run (in a worker): its figures and verdicts, small and picklable."""
     fleet, requests, config = task
@@ -179,15 +193,17 @@ def sweep(fleet: LoadedFleet, requests: RequestSet, knobs: list[Knob], objective
         raise InputError(Problem("--objective", objective, "one of: " + ", ".join(OBJECTIVES)))
     check_knobs(fleet, knobs)
     grid = configurations(knobs, sample, seed)
-    tasks = [(configured(fleet, c), requests, c) for c in grid]
+    plan = Plan(tuple(configured(fleet, c) for c in grid), tuple(grid), requests)
+    tasks = range(len(grid))
     started = time.monotonic()
     if scheduler is not None:
-        results = map_dask(run_configuration, tasks, scheduler, done)
+        results = map_dask(run_nth, tasks, scheduler, done, shared=plan)
         where = f"Dask cluster at {scheduler}" if isinstance(scheduler, str) else "Dask cluster"
     else:
         import os
 
-        results = map_processes(run_configuration, tasks, jobs, done, quiet_worker, (os.getpid(),))
+        # forked on Linux: the parent holds no solver or Hypothesis state, only the plan, which workers inherit
+        results = map_processes(run_nth, tasks, jobs, done, quiet_worker, (os.getpid(),), start="fork", shared=plan)
         where = "1 process" if jobs <= 1 or len(tasks) <= 1 else f"{min(jobs, len(tasks))} local processes"
     return Sweep(fleet, requests, knobs, sample, objective, results, best(results, objective), where,
                  time.monotonic() - started)
