@@ -81,9 +81,10 @@ def _nth(knobs: list[Knob], index: int) -> dict[str, str]:
     return {k.name: out[k.name] for k in knobs}
 
 
-def configured(fleet: LoadedFleet, config: dict[str, str]) -> LoadedFleet:
+def configured(fleet: LoadedFleet, config: dict[str, str], files: dict | None = None) -> LoadedFleet:
     """The fleet with one configuration's knobs applied; an input error naming the configuration when the
-    fleet refuses it (a value out of range, faults on replicas it no longer has)."""
+    fleet refuses it (a value out of range, faults on replicas it no longer has). ``files``: the files the fleet
+    names, as read for an earlier configuration (build_fleet's memo)."""
     import yaml
 
     data = fleet.spec.model_dump(mode="json", by_alias=True, exclude_unset=False)
@@ -100,7 +101,7 @@ def configured(fleet: LoadedFleet, config: dict[str, str]) -> LoadedFleet:
         data["replicas"][0]["count"] = _count(config[REPLICAS])
     shown = ", ".join(f"{k}={v}" for k, v in config.items())
     try:
-        return build_fleet(validate(Fleet, data, fleet.source), Path(fleet.source))
+        return build_fleet(validate(Fleet, data, fleet.source), Path(fleet.source), files)
     except InputError as exc:
         raise InputError(Problem("--knob", shown, f"a configuration the fleet accepts: {exc}"), None) from None
 
@@ -115,14 +116,14 @@ def _count(value: str) -> int:
     return n
 
 
-def check_knobs(fleet: LoadedFleet, knobs: list[Knob]) -> None:
+def check_knobs(fleet: LoadedFleet, knobs: list[Knob], files: dict | None = None) -> None:
     """Every value of every knob on its own, before anything runs (the message names the knob and value)."""
     for k in knobs:
         if k.name == REPLICAS and len(fleet.spec.replicas) != 1:
             raise InputError(Problem("--knob", REPLICAS, f"a fleet of one replica group (this one has "
                                      f"{len(fleet.spec.replicas)}: {', '.join(g.name for g in fleet.spec.replicas)})"))
         for v in k.values:
-            configured(fleet, {k.name: v})
+            configured(fleet, {k.name: v}, files)
 
 
 @dataclass(frozen=True)
@@ -191,9 +192,10 @@ def sweep(fleet: LoadedFleet, requests: RequestSet, knobs: list[Knob], objective
 
     if objective not in OBJECTIVES:
         raise InputError(Problem("--objective", objective, "one of: " + ", ".join(OBJECTIVES)))
-    check_knobs(fleet, knobs)
+    files: dict = {}  # every configuration reads the same policy, profile and SLO files: once
+    check_knobs(fleet, knobs, files)
     grid = configurations(knobs, sample, seed)
-    plan = Plan(tuple(configured(fleet, c) for c in grid), tuple(grid), requests)
+    plan = Plan(tuple(configured(fleet, c, files) for c in grid), tuple(grid), requests)
     tasks = range(len(grid))
     started = time.monotonic()
     if scheduler is not None:

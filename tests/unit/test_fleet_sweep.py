@@ -95,6 +95,20 @@ def test_serial_local_processes_and_dask_give_the_same_best_rows_table_and_files
         assert _sweep_outputs(capsys, tmp_path, ["--scheduler", cluster.scheduler_address], "dask") == serial
 
 
+def test_the_configurations_read_the_fleets_files_once_and_build_the_same_fleets():
+    from checker.fleet.spec import load_fleet
+    from checker.fleet.sweep import configured, parse_knob
+
+    fleet = load_fleet(FLEETS / "mixed_round_robin.yaml")  # one policy file, two profiles, an SLO file
+    files: dict = {}
+    grid = configurations([parse_knob("batch.max_num_seqs=2,4"), parse_knob("router.strategy=round_robin,"
+                                                                          "least_outstanding")])
+    memo = [configured(fleet, c, files) for c in grid]
+    assert memo == [configured(fleet, c) for c in grid]  # each reading its files itself
+    assert sorted(kind for kind, _ in files) == ["policy", "profile", "profile", "slo"]
+    assert [m.replicas[0].policy.batch.max_num_seqs for m in memo] == [2, 2, 4, 4]
+
+
 def test_a_random_sample_is_seeded_and_in_grid_order():
     knobs = [Knob("a", ("1", "2", "3", "4")), Knob("b", ("x", "y", "z"))]
     grid = configurations(knobs)
