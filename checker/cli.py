@@ -16,7 +16,7 @@ import sys
 from collections.abc import Callable
 
 from checker import __version__
-from checker.commands.fleet import policy_or_fleet
+from checker.commands.fleet import jobs_flags, policy_or_fleet
 from checker.commands.interrupt import Interrupts, ctrl_c_stops_solving
 from checker.commands.shell import (DEPTH, EXAMPLES, MAX_COUNT, MAX_TOKENS, SECONDS, SEED, SLOTS, STEP_MS, flag_type,
                                     int_range, number, terminal_progress, trace_option_flags, trace_options_for,
@@ -299,6 +299,9 @@ def _fuzz(args: argparse.Namespace) -> int:
         return fuzz_fleet(args)
     if args.policy is None:
         raise UsageError("fuzz needs POLICY (or --fleet FLEET.yaml)")
+    if args.jobs or args.scheduler:
+        raise UsageError("--jobs and --scheduler spread fuzz --fleet's property searches: fuzz POLICY runs its "
+                         "search in this process")
     if args.workload is None:
         raise UsageError("--seed-trace needs --workload FILE (the classes and length ranges the seeds map onto)"
                          if args.seed_trace is not None else "fuzz needs --workload FILE")
@@ -595,6 +598,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="counterexamples", metavar="DIR")
     p.add_argument("--database", metavar="DIR", help="Hypothesis example database (earlier failures are tried "
                    f"first; default {DEFAULT_DATABASE}, none with --fleet); 'none' to disable")
+    jobs_flags(p, "--fleet: the property searches on N local processes (default 1: one after the other here)")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.set_defaults(run=_fuzz)
 

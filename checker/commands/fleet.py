@@ -118,7 +118,8 @@ def simulate_fleet(args: argparse.Namespace) -> int:
 
 
 def fuzz_fleet(args: argparse.Namespace) -> int:
-    """``fuzz --fleet FLEET``: the fleet verb's search, with fuzz's flags (--time-budget for all properties)."""
+    """``fuzz --fleet FLEET``: the fleet verb's search, with fuzz's flags (--time-budget for all properties) and its
+    --jobs / --scheduler (the property searches on local processes or a Dask cluster)."""
     from checker.commands.shell import trace_options_from
     from checker.errors import UsageError
 
@@ -127,9 +128,12 @@ def fuzz_fleet(args: argparse.Namespace) -> int:
     if options != type(options)():
         raise UsageError("fuzz --fleet takes no trace options (--window, --rate-scale, --class-by-prompt, "
                          "--class-column): the fleet search draws from the workload's classes")
+    if args.jobs and args.scheduler:
+        raise UsageError("--jobs runs local processes, --scheduler a Dask cluster: one of them")
     database = None if args.database in (None, "none") else args.database
     return show_search(args.fleet, args.workload, args.property, args.max_examples, args.time_budget, args.seed,
-                       args.max_requests, args.out, args.json, args.stress, database, budget_in_all=True)
+                       args.max_requests, args.out, args.json, args.stress, database, budget_in_all=True,
+                       jobs=args.jobs or 1, scheduler=args.scheduler)
 
 
 def policy_or_fleet(p: argparse.ArgumentParser, fleet_help: str) -> None:

@@ -444,9 +444,19 @@ def load_fleet(path: str | Path) -> LoadedFleet:
     return build_fleet(validate(Fleet, data, str(path), lines), path)
 
 
-def build_fleet(spec: Fleet, path: Path) -> LoadedFleet:
-    """A validated fleet spec with the files it names loaded (relative to ``path``, the fleet file)."""
+def build_fleet(spec: Fleet, path: Path, files: dict | None = None) -> LoadedFleet:
+    """A validated fleet spec with the files it names loaded (relative to ``path``, the fleet file). ``files``: what
+    files read before held, kept by the caller between calls on the same files (a sweep builds one fleet per
+    configuration: each reads the same policy, profile and SLO files); None: read each one."""
     source = str(path)
+    files = {} if files is None else files
+
+    def read(kind: str, where: Path | None, load):
+        key = (kind, None if where is None else str(where))
+        if key not in files:
+            files[key] = load(where)
+        return files[key]
+
     loaded: dict[tuple[str, str | None, tuple[str, ...]], tuple[Policy, Profile]] = {}
     replicas: list[Replica] = []
     for i, g in enumerate(spec.replicas):
@@ -455,13 +465,13 @@ def build_fleet(spec: Fleet, path: Path) -> LoadedFleet:
             pol = _file(path, g.policy, "policy", f"replicas[{i}].policy")
             prof = None if g.profile is None else _file(path, g.profile, "profile", f"replicas[{i}].profile")
             try:
-                policy = apply_overrides(load_policy(pol), g.set)
+                policy = apply_overrides(read("policy", pol, load_policy), g.set)
             except InputError as exc:
                 if exc.source != "--set" and exc.source is not None:
                     raise
                 raise InputError([Problem(f"replicas[{i}].set" + ("" if p.path == "--set" else f": {p.path}"), p.value,
                                           p.expected) for p in exc.problems], source) from None
-            loaded[key] = (policy, load_profile(prof))
+            loaded[key] = (policy, read("profile", prof, load_profile))
         policy, profile = loaded[key]
         _check_pool_role(spec, i, g, policy, source)
         replicas.extend(Replica(n, g.name, policy, profile) for n in g.replica_names())
@@ -471,7 +481,7 @@ def build_fleet(spec: Fleet, path: Path) -> LoadedFleet:
     if spec.slo is not None:
         slo_path = _file(path, spec.slo, "slo", "slo")
         slo_source = str(slo_path)
-        for prop in load_model(SLOFile, slo_path).properties:
+        for prop in read("slo", slo_path, lambda p: load_model(SLOFile, p)).properties:
             if isinstance(prop, LatencyBound) and prop.metric in SLO_METRICS or isinstance(prop, RejectionRate):
                 slo.append(prop)
                 continue

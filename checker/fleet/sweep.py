@@ -81,9 +81,10 @@ def _nth(knobs: list[Knob], index: int) -> dict[str, str]:
     return {k.name: out[k.name] for k in knobs}
 
 
-def configured(fleet: LoadedFleet, config: dict[str, str]) -> LoadedFleet:
+def configured(fleet: LoadedFleet, config: dict[str, str], files: dict | None = None) -> LoadedFleet:
     """The fleet with one configuration's knobs applied; an input error naming the configuration when the
-    fleet refuses it (a value out of range, faults on replicas it no longer has)."""
+    fleet refuses it (a value out of range, faults on replicas it no longer has). ``files``: the files the fleet
+    names, as read for an earlier configuration (build_fleet's memo)."""
     import yaml
 
     data = fleet.spec.model_dump(mode="json", by_alias=True, exclude_unset=False)
@@ -100,7 +101,7 @@ def configured(fleet: LoadedFleet, config: dict[str, str]) -> LoadedFleet:
         data["replicas"][0]["count"] = _count(config[REPLICAS])
     shown = ", ".join(f"{k}={v}" for k, v in config.items())
     try:
-        return build_fleet(validate(Fleet, data, fleet.source), Path(fleet.source))
+        return build_fleet(validate(Fleet, data, fleet.source), Path(fleet.source), files)
     except InputError as exc:
         raise InputError(Problem("--knob", shown, f"a configuration the fleet accepts: {exc}"), None) from None
 
@@ -115,14 +116,28 @@ def _count(value: str) -> int:
     return n
 
 
-def check_knobs(fleet: LoadedFleet, knobs: list[Knob]) -> None:
+def check_knobs(fleet: LoadedFleet, knobs: list[Knob], files: dict | None = None) -> None:
     """Every value of every knob on its own, before anything runs (the message names the knob and value)."""
     for k in knobs:
         if k.name == REPLICAS and len(fleet.spec.replicas) != 1:
             raise InputError(Problem("--knob", REPLICAS, f"a fleet of one replica group (this one has "
                                      f"{len(fleet.spec.replicas)}: {', '.join(g.name for g in fleet.spec.replicas)})"))
         for v in k.values:
-            configured(fleet, {k.name: v})
+            configured(fleet, {k.name: v}, files)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What every configuration's run needs, sent to each worker once (checker.parallel's ``shared``): the fleet
+    of each configuration, in grid order, and the requests they all run."""
+    fleets: tuple[LoadedFleet, ...]
+    configs: tuple[dict[str, str], ...]
+    requests: RequestSet
+
+
+def run_nth(plan: Plan, i: int) -> dict[str, Any]:
+    """Configuration i of the plan (a task is its index)."""
+    return run_configuration((plan.fleets[i], plan.requests, plan.configs[i]))
 
 
 def run_configuration(task: tuple[LoadedFleet, RequestSet, dict[str, str]]) -> dict[str, Any]:
@@ -177,17 +192,20 @@ def sweep(fleet: LoadedFleet, requests: RequestSet, knobs: list[Knob], objective
 
     if objective not in OBJECTIVES:
         raise InputError(Problem("--objective", objective, "one of: " + ", ".join(OBJECTIVES)))
-    check_knobs(fleet, knobs)
+    files: dict = {}  # every configuration reads the same policy, profile and SLO files: once
+    check_knobs(fleet, knobs, files)
     grid = configurations(knobs, sample, seed)
-    tasks = [(configured(fleet, c), requests, c) for c in grid]
+    plan = Plan(tuple(configured(fleet, c, files) for c in grid), tuple(grid), requests)
+    tasks = range(len(grid))
     started = time.monotonic()
     if scheduler is not None:
-        results = map_dask(run_configuration, tasks, scheduler, done)
+        results = map_dask(run_nth, tasks, scheduler, done, shared=plan)
         where = f"Dask cluster at {scheduler}" if isinstance(scheduler, str) else "Dask cluster"
     else:
         import os
 
-        results = map_processes(run_configuration, tasks, jobs, done, quiet_worker, (os.getpid(),))
+        # forked on Linux: the parent holds no solver or Hypothesis state, only the plan, which workers inherit
+        results = map_processes(run_nth, tasks, jobs, done, quiet_worker, (os.getpid(),), start="fork", shared=plan)
         where = "1 process" if jobs <= 1 or len(tasks) <= 1 else f"{min(jobs, len(tasks))} local processes"
     return Sweep(fleet, requests, knobs, sample, objective, results, best(results, objective), where,
                  time.monotonic() - started)

@@ -111,3 +111,18 @@ def test_ctrl_c_during_a_parallel_diff_stops_its_workers_too(tmp_path):
     while _processes_in(tmp_path) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert _processes_in(tmp_path) == []
+
+
+@pytest.mark.skipif(not Path("/proc/self/cwd").exists(), reason="needs /proc to find the workers")
+def test_ctrl_c_during_a_sweep_on_forked_workers_stops_them_too(tmp_path):
+    knobs = ["replicas=1,2,3,4", "batch.max_num_seqs=4,8,16,32", "batch.max_num_batched_tokens=1024,2048,4096,8192",
+             "router.load_cap=2,4,8,16"]  # 256 configurations: several seconds on two workers
+    code, out, err, stopped_s = _interrupt(["sweep", str(ROOT / "spec" / "fleets" / "prefix_capped.yaml"),
+                                            *(a for k in knobs for a in ("--knob", k)), "--jobs", "2", "--out",
+                                            str(tmp_path / "out")], after_s=3, cwd=tmp_path)
+    assert (code, out, err) == (130, "", "batchcheck: interrupted\n")
+    assert stopped_s < 10 and not (tmp_path / "out").exists()  # no result written for a sweep it did not finish
+    deadline = time.monotonic() + 10
+    while _processes_in(tmp_path) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _processes_in(tmp_path) == []

@@ -105,3 +105,34 @@ def test_the_property_searches_on_two_processes_find_what_they_find_one_after_th
     serial, two = found(), found(jobs=2)
     assert two == serial and len(serial) == 5
     assert any(r["verdict"] == "VIOLATED" for r in serial)
+
+
+def test_fuzz_fleet_on_two_processes_and_on_dask_finds_what_it_finds_one_after_the_other(tmp_path, capsys):
+    import json
+
+    import pytest
+
+    argv = ["fuzz", "--fleet", str(STORM), "--workload", str(short_workload(tmp_path)), "--property",
+            "retry_amplification", "--property", "every_request_accounted", "--max-examples", "30", "--time-budget",
+            "240", "--max-requests", "3", "--seed", "1", "--json", "--database", "none"]
+
+    def found(*how: str) -> list[dict]:
+        assert main([*argv, "--out", str(tmp_path / str(len(how))), *how]) == 1
+        return [{k: v for k, v in r.items() if k not in ("seconds", "counterexample")} |
+                {"saved": r["counterexample"] and r["counterexample"].rsplit("/", 1)[-1]}
+                for r in json.loads(capsys.readouterr().out)["results"]]
+
+    def children_cpu() -> float:
+        return os.times().children_user + os.times().children_system
+
+    import os
+
+    before = children_cpu()
+    serial = found()
+    assert [r["verdict"] for r in serial] == ["VIOLATED", "NO_COUNTEREXAMPLE"] and children_cpu() == before
+    assert found("--jobs", "2") == serial and children_cpu() > before  # the searches ran in worker processes
+    distributed = pytest.importorskip("distributed", reason="Dask distributed (batchcheck[scale]) is not installed")
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
+            distributed.Client(cluster) as watching, distributed.get_task_stream(client=watching) as stream:
+        assert found("--scheduler", cluster.scheduler_address) == serial
+    assert len(stream.data) == 2  # one Dask task per property, run on the cluster

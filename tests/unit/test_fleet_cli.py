@@ -148,7 +148,12 @@ def test_simulate_and_fuzz_fleet_refuse_what_the_fleet_file_says(capsys):
             (["fuzz", "--fleet", fleet, "--rate-scale", "2"], "fuzz --fleet takes no trace options"),
             (["fuzz", "--fleet", fleet, "--stress", "nope"], "--stress='nope' (expected one of: plain,"),
             (["fuzz", "--fleet", fleet, "--property", "nope"], "--property='nope' (expected a property of the fleet: "
-                                                               "interactive_ttft_p99,")):
+                                                               "interactive_ttft_p99,"),
+            (["fuzz", "vllm_v1", "--workload", "chat_mixed", "--jobs", "2"],
+             "--jobs and --scheduler spread fuzz --fleet's property searches: fuzz POLICY runs its search in this "
+             "process"),
+            (["fuzz", "--fleet", fleet, "--jobs", "2", "--scheduler", "tcp://x:1"],
+             "--jobs runs local processes, --scheduler a Dask cluster: one of them")):
         assert main(argv) == 2, argv
         err = capsys.readouterr().err
         assert message in err and "Traceback" not in err, (argv, err)

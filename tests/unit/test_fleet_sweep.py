@@ -59,6 +59,56 @@ def test_a_dask_local_cluster_gives_the_serial_results():
     assert remote.where == f"Dask cluster at {cluster.scheduler_address}"
 
 
+TIMINGS = ("where", "seconds")  # how and how long a sweep ran: the only figures that differ between runs
+
+
+def _sweep_outputs(capsys, tmp_path, how: list[str], name: str) -> tuple[str, dict, dict]:
+    """The table, the --json document and the --out file of one sweep run ``how`` (rows' wall_s and the
+    document's where/seconds taken out, and where the table names them and the folder written)."""
+    argv = ["sweep", str(CAPPED), "--knob", "replicas=1,2,3", "--knob", "batch.max_num_seqs=4,16",
+            "--knob", "router.load_cap=2,4", "--limit", "120", *how]
+
+    def steady(doc: dict) -> dict:
+        assert set(TIMINGS) <= set(doc) and all("wall_s" in r for r in doc["results"])
+        return {**{k: v for k, v in doc.items() if k not in TIMINGS}, "results": _figures(doc["results"])}
+
+    assert main([*argv, "--out", str(tmp_path / name)]) == 0
+    table = capsys.readouterr().out.replace(str(tmp_path / name), "OUT")
+    head, _, rest = table.partition("\n")
+    assert " on " in head and head.endswith(" s")
+    assert main([*argv, "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    written = json.loads((tmp_path / name / "prefix_capped.sweep.json").read_text())
+    return head.rsplit(" on ", 1)[0] + rest, steady(printed), steady(written)
+
+
+def test_serial_local_processes_and_dask_give_the_same_best_rows_table_and_files(capsys, tmp_path):
+    """Every output of a sweep is the same however its configurations run: the best configuration, every row, the
+    table and the file written (12 configurations of unequal cost, so they finish out of grid order)."""
+    serial = _sweep_outputs(capsys, tmp_path, [], "serial")
+    table, printed, written = serial
+    assert printed == written and len(printed["results"]) == 12 and printed["best"] is not None
+    assert sum(r["meets"] for r in printed["results"]) not in (0, 12)  # the best is a choice, not the first row
+    assert _sweep_outputs(capsys, tmp_path, ["--jobs", "2"], "two") == serial
+    distributed = pytest.importorskip("distributed", reason="Dask distributed (batchcheck[scale]) is not installed")
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
+        assert _sweep_outputs(capsys, tmp_path, ["--scheduler", cluster.scheduler_address], "dask") == serial
+
+
+def test_the_configurations_read_the_fleets_files_once_and_build_the_same_fleets():
+    from checker.fleet.spec import load_fleet
+    from checker.fleet.sweep import configured, parse_knob
+
+    fleet = load_fleet(FLEETS / "mixed_round_robin.yaml")  # one policy file, two profiles, an SLO file
+    files: dict = {}
+    grid = configurations([parse_knob("batch.max_num_seqs=2,4"), parse_knob("router.strategy=round_robin,"
+                                                                          "least_outstanding")])
+    memo = [configured(fleet, c, files) for c in grid]
+    assert memo == [configured(fleet, c) for c in grid]  # each reading its files itself
+    assert sorted(kind for kind, _ in files) == ["policy", "profile", "profile", "slo"]
+    assert [m.replicas[0].policy.batch.max_num_seqs for m in memo] == [2, 2, 4, 4]
+
+
 def test_a_random_sample_is_seeded_and_in_grid_order():
     knobs = [Knob("a", ("1", "2", "3", "4")), Knob("b", ("x", "y", "z"))]
     grid = configurations(knobs)
