@@ -61,6 +61,7 @@ def test_fast_forward_equals_plain_stepping_under_sglang_rules(case):
     _same(*case)
 
 
+@pytest.mark.skipif(not AZURE_CSV.exists(), reason=f"the Azure conversation trace is not at {AZURE_CSV} (../shared/data)")
 def test_fast_forward_under_sglang_rules_on_a_slice_of_the_azure_trace():
     rs = load_requests(trace=AZURE_CSV, limit=1500)
     fast, plain = _same(load_policy(POLICIES / "sglang" / "sglang_v05.yaml"), rs)

@@ -23,6 +23,7 @@ from checker.traces import RequestSet
 from tests.helpers import ROOT
 
 DATA = ROOT / "tests" / "data" / "vllm_metrics"
+HARNESS = ROOT.parent / "shared" / "tools" / "vllm-scheduler" / "drive_vllm_scheduler.py"
 VENV = Path(os.environ.get("BATCHCHECK_VLLM_VENV", Path.home() / ".cache" / "vllm-scheduler" / "venv"))
 
 
@@ -152,6 +153,7 @@ def test_cli_exit_codes_and_json(tmp_path, capsys):
 
 @pytest.mark.skipif(not (VENV / "bin" / "python").exists(), reason=f"the real-scheduler venv is not at {VENV} "
                     "(../shared/tools/vllm-scheduler/setup.sh; or set BATCHCHECK_VLLM_VENV)")
+@pytest.mark.skipif(not HARNESS.exists(), reason=f"the real-scheduler harness is not at {HARNESS} (../shared/tools)")
 def test_fresh_scrapes_of_the_real_scheduler_match_the_kept_ones(tmp_path):
     out = tmp_path / "stuck.prom"
     subprocess.run([str(VENV / "bin" / "python"), str(ROOT / "tests" / "vllm_metrics.py"), str(DATA / "stuck.trace.json"),
