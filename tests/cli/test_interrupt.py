@@ -78,6 +78,14 @@ def _processes_in(folder: Path) -> list[int]:
     return found
 
 
+
+def _assert_no_workers_left(folder: Path) -> None:
+    """No process started in ``folder`` (the command's workers) is alive 10 s after the command stopped."""
+    deadline = time.monotonic() + 10
+    while _processes_in(folder) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _processes_in(folder) == []
+
 @pytest.mark.skipif(not Path("/proc/self/cwd").exists(), reason="needs /proc to find the workers")
 def test_ctrl_c_during_ci_stops_its_workers_too(tmp_path):
     (tmp_path / "spec").mkdir()
@@ -90,10 +98,7 @@ def test_ctrl_c_during_ci_stops_its_workers_too(tmp_path):
     assert (code, out, err) == (130, "", "batchcheck: interrupted\n")
     summary = tmp_path / "summary.md"  # written only with the checks finished before the Ctrl-C, said unfinished
     assert stopped_s < 10 and (not summary.exists() or "unfinished" in summary.read_text())
-    deadline = time.monotonic() + 10
-    while _processes_in(tmp_path) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert _processes_in(tmp_path) == []
+    _assert_no_workers_left(tmp_path)
 
 
 @pytest.mark.skipif(not Path("/proc/self/cwd").exists(), reason="needs /proc to find the workers")
@@ -107,10 +112,7 @@ def test_ctrl_c_during_a_parallel_diff_stops_its_workers_too(tmp_path):
                                             "--timeout", "120", "--out", "out"], after_s=8, cwd=tmp_path)
     assert (code, out, err) == (130, "", "batchcheck: interrupted\n")
     assert stopped_s < 10 and not (tmp_path / "out").exists()
-    deadline = time.monotonic() + 10
-    while _processes_in(tmp_path) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert _processes_in(tmp_path) == []
+    _assert_no_workers_left(tmp_path)
 
 
 @pytest.mark.skipif(not Path("/proc/self/cwd").exists(), reason="needs /proc to find the workers")
@@ -122,7 +124,4 @@ def test_ctrl_c_during_a_sweep_on_forked_workers_stops_them_too(tmp_path):
                                             str(tmp_path / "out")], after_s=3, cwd=tmp_path)
     assert (code, out, err) == (130, "", "batchcheck: interrupted\n")
     assert stopped_s < 10 and not (tmp_path / "out").exists()  # no result written for a sweep it did not finish
-    deadline = time.monotonic() + 10
-    while _processes_in(tmp_path) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert _processes_in(tmp_path) == []
+    _assert_no_workers_left(tmp_path)
