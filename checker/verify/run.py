@@ -416,6 +416,31 @@ def run_verify(policy: PolicyInput, invariants: list[str] | None = None, request
                                     outputs_free) for inv, params in chosen]
 
 
+def _proved_for_any_n(policy: Policy, policy_file: str | None, inv: Invariant, params: dict[str, int],
+                      env: Environment, need, timeout_s: float, out_dir: Path | None, proof_dir: Path | None,
+                      progress, outputs_free: bool) -> Checked | None:
+    """A pool that more requests than verify raises N to are needed to fill (an imported production pool): the proof
+    for any N (checker/verify/anyn_verify.py) where it covers the policy, so that the default is decided, not VACUOUS
+    (issue 19 item 3). None where it does not cover the policy or does not prove it (the arithmetic VACUOUS stands)."""
+    from checker.verify import anyn_verify
+    from checker.verify.anyn_model import not_covered
+    from checker.verify.env import MAX_FILL_REQUESTS
+
+    if (need.least <= MAX_FILL_REQUESTS or timeout_s <= 1 or not_covered(policy)
+            or {**inv.defaults, **params} != inv.defaults):
+        return None
+    if progress is not None:
+        progress(f"{inv.name}: {need.least} requests fill the pool (more than {MAX_FILL_REQUESTS}): the proof for "
+                 "any N")
+    (checked,) = anyn_verify.check_many(policy, policy_file, [(inv, params)], env, timeout_s, out_dir, proof_dir,
+                                        progress, outputs_free)
+    if checked.verdict is not Verdict.PROVED:
+        return None
+    checked.abstraction = (f"{need.shortfall()}: {need.least} requests could fill it, more than the "
+                           f"{MAX_FILL_REQUESTS} slots verify raises N to, so it was proved for any N (--any-n)")
+    return checked
+
+
 # Invariants whose situation is the KV pool filling up: checked in an environment whose requests can fill it
 POOL_INVARIANTS = ("kv_never_overcommitted",)
 
@@ -448,6 +473,10 @@ def check_filling_pool(policy: Policy, policy_file: str | None, inv: Invariant, 
         raised = pool_fill_environment(policy, env, headroom, outputs_free, fills)
     if raised is None and need.can_fill:  # kept: the verdict is check_one's
         return check_one(policy, policy_file, inv, params, env, timeout_s, out_dir, unbounded, proof_dir, progress)
+    if raised is None and unbounded and (proved := _proved_for_any_n(policy, policy_file, inv, params, env, need,
+                                                                     timeout_s - (time.monotonic() - started),
+                                                                     out_dir, proof_dir, progress, outputs_free)):
+        return proved
     if raised is None:  # N requests cannot hold the pool: its situation (and so a violation, which implies it)
         # never occurs, by arithmetic: VACUOUS at once, the same on every run, saying why and what to change
         checked = Checked(inv, params, Verdict.VACUOUS, env, time.monotonic() - started, depth=env.depth,

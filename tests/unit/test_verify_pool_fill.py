@@ -152,3 +152,17 @@ def test_default_bounds_raise_outputs_where_no_probe_fills_the_pool(tmp_path):
     fixed = pool_fill_environment(load_policy(VLLM), default_environment(load_policy(VLLM), 3, 5, output=(1, 10)),
                                   0, False, lambda e: True)
     assert fixed is None
+
+
+def test_beyond_the_slot_limit_the_proof_is_for_any_n(tmp_path):
+    """Issue 19 item 3 (an imported production pool that more than MAX_FILL_REQUESTS requests fill): verify's
+    default (the proof) is not VACUOUS there but PROVED for any N where the any-N method covers the policy, with an
+    engine probe that fills the real pool; --bounded-only keeps the arithmetic VACUOUS above."""
+    _, (checked,) = run_verify(VLLM, ["kv_never_overcommitted"], requests=2, depth=2, timeout_s=120,
+                               prompt=(1, 512), out_dir=tmp_path / "cx", proof_dir=tmp_path, unbounded=True)
+    assert checked.verdict is Verdict.PROVED and checked.any_n, checked.line()
+    assert checked.abstraction.endswith(
+        f"76 requests could fill it, more than the {MAX_FILL_REQUESTS} slots verify raises N to, so it was proved for "
+        "any N (--any-n)")
+    assert checked.notes[0].startswith("its situation occurs at iteration")
+    assert (tmp_path / "vllm_v1__kv_never_overcommitted__anyN.smt2").exists()
