@@ -64,15 +64,22 @@ def _fill_probes(policy: Policy, env: Environment) -> list[list[RequestSpec]]:
     lo_p, hi_p = env.prompt[0], min(env.prompt[1], policy.max_model_len - 1)  # (arrival's bound)
     full = policy.kv.allocation is Allocation.FULL_RESERVATION
     wm = policy.kv.watermark_blocks
-    probes = []
+    probes, balanced = [], []
     for g in (0,) if full else sorted({0, n, 2 * n, 4 * n, 8 * n} | {wm + g for g in (0, n, 2 * n, 4 * n, 8 * n)}):
-        shares = [(target - g) // n] * (n - 1) + [target - g - (target - g) // n * (n - 1)]
-        for stagger in (True, False):
-            prompts = [b * bs - (i % bs if stagger else 0) - (hi_o - 1 if full else 0) for i, b in enumerate(shares)]
-            if all(lo_p <= p <= hi_p for p in prompts):
-                probes.append([RequestSpec(i, 0, p, hi_o, max(env.max_output_cap, hi_o), min(env.priorities),
-                                           i % env.tenants) for i, p in enumerate(prompts)])
-    return probes
+        q, r = divmod(target - g, n)
+        # the remainder on the last request, then (tried after every one of those) spread one block each over the
+        # first ones: where the last request's share would need a prompt beyond the longest one admission takes
+        # (many requests of nearly max_model_len tokens each fill a production pool), only the spread one fits
+        for shares, into in (([q] * (n - 1) + [q + r], probes), ([q + 1] * r + [q] * (n - r), balanced)):
+            if into is balanced and (r <= 1 or n == 1):
+                continue  # the same shares as above
+            for stagger in (True, False):
+                prompts = [b * bs - (i % bs if stagger else 0) - (hi_o - 1 if full else 0)
+                           for i, b in enumerate(shares)]
+                if all(lo_p <= p <= hi_p for p in prompts):
+                    into.append([RequestSpec(i, 0, p, hi_o, max(env.max_output_cap, hi_o), min(env.priorities),
+                                             i % env.tenants) for i, p in enumerate(prompts)])
+    return probes + balanced
 
 
 def engine_witness(policy: Policy, inv: Invariant, params: dict[str, int], env: Environment) -> str | None:
@@ -104,7 +111,8 @@ def engine_witnesses(policy: Policy, targets: list[tuple[Invariant, dict[str, in
             for k, (inv, params) in enumerate(targets):
                 if found[k] is None and inv.triggered(IntOps, replay.ctx, t, params):
                     found[k] = (f"its situation occurs at iteration {t} of an engine run ({len(specs)} requests "
-                                f"arriving at once, prompts of {specs[0].prompt_len}-{specs[-1].prompt_len} tokens)")
+                                f"arriving at once, prompts of {min(s.prompt_len for s in specs)}-"
+                                f"{max(s.prompt_len for s in specs)} tokens)")
             if all(found):
                 return found
     return found

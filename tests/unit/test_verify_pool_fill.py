@@ -90,7 +90,7 @@ def test_ci_bounds_prove_kv_on_the_real_pool_word_for_word(tmp_path):
     assert _line(checked, tmp_path) == (
         "PROVED       kv_never_overcommitted                   for 3 request slots and any number of iterations "
         "(action-wise induction: core candidates; 7 step-boundary lemmas, 83 mid-step lemmas over 5 actions); its "
-        "situation occurs at iteration 7 of an engine run (3 requests arriving at once, prompts of 13312-13326 "
+        "situation occurs at iteration 7 of an engine run (3 requests arriving at once, prompts of 13311-13326 "
         "tokens); certificate: vllm_v1__kv_never_overcommitted__N3.smt2; N raised from 2 to 3 for this invariant: "
         f"{SHORTFALL}; outputs up to 168 tokens (was 4), so the first requests still run when the last are "
         "prefilled")
@@ -166,3 +166,21 @@ def test_beyond_the_slot_limit_the_proof_is_for_any_n(tmp_path):
         "any N (--any-n)")
     assert checked.notes[0].startswith("its situation occurs at iteration")
     assert (tmp_path / "vllm_v1__kv_never_overcommitted__anyN.smt2").exists()
+
+
+def test_an_imported_production_pool_is_filled_by_the_probe(tmp_path):
+    """Issue 19 item 3 on the import a new user makes (vLLM on an 80 GiB GPU: 29,490 blocks of 16, 58 requests of
+    nearly max_model_len tokens fill it): the PROVED for any N comes with an engine probe that fills the real pool.
+    The pool's remainder over 58 requests put on the last one would need a prompt beyond max_model_len (534 blocks),
+    so the probe spreads it one block each over the first requests (it said "may be vacuous" before)."""
+    from checker.cli import main
+
+    imported = tmp_path / "vllm_80g.yaml"
+    assert main(["import", "vllm", "--model", "x", "--max-model-len", "8192", "--gpu-memory-gib", "80",
+                 "--model-weights-gib", "16", "--kv-bytes-per-token", "131072", "--no-enable-prefix-caching",
+                 "--out", str(imported)]) == 0
+    _, (checked,) = run_verify(imported, ["kv_never_overcommitted"], requests=2, depth=2, timeout_s=120,
+                               out_dir=tmp_path / "cx", proof_dir=tmp_path, unbounded=True)
+    assert checked.verdict is Verdict.PROVED and checked.any_n, checked.line()
+    assert checked.notes[0] == ("its situation occurs at iteration 85 of an engine run (58 requests arriving at once, "
+                                "prompts of 8064-8080 tokens)"), checked.notes
