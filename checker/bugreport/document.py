@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
 from pydantic_core import PydanticCustomError
 
 from checker.fuzz.slo import Property
@@ -19,7 +19,9 @@ from checker.policy import MAX_TOKENS, Policy
 from checker.profile import Profile
 from checker.verify import counterexample as cex
 
-Tokens = Annotated[int, Field(ge=1, le=MAX_TOKENS)]
+# integers are strict (no 0.0, no "3"): replay reads the raw document, so a value pydantic would coerce must be
+# refused here, not reach the engine as a float or a string
+Tokens = Annotated[StrictInt, Field(ge=1, le=MAX_TOKENS)]
 Millis = Annotated[float, Field(ge=0, le=1e12)]  # the JSON trace's bound (checker.traces.TraceRequest)
 MAX_ITERATIONS = 100_000
 """The last iteration a counterexample may record: replay steps the engine that far."""
@@ -30,17 +32,17 @@ class _Open(BaseModel):
 
 
 class CexRequest(_Open):
-    id: Annotated[int, Field(ge=0)]
+    id: Annotated[StrictInt, Field(ge=0)]
     arrival_ms: Millis
     prompt_tokens: Tokens
     output_tokens: Tokens
     max_output_tokens: Tokens
-    priority: Annotated[int, Field(ge=-1_000_000, le=1_000_000)] = 0
-    tenant: Annotated[int, Field(ge=0, le=1_000_000)] | str = 0
+    priority: Annotated[StrictInt, Field(ge=-1_000_000, le=1_000_000)] = 0
+    tenant: Annotated[StrictInt, Field(ge=0, le=1_000_000)] | str = 0
     class_: Annotated[str | None, Field(alias="class")] = None
     cancel_after_ms: Millis | None = None
     # generated workloads' prompts use negative token ids (checker.workload.TokenNames), traces' positive ones
-    prompt_runs: list[tuple[Annotated[int, Field(ge=-2**62, le=2**62)], Tokens]] | None = None
+    prompt_runs: list[tuple[Annotated[StrictInt, Field(ge=-2**62, le=2**62)], Tokens]] | None = None
 
 
 class CexPolicy(_Open):
@@ -53,7 +55,7 @@ class CexPolicy(_Open):
 class CexProperty(_Open):
     kind: Literal["invariant", "slo", "liveness"]
     name: Annotated[str, Field(min_length=1)]
-    params: dict[str, int] = {}
+    params: dict[str, StrictInt] = {}
     statement: str | None = None
     module: str | None = None  # a user invariant's --invariant-module, as given when it was found
     spec: Property | None = None
@@ -63,11 +65,11 @@ class CexProperty(_Open):
 
 
 class CexClock(_Open):
-    step_us: Annotated[int, Field(ge=1, le=3_600_000_000)]
+    step_us: Annotated[StrictInt, Field(ge=1, le=3_600_000_000)]
 
 
 class CexViolation(_Open):
-    iteration: Annotated[int | None, Field(ge=0, le=MAX_ITERATIONS)] = None
+    iteration: Annotated[StrictInt | None, Field(ge=0, le=MAX_ITERATIONS)] = None
 
 
 class CexProfile(_Open):
