@@ -189,7 +189,7 @@ def _verify(args: argparse.Namespace) -> int:
         if given:
             raise UsageError(f"--{given[0].replace('_', '-')} is not an option of verify --liveness (liveness "
                              f"options: --requests, --step-ms, --timeout, --out, --json, --property, --prompts, "
-                             f"--identities, --external, --outputs, --priorities, --tenants, --cancellations, "
+                             f"--identities, --external, --accepted, --outputs, --priorities, --tenants, --cancellations, "
                              f"--arrivals-per-step, "
                              f"--set, --max-states, --jobs)")
         args.requests = 2 if args.requests is None else args.requests

@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     report = run_liveness(args.policy, args.property, args.requests, args.prompts, args.outputs, args.priorities,
                           args.tenants, args.cancellations, args.arrivals_per_step, args.step_ms, args.set,
                           args.max_states, args.timeout, args.out, terminal_progress(), args.jobs,
-                          identities=args.identities, external=args.external)
+                          identities=args.identities, external=args.external, accepted=args.accepted)
     terminal_progress.clear()
     code = report.exit_code()
     if args.json:
@@ -80,7 +80,7 @@ DESCRIPTION = ("Enumerate every reachable state of the policy with a bounded num
 
 # The options of the instance that only the liveness check reads (verify --liveness takes them too).
 INSTANCE_OPTIONS = ("property", "prompts", "outputs", "priorities", "tenants", "cancellations", "arrivals_per_step",
-                    "identities", "external", "set", "max_states", "jobs")
+                    "identities", "external", "accepted", "set", "max_states", "jobs")
 
 
 def add_instance_arguments(p: argparse.ArgumentParser) -> None:
@@ -96,6 +96,9 @@ def add_instance_arguments(p: argparse.ArgumentParser) -> None:
                    "arrival may have, among none, block (its first KV block), all (its whole prompt) and token counts "
                    "(default none,block,all); load latencies come from connector.max_load_steps and "
                    "connector.transfers_may_hang")
+    p.add_argument("--accepted", type=_ints, metavar="LIST", help="speculative decoding: how many drafts the verifier "
+                   "may accept in a step, the environment's choice for each request verifying drafts, e.g. 0 (every "
+                   "draft rejected: the worst case) or 0:2 (default 0..speculative.num_tokens)")
     p.add_argument("--outputs", type=_ints, default=(1, 2), metavar="LIST", help="output lengths (default 1:2)")
     p.add_argument("--priorities", type=_ints, metavar="LIST",
                    help="priorities (default 0,1 when the policy reads priorities, else 0)")

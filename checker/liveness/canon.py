@@ -53,8 +53,10 @@ from checker.errors import InputError, InternalError, Problem
 from checker.policy import Policy, QueueOrder, Requeue, Scheduler
 from checker.requests import IDENTITIES, Identity, RequestSpec, identity_content
 from checker.semantics.blockpool import NO_PARENT, BlockPool, Chains, block_tokens
+from checker.semantics.inflight import Batch, PipeState
 from checker.semantics.order import key_function
 from checker.semantics.sglang import arrival as sglang_arrival
+from checker.semantics.speculative import SpecState
 from checker.semantics.state import NEVER, Request, SchedulerState, SGLangState, Status
 
 WAITING, SWAPPED, RUNNING, CANCELLED = int(Status.WAITING), int(Status.SWAPPED), int(Status.RUNNING), int(Status.CANCELLED)
@@ -94,6 +96,11 @@ def holding_count(key: tuple, timed: bool) -> int:
     key has ages (Canon.timed)."""
     m = key[0]
     return key[1 + m * FIELDS_PER_REQUEST + (m if timed and m else 0)]
+# With async scheduling (policy.pipeline) the key has an async section after the tenant counters (and the drafts per
+# live request before it, with speculative decoding): the number of batches in flight, per batch a row per live request
+# (its place in the batch's order, 0: not in it; tokens scheduled; output placeholders pending; finishing in it; drafts
+# verified and accepted; stale), then per live request whether it is finishing (PipeState.finishing).
+FIELDS_PER_BATCH_ROW = 7
 FIELDS_PER_HOLDING = 2  # blocks, steps until release (with a KV connector: NEVER_CODE for a release that never comes)
 
 # With a KV connector the key has a connector section (after the tenant counters, before the pool): per live request
@@ -190,6 +197,10 @@ class Canon:
         # state, so the key without it, running requests ranked by admission)
         self.sglang_rules = policy.scheduler is Scheduler.SGLANG
         self.sglang = self.sglang_rules and block_identity
+        # speculative decoding and async scheduling: the key has their sections (block_identity=False, replayed frames:
+        # they carry neither drafts nor batches in flight, so the key without them)
+        self.speculative = policy.speculative.enabled and block_identity
+        self.pipelined = policy.pipeline.enabled and block_identity
         self.preempting = self.sglang_rules and policy.preempts_on_inversion  # fill lengths and running entries read
         self.policy = policy
         self.step_us = step_us
@@ -376,12 +387,14 @@ class Canon:
     def encode_requests(self, requests: list[Request], next_now_us: int, next_step: int,
                         counters: list[int] | tuple[int, ...] = (), pool: BlockPool | None = None,
                         holding: list[Request] | None = None, holders: list[Request] | None = None,
-                        sglang: SGLangState | None = None, running: list[Request] | None = None) -> tuple:
+                        sglang: SGLangState | None = None, running: list[Request] | None = None,
+                        spec: SpecState | None = None, pipe: PipeState | None = None) -> tuple:
         """The key of a state given its requests in arrival order (ties: by number). ``next_now_us`` is
         when the next iteration starts; ``next_step`` its index (for release lags and transfers); ``pool``: its
         block pool (with the cache); ``holding`` and ``holders``: the state's lists of those names (with a KV
         connector: the holders' queue order, and with the cache the order in which held blocks are freed);
-        ``sglang`` and ``running``: under SGLang's rules its SGLangState and running list (SGLang's batch order)."""
+        ``sglang`` and ``running``: under SGLang's rules its SGLangState and running list (SGLang's batch order);
+        ``spec`` and ``pipe``: with speculative decoding its drafts, with async scheduling its batches in flight."""
         live = []
         holding_entries = None  # (blocks, steps until release[, transfer code]) of the requests holding KV after they left
         held = [] if self.cache else None  # with the cache: those requests
@@ -452,6 +465,15 @@ class Canon:
         if self.fair:
             low = min(counters)
             out += (c - low for c in counters)
+        if self.speculative or self.pipelined:
+            if (spec is None) is self.speculative or (pipe is None) is self.pipelined:
+                raise InternalError("liveness: a speculative or async state without its drafts or batches in flight")
+            position = {r.rid: i for i, r in enumerate(live)}
+            if spec is not None:
+                drafts = spec.drafts
+                out += (drafts.get(r.rid, 0) for r in live)
+            if pipe is not None:
+                self._encode_pipe(out, pipe, live, position)
         if connector:
             self._encode_connector(out, live, holding_entries or (), next_step, holders)
         if self.cache:
@@ -492,6 +514,39 @@ class Canon:
             raise InternalError(f"liveness: SGLang's chunked request {g.chunked} is not live")
         out += (chunked, (SG_FULL if g.batch_is_full else 0) | (SG_SHRUNK if g.shrunk else 0)
                 | (SG_RAN if g.ran_batch else 0) | (SG_REMADE if g.remade else 0), float_bits(g.ratio))
+
+    def _encode_pipe(self, out: list, pipe: PipeState, live: list[Request], position: dict[int, int]) -> None:
+        """The async section (see FIELDS_PER_BATCH_ROW): the batches in flight, oldest first, each as a row per live
+        request, then per live request whether it is finishing in one of them. A request that is no longer live
+        (finished, rejected, cancelled) is left out of a batch: resolving it reads nothing of it but its status."""
+        out.append(len(pipe.batches))
+        for b in pipe.batches:
+            rank = {rid: i for i, rid in enumerate((rid for rid in b.scheduled if rid in position), 1)}
+            scheduled, pending, finishing, verified, stale = b.scheduled, b.pending, b.finishing, b.verified, b.stale
+            for r in live:
+                rid = r.rid
+                d, a = verified.get(rid, (0, 0))
+                out += (rank.get(rid, 0), scheduled.get(rid, 0), pending.get(rid, 0), 1 if rid in finishing else 0,
+                        d, a, 1 if rid in stale else 0)
+        out += (1 if r.rid in pipe.finishing else 0 for r in live)
+
+    def _decode_pipe(self, s: SchedulerState, key: tuple, pos: int, m: int) -> int:
+        """The async section from ``pos`` on into a new PipeState of ``s`` (live requests numbered 0..m-1); returns
+        the position after it."""
+        pipe = s.pipe = PipeState(self.policy)
+        for _ in range(key[pos]):
+            rows = [key[pos + 1 + i * FIELDS_PER_BATCH_ROW:pos + 1 + (i + 1) * FIELDS_PER_BATCH_ROW] for i in range(m)]
+            pos += m * FIELDS_PER_BATCH_ROW
+            order = sorted((row[0], i) for i, row in enumerate(rows) if row[0])
+            b = Batch({i: rows[i][1] for _, i in order})
+            b.pending = {i: row[2] for i, row in enumerate(rows) if row[2]}
+            b.finishing = [i for _, i in order if rows[i][3]]
+            b.verified = {i: (row[4], row[5]) for i, row in enumerate(rows) if row[4]}
+            b.stale = {i for i, row in enumerate(rows) if row[6]}
+            pipe.batches.append(b)
+        pos += 1
+        pipe.finishing = {i for i in range(m) if key[pos + i]}
+        return pos + m
 
     def _holding_entry(self, r: Request, next_step: int) -> tuple:
         """(blocks, steps until release[, transfer code]) of a request holding KV after it left."""
@@ -564,7 +619,7 @@ class Canon:
     def encode(self, s: SchedulerState, next_now_us: int) -> tuple:
         """The key of a SchedulerState whose requests are numbered in arrival order."""
         return self.encode_requests(s.requests, next_now_us, s.step, s.tenant_counters, s.pool, s.holding, s.holders,
-                                    s.sglang, s.running)
+                                    s.sglang, s.running, s.spec, s.pipe)
 
     # ------------------------------------------------------------------------------------- decode
     def decode(self, key: tuple) -> tuple[SchedulerState, int]:
@@ -588,8 +643,8 @@ class Canon:
         s.step = 0
         s.sglang = None  # under SGLang's rules: below
         s.pool = None  # with the cache: below
-        s.spec = None  # speculative decoding: the explorer refuses it (explore.explore)
-        s.pipe = None  # async scheduling: the explorer refuses it (explore.explore)
+        s.spec = None  # speculative decoding: below
+        s.pipe = None  # async scheduling: below
         requests: list[Request] = []
         running: list[tuple[int, Request]] = []
         waiting: list[Request] = []
@@ -629,6 +684,12 @@ class Canon:
         s.next_seq = top_seq + 1
         s.tenant_counters = list(key[pos:pos + self.tenants]) if self.fair else [0] * self.tenants
         pos += self.tenants if self.fair else 0
+        if self.speculative:
+            s.spec = SpecState(self.policy)
+            s.spec.drafts = {i: d for i, d in enumerate(key[pos:pos + m]) if d}
+            pos += m
+        if self.pipelined:
+            pos = self._decode_pipe(s, key, pos, m)
         if self.connector:
             pos = self._decode_connector(s, key, pos, requests[:m], holding, waiting)
         if self.cache:

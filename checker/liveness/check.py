@@ -133,11 +133,13 @@ class LivenessReport:
 # ----------------------------------------------------------------------------------------- concrete traces
 def concrete_trace(sg: StateGraph, steps: list[tuple[int, Choice]]) -> list[RequestSpec]:
     """The requests of a path of the graph as a trace: each arrival is a new request (numbered in arrival
-    order), each cancel sets that request's cancel time. Checks that the path's states are the graph's."""
+    order), each cancel sets that request's cancel time; with speculative decoding each request's ``accepted``
+    lists the verifier's choices at its verifying steps. Checks that the path's states are the graph's."""
     trans = Transition(sg.canon, sg.env)
     step_us = sg.env.step_us
     specs: list[RequestSpec] = []
     live: list[int] = []  # trace numbers of the live requests, in arrival order
+    accepted: dict[int, list[int]] = {}  # trace number -> drafts accepted at each of its verifying steps
     for k, (node, choice) in enumerate(steps):
         key = sg.keys[node]
         if len(live) != key[0]:
@@ -151,11 +153,17 @@ def concrete_trace(sg: StateGraph, steps: list[tuple[int, Choice]]) -> list[Requ
         for pos in choice[1]:
             specs[live[pos]] = replace(specs[live[pos]], cancel_us=now)
         s, _, next_now = trans.apply(key, choice)
+        if s.spec is not None:  # the verifier's choice, appended to what each request verifying drafts accepts
+            chosen = dict(choice[2]) if len(choice) > 2 else {}
+            for rid in s.spec.verified:  # the representative's live requests are numbered by position
+                accepted.setdefault(live[rid], []).append(chosen.get(rid, 0))
         new = range(len(specs) - len(choice[0]), len(specs))
         number = {i: live[i] for i in range(m)} | {m + holding + j: g for j, g in enumerate(new)}
         live = [number[rid] for rid in live_positions(s)]
         if k + 1 < len(steps) and sg.canon.encode(s, next_now) != sg.keys[steps[k + 1][0]]:
             raise InternalError(f"liveness: path step {k} does not reach the graph's next state")
+    for number, values in accepted.items():
+        specs[number] = replace(specs[number], accepted=tuple(values))
     return specs
 
 
@@ -174,7 +182,9 @@ def confirm_lasso(policy: Policy, sg: StateGraph, lasso: Lasso) -> tuple[list[Re
     replay = replay_fixed_clock(policy, specs, len(steps), sg.env.step_us, sg.env.tenants)
     params = {"prefix": len(lasso.prefix), "cycle": len(lasso.cycle)}
     at = first_violation(LIVENESS[lasso.prop], params, replay)
-    if at != len(steps) - 1 or ((sg.canon.cache or sg.canon.connector or sg.canon.sglang) and not _pool_closes(policy, sg, lasso, specs)):
+    c = sg.canon
+    whole = c.cache or c.connector or c.sglang or c.speculative or c.pipelined  # state the frames do not carry
+    if at != len(steps) - 1 or (whole and not _pool_closes(policy, sg, lasso, specs)):
         raise InternalError(f"liveness: the engine's replay of the {lasso.prop} lasso for policy {policy.name} "
                             f"does not close the cycle (prefix {params['prefix']}, cycle {params['cycle']}); "
                             f"requests: {cex.requests_json(specs)}")
@@ -182,9 +192,10 @@ def confirm_lasso(policy: Policy, sg: StateGraph, lasso: Lasso) -> tuple[list[Re
 
 
 def _pool_closes(policy: Policy, sg: StateGraph, lasso: Lasso, specs: list[RequestSpec]) -> bool:
-    """With the cache, a KV connector or SGLang's rules: the engine's states after the prefix, one turn and two turns
-    have the same whole key, block pool content, transfers and SGLang's scheduler state included (the frames the
-    property reads carry no block identity, no transfer steps and no SGLang state: checker.liveness.properties)."""
+    """With the cache, a KV connector, SGLang's rules, speculative decoding or async scheduling: the engine's states
+    after the prefix, one turn and two turns have the same whole key, block pool content, transfers, SGLang's
+    scheduler state, drafts and batches in flight included (the frames the property reads carry none of these:
+    checker.liveness.properties)."""
     env = sg.env
     ends = [len(lasso.prefix) + j * len(lasso.cycle) for j in range(3)]
     keys = {sg.canon.encode(replay_fixed_clock(policy, specs, n, env.step_us, env.tenants).state, n * env.step_us)
@@ -327,14 +338,15 @@ def run_liveness(policy: PolicyInput, properties: list[str] | None = None, reque
                  max_states: int | None = None, timeout_s: float = 60.0,
                  out_dir: str | Path | None = "counterexamples", progress=None, jobs: int = 1,
                  identities: tuple[Identity, ...] | None = None,
-                 external: tuple[int, ...] | None = None) -> LivenessReport:
+                 external: tuple[int, ...] | None = None, accepted: tuple[int, ...] | None = None) -> LivenessReport:
     """Explore the policy's reachable states for a small instance into a networkx graph and check
     eventually_served, no_livelock and no_deadlock on it (docs/liveness.md); returns a LivenessReport.
     Defaults: prompts of one KV block (two with prefix caching), priorities 0 and 1 when the policy reads
     priorities (else 0), prompt identities (prefix caching only) DEFAULT_IDENTITIES; with a loading KV connector,
     ``external`` hits (tokens; explore.EXTERNAL_ALL: the whole prompt, EXTERNAL_BLOCK: one block; default none, the
     first block and the whole prompt),
-    load latencies from the policy's connector section (explore.instance_env).
+    load latencies from the policy's connector section (explore.instance_env); with speculative decoding the drafts
+    the verifier may accept in a step, ``accepted`` (default 0..speculative.num_tokens).
     ``jobs`` > 1 explores with that many worker processes (the same graph)."""
     for name in properties or []:
         if name not in ALL_PROPERTIES:
@@ -343,7 +355,7 @@ def run_liveness(policy: PolicyInput, properties: list[str] | None = None, reque
         raise InputError(Problem("--jobs", jobs, ">= 1"))
     pol = apply_overrides(load_policy(policy), overrides)
     env = liveness_env(pol, requests, prompts, outputs, priorities, tenants, cancellations, arrivals_per_step, step_ms,
-                       identities, external)
+                       identities, external, accepted)
     return check_liveness(pol, policy_source(policy), env, properties, max_states or DEFAULT_MAX_STATES, timeout_s,
                           Path(out_dir) if out_dir is not None else None, overrides, progress, jobs)
 
@@ -352,7 +364,7 @@ def liveness_env(pol: Policy, requests: int = 2, prompts: tuple[int, ...] | None
                  outputs: tuple[int, ...] = (1, 2), priorities: tuple[int, ...] | None = None, tenants: int = 1,
                  cancellations: bool = False, arrivals_per_step: int | None = None,
                  step_ms: float = 10.0, identities: tuple[Identity, ...] | None = None,
-                 external: tuple[int, ...] | None = None) -> LivenessEnv:
+                 external: tuple[int, ...] | None = None, accepted: tuple[int, ...] | None = None) -> LivenessEnv:
     """The LivenessEnv of an instance of ``pol``, with run_liveness's defaults; InputError (naming the
     liveness option) for an instance that cannot be explored, e.g. a step that does not divide the aging
     interval, or prompt identities for a policy without prefix caching."""
@@ -364,12 +376,22 @@ def liveness_env(pol: Policy, requests: int = 2, prompts: tuple[int, ...] | None
         raise InputError(Problem("--external", ",".join(map(external_name, external)),
                                  "only with a KV connector that loads (connector.kind offload or decode_node; without one "
                                  "a request's external hit is never read)"))
+    if accepted is not None:
+        spec = pol.speculative
+        shown = ",".join(map(str, accepted))
+        if not spec.enabled:
+            raise InputError(Problem("--accepted", shown, "only with speculative decoding (speculative.method other "
+                                     "than none; without it no draft is ever verified)"))
+        if not accepted or max(accepted) > spec.num_tokens or min(accepted) < 0:
+            raise InputError(Problem("--accepted", shown, f"draft counts in 0..{spec.num_tokens} "
+                                     f"(speculative.num_tokens={spec.num_tokens}: the verifier accepts at most the "
+                                     "drafts scheduled)"))
     if external is not None:  # "block": the policy's block size
         external = tuple(pol.kv.block_size if e == EXTERNAL_BLOCK else e for e in external)
     prompt = pol.kv.block_size * (2 if caching else 1)  # with the cache: a block a fresh request can hit
     env = LivenessEnv(requests, tuple(prompts or (prompt,)), tuple(outputs),
                       tuple(priorities or ((0, 1) if reads_priority else (0,))), tenants, cancellations,
-                      arrivals_per_step, round(step_ms * 1000), identities, external=external)
+                      arrivals_per_step, round(step_ms * 1000), identities, external=external, accepted=accepted)
     env = instance_env(pol, env)
     make_canon(pol, env)  # checks the clock against the policy's aging, and the identities against the cache
     return env

@@ -86,6 +86,9 @@ class LivenessEnv:
     external: tuple[int, ...] | None = None
     load_steps: tuple[int | None, ...] | None = None
     send_steps: tuple[int | None, ...] | None = None
+    # Speculative decoding (instance_env fills it in: 0..speculative.num_tokens): the numbers of drafts the verifier
+    # may accept in a step, the environment's choice for each request that verifies drafts (capped at its drafts).
+    accepted: tuple[int, ...] | None = None
 
     def __post_init__(self):
         for name in ("prompts", "outputs", "priorities"):  # sets: the same instance explores the same way
@@ -117,6 +120,11 @@ class LivenessEnv:
                                          "none, block, all or token counts >= 0" if flag == "--external" else
                                          f"steps >= {low}, or None (never)"))
             object.__setattr__(self, flag.strip("-"), tuple(dict.fromkeys(values)))
+        if self.accepted is not None:
+            if not self.accepted or min(self.accepted) < 0:
+                raise InputError(Problem("--accepted", ",".join(map(str, self.accepted)) or "<empty>",
+                                         "draft counts >= 0, e.g. 0 (every draft rejected) or 0,1,2"))
+            object.__setattr__(self, "accepted", tuple(sorted(set(self.accepted))))
 
     @property
     def transfers_chosen(self) -> bool:
@@ -150,7 +158,10 @@ class LivenessEnv:
                f", prompt identities {{{', '.join(map(identity_name, self.identities))}}}"),
             ("a client may cancel any live request before any iteration" if self.cancellations else "no cancellations")
             + f"; iteration k starts at k * {self.step_us / 1000:g} ms; the environment always keeps stepping",
-        ] + ([self._describe_transfers()] if self.transfers_chosen else [])
+        ] + ([self._describe_transfers()] if self.transfers_chosen else []) + (
+            [] if self.accepted is None else
+            [f"speculative decoding: before each iteration the verifier's choice, for every request verifying drafts, "
+             f"of how many it accepts, in {{{_join(self.accepted)}}} (capped at the drafts scheduled)"])
 
     def _describe_transfers(self) -> str:
         def steps(values) -> str:
@@ -173,7 +184,8 @@ class LivenessEnv:
                 **({} if self.identities is None else {"prompt_identities": [identity_token(i) for i in self.identities]}),
                 **({} if self.external is None else {"external_tokens": list(map(external_name, self.external))}),
                 **{name: list(values) for name, values in (("load_steps", self.load_steps),
-                                                           ("send_steps", self.send_steps)) if values is not None}}
+                                                           ("send_steps", self.send_steps)) if values is not None},
+                **({} if self.accepted is None else {"accepted_drafts": list(self.accepted)})}
 
 
 def instance_env(policy: Policy, env: LivenessEnv) -> LivenessEnv:
@@ -192,6 +204,8 @@ def instance_env(policy: Policy, env: LivenessEnv) -> LivenessEnv:
             env = replace(env, load_steps=latencies)
     if con.pins and env.send_steps is None:
         env = replace(env, send_steps=tuple(v - 1 if v is not None else None for v in latencies))
+    if policy.speculative.enabled and env.accepted is None:
+        env = replace(env, accepted=tuple(range(policy.speculative.num_tokens + 1)))
     return env
 
 
@@ -204,8 +218,18 @@ def _join(values) -> str:
 
 
 # A choice: the classes that arrive (in arrival order) and the positions (in arrival order among the live
-# requests) of the requests the clients cancel.
-Choice = tuple[tuple[int, ...], tuple[int, ...]]
+# requests) of the requests the clients cancel; with speculative decoding also the verifier's choice: (position,
+# drafts accepted) for each request that verifies drafts in the iteration (Transition.acceptance).
+Choice = tuple  # (arrivals, cancels) or (arrivals, cancels, acceptance)
+
+
+def offer(s: SchedulerState, accepted: dict[int, int]) -> None:
+    """The verifier accepts ``accepted[rid]`` of the drafts request rid verifies in the coming step: the entry of what
+    checker.semantics.speculative.accepted reads at its next verifying step (a log's fed counts, as check-log feeds
+    them)."""
+    fed, verified = s.spec.fed, s.spec.verified
+    for rid, a in accepted.items():
+        fed[rid] = [0] * verified.get(rid, 0) + [a]
 
 
 class Label(NamedTuple):  # immutable; a tuple, cheap to build and to send between processes
@@ -280,6 +304,8 @@ class Transition:
         self._specs: dict[tuple[int, int, int], RequestSpec] = {}  # (number, arrival, class) -> spec
         self._memo: dict[tuple, tuple] | None = {} if memo else None
         self._expires = canon.policy.timeouts.queue_timeout_ms is not None  # phase 4 may reject a waiting request
+        # speculative decoding: the verifier's acceptance counts the environment chooses from (None: off)
+        self.accepted = env.accepted if canon.policy.speculative.enabled else None
         self.deadline: float | None = None  # time.monotonic() past which successors() stops (explore's --timeout)
         self.max_states: int | None = None  # successors of one state past which successors() stops (--max-states)
 
@@ -303,6 +329,8 @@ class Transition:
         requests = s.requests
         arrivals = [Request(self._spec(len(requests) + k, now, cid)) for k, cid in enumerate(choice[0])]
         requests += arrivals
+        if len(choice) > 2:  # the verifier's choices (Transition.acceptance), by live position: the representative's rid
+            offer(s, dict(choice[2]))
         found = ObservedPool.found
         d = step(s, arrivals, [requests[i] for i in choice[1]], now)
         self.choices_run += 1
@@ -362,6 +390,7 @@ class Transition:
         self.choices_run += sum(len(class_ids) ** n for n in range(limit + 1)) * len(cancel_options)
         level: list[tuple[tuple[int, ...], SchedulerState]] = [((), base)]
         adopted_n = found_n = 0  # choices with a prefix-cache hit adopted, found
+        accepting, extra = self.accepted is not None, 0
         for n in range(limit + 1):
             last = n == limit
             following: list[tuple[tuple[int, ...], SchedulerState]] = []
@@ -378,41 +407,39 @@ class Transition:
                         gone_before = [requests[i].status in TERMINAL_STATUSES for i in range(live)]
                         left = True in gone_before  # a live request of the source left in phases 3-4
                     mid = encode(t, now)
-                    hit = memo.get(mid)
-                    if hit is None:
+                    outcomes = memo.get(mid)
+                    if outcomes is None:
                         if t is s and not last:
                             t = s.copy()  # s has arrivals to come
-                        mid_live = [r for r in t.requests if r.status in LIVE_STATUSES]
-                        found = ObservedPool.found
-                        d = step_schedule(t, now, DecisionBuilder())
-                        self.steps_run += 1
-                        gone_mid = 0
-                        for j, r in enumerate(mid_live):
-                            if r.status in TERMINAL_STATUSES:
-                                gone_mid |= 1 << j
-                        hit = memo[mid] = (encode(t, next_now), d.num_scheduled_tokens, bool(d.finished), gone_mid,
-                                           bool(d.cache_hits), ObservedPool.found > found)
-                    succ, tokens, finished, gone_mid, adopted, found_hit = hit
-                    adopted_n += adopted
-                    found_n += found_hit
+                        outcomes = memo[mid] = self._schedule(t, now, next_now)
+                    if accepting:  # each acceptance choice is a choice of its own
+                        extra += len(outcomes) - 1
                     if left:  # source positions -> positions after phases 1-4 (the requests that stayed, in order)
-                        gone = 0
-                        j = 0
-                        for i in range(live):
-                            if gone_before[i]:
-                                gone |= 1 << i
-                            else:
+                        stayed = [i for i in range(live) if not gone_before[i]]
+                    for acc, succ, tokens, finished, gone_mid, adopted, found_hit in outcomes:
+                        adopted_n += adopted
+                        found_n += found_hit
+                        if left:
+                            gone = 0
+                            for i in range(live):
+                                if gone_before[i]:
+                                    gone |= 1 << i
+                            for j, i in enumerate(stayed):
                                 if gone_mid >> j & 1:
                                     gone |= 1 << i
-                                j += 1
-                    else:  # the source's live requests are the first ones after phases 1-4
-                        gone = gone_mid & everyone
-                    core = (tokens > 0, finished, bool(cancelled), gone)
-                    labels = out.get(succ)
-                    if labels is None:
-                        labels = out[succ] = {}
-                    if core not in labels:
-                        labels[core] = Label(tokens, finished, core[2], gone, (arrived, cancelled))
+                        else:  # the source's live requests are the first ones after phases 1-4
+                            gone = gone_mid & everyone
+                        core = (tokens > 0, finished, bool(cancelled), gone)
+                        labels = out.get(succ)
+                        if labels is None:
+                            labels = out[succ] = {}
+                        if core not in labels:
+                            if acc is None:
+                                choice = (arrived, cancelled)
+                            else:  # mid positions -> source positions (a request holding drafts is no arrival)
+                                choice = (arrived, cancelled,
+                                          tuple((stayed[j] if left else j, a) for j, a in acc))
+                            labels[core] = Label(tokens, finished, core[2], gone, choice)
                 if not last:
                     for cid, spec in zip(class_ids, table[n]):
                         c = s.copy()
@@ -423,6 +450,60 @@ class Transition:
             level = following
         self.hit_choices += adopted_n
         self.found_choices += found_n
+        self.choices_run += extra
+        return out
+
+    def _schedule(self, t: SchedulerState, now: int, next_now: int) -> tuple[tuple, ...]:
+        """Phases 5-6 of the step on the state after phases 1-4 (``t``, stepped in place), once per acceptance
+        choice (``acceptance``): the outcomes (acceptance as (position after phases 1-4, accepted) pairs, or None
+        without speculative decoding; successor key, tokens scheduled, a finish, the requests of t gone (bits by
+        position), a cache hit adopted, one found)."""
+        if self.accepted is None:
+            return (self._outcome(t, now, next_now, None),)
+        return tuple(self._outcome(c, now, next_now, acc)
+                     for acc, c in self.acceptance(t, lambda c: step_schedule(c, now, DecisionBuilder())))
+
+    def _outcome(self, t: SchedulerState, now: int, next_now: int, acc) -> tuple:
+        mid_live = [r for r in t.requests if r.status in LIVE_STATUSES]
+        found = ObservedPool.found
+        d = step_schedule(t, now, DecisionBuilder())
+        self.steps_run += 1
+        gone_mid = 0
+        for j, r in enumerate(mid_live):
+            if r.status in TERMINAL_STATUSES:
+                gone_mid |= 1 << j
+        return (acc, self.canon.encode(t, next_now), d.num_scheduled_tokens, bool(d.finished), gone_mid,
+                bool(d.cache_hits), ObservedPool.found > found)
+
+    def acceptance(self, t: SchedulerState, run) -> list[tuple[tuple[tuple[int, int], ...], SchedulerState]]:
+        """The environment's acceptance choices in a state about to be scheduled (``run(c)`` runs what follows on a
+        copy ``c``): for each live request holding drafts, how many of them the verifier accepts, among
+        ``env.accepted`` (capped at the drafts it holds: the verifier accepts at most those scheduled). Which
+        requests verify does not depend on the choice (phase 5 reads none of it), so one probe with the first
+        option each finds them, and only their options are enumerated. Returns (choice as (live position, accepted)
+        pairs of the requests that verify, a copy of ``t`` with the choice offered), the probe's first, in the
+        order of itertools.product; the copies are not stepped."""
+        live = [r for r in t.requests if r.status in LIVE_STATUSES]
+        drafts, verified = t.spec.drafts, t.spec.verified
+        options = []  # (position, rid, accepted counts) of the live requests holding drafts
+        for j, r in enumerate(live):
+            held = drafts.get(r.rid, 0)
+            if held:
+                options.append((j, r.rid, sorted({min(a, held) for a in self.accepted})))
+        first = t.copy()
+        offer(first, {rid: values[0] for _, rid, values in options})
+        probe = first.copy()
+        run(probe)
+        options = [o for o in options if probe.spec.verified.get(o[1], 0) > verified.get(o[1], 0)]
+        out = []
+        for combo in itertools.product(*(values for _, _, values in options)):
+            acc = tuple((j, a) for (j, _, _), a in zip(options, combo))
+            if not out:
+                out.append((acc, first))
+                continue
+            c = t.copy()
+            offer(c, {rid: a for (_, rid, _), a in zip(options, combo)})
+            out.append((acc, c))
         return out
 
     def _successors_whole(self, key: tuple) -> dict[tuple, dict[tuple, Label]]:
@@ -435,19 +516,31 @@ class Transition:
         for arriving in arrival_options:
             self._within_limits(len(out))
             for cancelled in cancel_options:
-                choice = (arriving, cancelled)
-                s, d = self._stepped(base, now, choice)
-                succ = self.canon.encode(s, next_now)
-                gone = 0
-                for i in range(live):
-                    if s.requests[i].status in TERMINAL_STATUSES:
-                        gone |= 1 << i
-                tokens = d.num_scheduled_tokens
-                core = (tokens > 0, bool(d.finished), bool(cancelled), gone)
-                labels = out.setdefault(succ, {})
-                if core not in labels:
-                    labels[core] = Label(tokens, core[1], core[2], gone, choice)
+                for choice in self._accepting(base, now, (arriving, cancelled)):
+                    s, d = self._stepped(base, now, choice)
+                    succ = self.canon.encode(s, next_now)
+                    gone = 0
+                    for i in range(live):
+                        if s.requests[i].status in TERMINAL_STATUSES:
+                            gone |= 1 << i
+                    tokens = d.num_scheduled_tokens
+                    core = (tokens > 0, bool(d.finished), bool(cancelled), gone)
+                    labels = out.setdefault(succ, {})
+                    if core not in labels:
+                        labels[core] = Label(tokens, core[1], core[2], gone, choice)
         return out
+
+    def _accepting(self, base: SchedulerState, now: int, choice: Choice) -> list[Choice]:
+        """The choice with each of the environment's acceptance choices (without speculative decoding: itself)."""
+        if self.accepted is None:
+            return [choice]
+        arriving, cancelled = choice
+        requests = base.requests
+        events = (lambda c: step(c, [c.requests[len(requests) + k] for k in range(len(arriving))],
+                                 [c.requests[i] for i in cancelled], now))
+        with_arrivals = base.copy()
+        with_arrivals.requests += [Request(self._spec(len(requests) + k, now, cid)) for k, cid in enumerate(arriving)]
+        return [(arriving, cancelled, acc) for acc, _ in self.acceptance(with_arrivals, events)]
 
 
 def initial_key(canon: Canon, env: LivenessEnv) -> tuple:
@@ -465,14 +558,10 @@ def explore(policy: Policy, env: LivenessEnv, max_states: int = DEFAULT_MAX_STAT
     state; a time limit cuts wherever the clock says)."""
     if policy.scheduler is Scheduler.SGLANG:
         _sglang_supported(policy)
-    if policy.speculative.enabled:  # its drafts are not in the canonical key (checker/liveness/canon.py)
-        raise InputError(Problem("speculative.method", policy.speculative.method.value, "none for the liveness "
-                                 "explorer: speculative decoding's drafts and the verifier's choices are not in its "
-                                 "canonical states yet; simulate, fuzz and check-log run the engine with it"))
-    if policy.pipeline.enabled:  # its batch in flight is not in the canonical key (checker/liveness/canon.py)
-        raise InputError(Problem("pipeline.in_flight", policy.pipeline.in_flight, "0 for the liveness explorer: async "
-                                 "scheduling's batch in flight is not in its canonical states yet; simulate, fuzz and "
-                                 "check-log run the engine with it"))
+    if policy.pipeline.in_flight > 1:  # the policy refuses it too; one built without validation is refused here
+        raise InputError(Problem("pipeline.in_flight", policy.pipeline.in_flight, "0 or 1 for the liveness explorer: "
+                                 "pipeline parallelism (more than one batch in flight) is not modelled yet "
+                                 "(docs/liveness.md, \"Speculative decoding and async scheduling\")"))
     started = time.monotonic()
     env = instance_env(policy, env)
     canon = make_canon(policy, env)
