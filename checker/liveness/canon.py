@@ -201,6 +201,7 @@ class Canon:
         # they carry neither drafts nor batches in flight, so the key without them)
         self.speculative = policy.speculative.enabled and block_identity
         self.pipelined = policy.pipeline.enabled and block_identity
+        self.in_flight_sections = self.speculative or self.pipelined  # read once per encode
         self.preempting = self.sglang_rules and policy.preempts_on_inversion  # fill lengths and running entries read
         self.policy = policy
         self.step_us = step_us
@@ -465,7 +466,7 @@ class Canon:
         if self.fair:
             low = min(counters)
             out += (c - low for c in counters)
-        if self.speculative or self.pipelined:
+        if self.in_flight_sections:
             if (spec is None) is self.speculative or (pipe is None) is self.pipelined:
                 raise InternalError("liveness: a speculative or async state without its drafts or batches in flight")
             position = {r.rid: i for i, r in enumerate(live)}
