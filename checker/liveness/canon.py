@@ -42,6 +42,10 @@ Under SGLang's rules (``scheduler: sglang``) running requests are ranked in SGLa
 an SGLang section (``_encode_sglang``: entry ranks, marked aborts, fill lengths with priority preemption, the chunked
 request, the flags and the new-token ratio's exact bits; docs/liveness.md, "SGLang's rules"). With the vLLM rules
 the keys are as they were.
+
+With speculative decoding the key has each live request's drafts after the tenant counters, and with async scheduling
+(pipeline.in_flight 1) the batch in flight (FIELDS_PER_BATCH_ROW; docs/liveness.md, "Speculative decoding and async
+scheduling"). Without them the keys are as they were.
 """
 
 from __future__ import annotations
