@@ -23,8 +23,8 @@ from checker.policy import PhaseMode, Policy
 from checker.semantics.state import Status
 from checker.smt.conformance import Z3Step, differences, int_outputs, outputs_of_engine
 from checker.requests import RequestSpec
-from checker.strategies import Scenario, small_policies, small_scenarios
-from tests.helpers import drive
+from checker.strategies import Scenario, small_policies
+from tests.helpers import assert_section_off_builds_the_same_queries, drive
 
 SETTINGS = dict(deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -207,19 +207,8 @@ def test_pinned_connector_scenarios_match_with_ints_and_z3(name):
 def test_connector_none_builds_the_same_queries():
     """Off means unchanged: with connector.kind none the encoding is the same z3 terms, term for term, and the
     comparison has the same names, as a policy without the section."""
-    @settings(max_examples=6, **SETTINGS)
-    @given(sc=small_scenarios(max_requests=2))
-    def one(sc):
-        data = sc.policy.model_dump(mode="json")
-        data["connector"] = {"kind": "none"}
-        explicit = Policy.model_validate(data)
-        a, b = Z3Step(sc.policy, len(sc.specs), 2), Z3Step(explicit, len(sc.specs), 2)
-        assert a.names == b.names
-        assert [t.sexpr() if hasattr(t, "sexpr") else t for t in a.terms] == \
-            [t.sexpr() if hasattr(t, "sexpr") else t for t in b.terms]
-        assert not any("transfer" in name or "load" in name for name in a.names)
-
-    one()
+    assert_section_off_builds_the_same_queries("connector", {"kind": "none"}, ("transfer", "load"),
+                                               settings(max_examples=6, **SETTINGS))
 
 
 def test_a_connector_with_prefix_caching_is_refused_by_the_encoding():

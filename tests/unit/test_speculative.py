@@ -134,11 +134,27 @@ def _spec_policy_file(tmp_path) -> str:
     return str(path)
 
 
-def test_verify_refuses_speculative_by_name(tmp_path, capsys):
-    code = main(["verify", _spec_policy_file(tmp_path), "--depth", "2", "--requests", "1"])
+def test_verify_checks_speculative_within_bounds_and_refuses_its_proofs_by_name(tmp_path, capsys):
+    """z3 encodes speculative decoding for the bounded search (verify's default for it); the proofs for N slots and
+    for any N are refused by name, and so is diff (the two policies' verifier choices are not paired)."""
+    path = _spec_policy_file(tmp_path)
+    code = main(["verify", path, "--depth", "2", "--requests", "1", "--invariant", "token_budget",
+                 "--out", str(tmp_path)])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "HOLDS_UP_TO" in out and "the verifier accepts any 0..2 of the drafts" in out
+    for flag, fragment in (("--unbounded", "--unbounded=True"), ("--any-n", "--any-n=True")):
+        code = main(["verify", path, "--depth", "2", "--requests", "1", flag])
+        err = capsys.readouterr().err
+        assert code == 2, err
+        assert fragment in err and "speculative decoding" in err and "--unbounded's proofs" not in err
+    other = tmp_path / "unreserved.yaml"
+    other.write_text(json.dumps({**BASE, "speculative": {"method": "eagle", "num_tokens": 2,
+                                                          "reserve_lookahead": False}}))
+    code = main(["diff", path, str(other), "--depth", "2", "--requests", "1"])
     err = capsys.readouterr().err
     assert code == 2, err
-    assert "speculative.method" in err and "not encoded in z3 yet" in err
+    assert "speculative.method" in err and "diff" in err
 
 
 def test_liveness_refuses_speculative_by_name(tmp_path, capsys):
