@@ -57,8 +57,23 @@ def assert_section_off_builds_the_same_queries(section: str, off: dict, words: t
         explicit = Policy.model_validate({**sc.policy.model_dump(mode="json"), section: off})
         a, b = Z3Step(sc.policy, len(sc.specs), 2), Z3Step(explicit, len(sc.specs), 2)
         assert a.names == b.names
-        assert [t.sexpr() if hasattr(t, "sexpr") else t for t in a.terms] == \
-            [t.sexpr() if hasattr(t, "sexpr") else t for t in b.terms]
+        assert len(a.terms) == len(b.terms)  # z3 terms are hash-consed: eq() is structural equality, at once
+        assert all(x.eq(y) if hasattr(x, "eq") else x == y for x, y in zip(a.terms, b.terms))
         assert not any(word in name for name in a.names for word in words)
 
     one()
+
+
+def compare_steps(sc: Scenario, evaluate, max_steps: int, note=None) -> int:
+    """Step the scenario on the engine; on every step the encoding (``evaluate``: captured inputs -> outputs) must
+    give the engine's outputs (``note(sc, before, after, decision)`` sees each step). Returns the steps compared."""
+    from checker.smt.conformance import differences, outputs_of_engine
+
+    steps = 0
+    for before, after, d in drive(sc, max_steps=max_steps):
+        diff = differences(outputs_of_engine(after, d), evaluate(before))
+        assert not diff, f"step {steps}: " + "; ".join(diff[:8])
+        if note is not None:
+            note(sc, before, after, d)
+        steps += 1
+    return steps

@@ -147,15 +147,15 @@ def require_vllm_rules(policy: Policy) -> None:
 
 
 def require_no_speculative(policy: Policy) -> None:
-    """Speculative decoding is encoded for a step given the verifier's choices (``accepted``: verify's bounded search,
-    the conformance suites); a step without them (the proofs' symbolic states, diff's product) is refused (exit 2)
-    rather than checked without the drafts."""
+    """Speculative decoding is encoded for a step given the verifier's choices (``accepted``: verify's bounded search
+    and whole-step induction, the conformance suites); a step without them (action-wise induction, any N, diff's
+    product) is refused (exit 2) rather than checked without the drafts."""
     spec = policy.speculative
     if spec.enabled:
         raise InputError(Problem("speculative.method", spec.method.value, "none for this z3 check: speculative "
-                                 "decoding is encoded for verify's bounded search only (no proof method or diff "
-                                 "covers its drafts and the verifier's choices yet); simulate, fuzz and check-log run "
-                                 "the engine with it"))
+                                 "decoding is encoded for verify's bounded search and whole-step induction for N slots "
+                                 "only (action-wise induction, any N and diff do not cover its drafts and the "
+                                 "verifier's choices yet); simulate, fuzz and check-log run the engine with it"))
 
 
 def require_no_pipeline(policy: Policy) -> None:
@@ -188,16 +188,6 @@ def refuse_proof_with_connector(policy: Policy) -> None:
     if c.enabled:
         raise InputError(Problem("--unbounded", True, f"no proof method covers KV connector states (connector.kind "
                                  f"{c.kind.value}) yet: a bounded check only (drop --unbounded)"))
-
-
-def refuse_proof_with_speculative(policy: Policy) -> None:
-    """Unbounded proofs (induction, action-wise induction, any N) have no lemmas for speculative decoding's drafts and
-    the verifier's choices yet: verify checks a speculative policy by bounded model checking only."""
-    spec = policy.speculative
-    if spec.enabled:
-        raise InputError(Problem("--unbounded", True, f"no proof method covers speculative decoding (speculative.method "
-                                 f"{spec.method.value}) yet, for N slots or for any N: a bounded check only (drop "
-                                 "--unbounded; verify's default is the bounded check for it)"))
 
 
 class SymbolicStep:

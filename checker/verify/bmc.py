@@ -241,9 +241,8 @@ def _proved_for_any_depth(policy: Policy, inv: Invariant, params: dict[str, int]
     any depth: then no unrolling of n slots is needed. A failed or timed-out attempt proves nothing."""
     from checker.verify.induction import prove, supported
 
-    if (not supported(inv, params) or policy.kv.prefix_caching.enabled or policy.connector.enabled
-            or policy.speculative.enabled):
-        return False  # no induction over the pool, a KV connector's states or speculative drafts (yet)
+    if not supported(inv, params) or policy.kv.prefix_caching.enabled or policy.connector.enabled:
+        return False  # no induction over the pool or a KV connector's states (yet)
     seconds = min(INDUCTION_SHORTCUT_S, deadline.left_ms() / 1000)
     return seconds > 0 and prove(policy, inv, params, replace(env, requests=n), seconds).status == "proved"
 

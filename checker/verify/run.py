@@ -158,7 +158,7 @@ def engine_only(policy: Policy) -> bool:
 def proof_applies(policy: Policy) -> bool:
     """Whether a proof method (action-wise or whole-step induction) covers the policy: not the rules checked on the
     engine (prefix caching, SGLang) nor a KV connector's states (each refused by name with --unbounded)."""
-    return not engine_only(policy) and not policy.connector.enabled and not policy.speculative.enabled
+    return not engine_only(policy) and not policy.connector.enabled
 
 
 def check_one(policy: Policy, policy_file: str | None, inv: Invariant, params: dict[str, int], env: Environment,
@@ -172,7 +172,7 @@ def check_one(policy: Policy, policy_file: str | None, inv: Invariant, params: d
         return check_many(policy, policy_file, [(inv, params)], env, timeout_s, out_dir, unbounded, progress)[0]
     started = time.monotonic()
     tried: list[str] = []  # what was tried before the bounded search and did not decide (said with the verdict)
-    if unbounded:
+    if unbounded and not policy.speculative.enabled:  # action-wise induction has no speculative steps: whole-step only
         proved = _try_actionwise(policy, inv, params, env, timeout_s, proof_dir, progress, policy_file, tried)
         if proved is not None:
             return proved
@@ -410,9 +410,8 @@ def run_verify(policy: PolicyInput, invariants: list[str] | None = None, request
         # one explicit-state search on the engine for all of them (explicit.py)
         return env, explicit.check_many(pol, source, chosen, env, timeout_s, out, unbounded, progress)
     if unbounded:  # refused by name before any check (not only where a proof is reached)
-        from checker.smt.encode import refuse_proof_with_connector, refuse_proof_with_speculative
+        from checker.smt.encode import refuse_proof_with_connector
         refuse_proof_with_connector(pol)
-        refuse_proof_with_speculative(pol)
     outputs_free = output is None and wl is None  # the output domain is the default one: it may be raised
     return env, [check_filling_pool(pol, source, inv, params, env, timeout_s, out, unbounded, proofs, progress,
                                     outputs_free) for inv, params in chosen]

@@ -21,10 +21,10 @@ from hypothesis import strategies as st
 from checker.errors import InputError
 from checker.policy import PhaseMode, Policy
 from checker.semantics.state import Status
-from checker.smt.conformance import Z3Step, differences, int_outputs, outputs_of_engine
+from checker.smt.conformance import Z3Step, int_outputs
 from checker.requests import RequestSpec
 from checker.strategies import Scenario, small_policies
-from tests.helpers import assert_section_off_builds_the_same_queries, drive
+from tests.helpers import assert_section_off_builds_the_same_queries, compare_steps
 
 SETTINGS = dict(deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -93,15 +93,7 @@ def _note(sc: Scenario, before, after, d) -> None:
 
 
 def _compare(sc: Scenario, evaluate, max_steps: int) -> int:
-    """Step the scenario on the engine; on every step the encoding (``evaluate``: captured inputs -> outputs) must
-    give the engine's outputs. Returns the steps compared."""
-    steps = 0
-    for before, after, d in drive(sc, max_steps=max_steps):
-        diff = differences(outputs_of_engine(after, d), evaluate(before))
-        assert not diff, f"step {steps}: " + "; ".join(diff[:8])
-        _note(sc, before, after, d)
-        steps += 1
-    return steps
+    return compare_steps(sc, evaluate, max_steps, _note)
 
 
 @settings(max_examples=300, **SETTINGS)
