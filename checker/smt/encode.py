@@ -75,7 +75,7 @@ def blank_slot(policy: Policy) -> dict[str, int]:
     blank["release_step"] = -1
     if policy.connector.enabled:
         blank["transfer_step"] = -1
-    return blank  # drafts: 0
+    return blank
 
 
 @dataclass

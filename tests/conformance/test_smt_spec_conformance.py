@@ -115,6 +115,48 @@ def test_z3_evaluation_of_the_speculative_encoding_equals_the_engine_step():
     assert sum(checked) >= 80, f"only {sum(checked)} steps checked against z3"
 
 
+def _pinned(spec: dict, specs: list[RequestSpec], **policy) -> Scenario:
+    data = {"name": "pinned", "max_model_len": 64, "kv": {"num_blocks": 10, "block_size": 4},
+            "batch": {"max_num_seqs": 4, "max_num_batched_tokens": 8}, "chunking": {"enabled": True}, **policy,
+            "speculative": spec}
+    return Scenario(Policy.model_validate(data), specs, 1, 1000)
+
+
+# Hand-written scenarios for rules the generated ones reach rarely, each checked with IntOps and with z3, and the
+# engine's decisions that show the rule fired.
+PINNED = {
+    # a one-token prompt arrives beside a decode verifying 3 drafts: its uniform decode (1 + 3) does not fit the 2
+    # tokens left, so the waiting pass ends (steps 1, 2); alone it is admitted unpadded (step 3), and then a decode
+    # capped by the budget schedules 2 of its 3 drafts (step 4)
+    "padding that does not fit the budget": (_pinned(
+        {"method": "eagle", "num_tokens": 3},
+        [RequestSpec(0, 0, 4, 6, 6, accepted=(3, 3, 3)), RequestSpec(1, 1000, 1, 3, 3), RequestSpec(2, 2000, 1, 3, 3)],
+        batch={"max_num_seqs": 4, "max_num_batched_tokens": 6}),
+        {1: ({0: 4}, ()), 2: ({0: 4}, ()), 3: ({1: 1, 2: 1}, ()), 4: ({1: 4, 2: 2}, ())}),
+    # draft_model's budget slot: in step 2 the first request is scheduled (3 tokens and its slot), the second gets
+    # the one token left, then preempts the first for its growth (lowest priority): the first's tokens and its slot
+    # are refunded, and a waiting prompt is admitted with all 3 of them
+    "a victim's budget slot refunded": (_pinned(
+        {"method": "draft", "num_tokens": 2},
+        [RequestSpec(0, 0, 1, 8, 8, priority=1, accepted=(2,) * 6), RequestSpec(1, 0, 1, 8, 8, accepted=(2,) * 6),
+         RequestSpec(2, 1000, 4, 3, 3)],
+        kv={"num_blocks": 7, "block_size": 2}, batch={"max_num_seqs": 4, "max_num_batched_tokens": 6},
+        preemption={"triggers": ["kv_growth_fails"], "victim": "lowest_priority",
+                    "block_admission_after_preempt": False}),
+        {2: ({1: 1, 2: 3}, (0,))}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PINNED))
+def test_pinned_speculative_scenarios_match_with_ints_and_z3(name):
+    sc, expected = PINNED[name]
+    seen = {}
+    steps = compare_steps(sc, lambda before: int_outputs(sc.policy, before), 12,
+                          lambda _sc, _b, _a, d: seen.__setitem__(d.step, (dict(d.scheduled), d.preempted)))
+    assert {k: seen[k] for k in expected} == expected
+    assert compare_steps(sc, Z3Step(sc.policy, len(sc.specs), sc.num_tenants).evaluate, 12) == steps
+
+
 def test_speculative_none_builds_the_same_queries():
     """Off means unchanged: with speculative.method none the encoding is the same z3 terms, term for term."""
     assert_section_off_builds_the_same_queries("speculative", {"method": "none"}, ("drafts", "verifications"),
