@@ -41,3 +41,39 @@ def fixed_policy(path: Path, field: str, folder: Path) -> Path:
     out.write_text(text.replace("name: vllm_v1_cache_", "name: fixed_vllm_v1_cache_"))
     return out
 
+
+def assert_section_off_builds_the_same_queries(section: str, off: dict, words: tuple[str, ...], settings) -> None:
+    """Off means unchanged: with a policy section written out at its off value, the z3 step is the same terms, term
+    for term, with the same comparison names, as a policy without it; no name contains any of ``words``."""
+    from hypothesis import given
+
+    from checker.policy import Policy
+    from checker.smt.conformance import Z3Step
+    from checker.strategies import small_scenarios
+
+    @settings
+    @given(sc=small_scenarios(max_requests=2))
+    def one(sc):
+        explicit = Policy.model_validate({**sc.policy.model_dump(mode="json"), section: off})
+        a, b = Z3Step(sc.policy, len(sc.specs), 2), Z3Step(explicit, len(sc.specs), 2)
+        assert a.names == b.names
+        assert len(a.terms) == len(b.terms)  # z3 terms are hash-consed: eq() is structural equality, at once
+        assert all(x.eq(y) if hasattr(x, "eq") else x == y for x, y in zip(a.terms, b.terms))
+        assert not any(word in name for name in a.names for word in words)
+
+    one()
+
+
+def compare_steps(sc: Scenario, evaluate, max_steps: int, note=None) -> int:
+    """Step the scenario on the engine; on every step the encoding (``evaluate``: captured inputs -> outputs) must
+    give the engine's outputs (``note(sc, before, after, decision)`` sees each step). Returns the steps compared."""
+    from checker.smt.conformance import differences, outputs_of_engine
+
+    steps = 0
+    for before, after, d in drive(sc, max_steps=max_steps):
+        diff = differences(outputs_of_engine(after, d), evaluate(before))
+        assert not diff, f"step {steps}: " + "; ".join(diff[:8])
+        if note is not None:
+            note(sc, before, after, d)
+        steps += 1
+    return steps

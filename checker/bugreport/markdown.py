@@ -121,7 +121,8 @@ def _environment_lines(r: ReplayedCounterexample) -> list[str]:
     try:
         described = Environment(env["requests"], env["depth"], tuple(env["prompt_tokens"]), tuple(env["output_tokens"]),
                                 env["max_output_cap"], tuple(env.get("priorities", (0,))), env.get("tenants", 1),
-                                env.get("cancellations", True), env.get("step_us", r.doc.clock.step_us)).describe()
+                                env.get("cancellations", True), env.get("step_us", r.doc.clock.step_us),
+                                max_accepted=(env.get("speculative") or {}).get("accepted", [0, 0])[1]).describe()
     except (KeyError, TypeError, ValueError):  # an environment written by another version: show it as stored
         described = [f"{text(key)}: {text(value)}" for key, value in env.items()]
     return [f"- {line}" for line in described] + [

@@ -181,6 +181,10 @@ def run_diff(old: PolicyInput, new: PolicyInput, workload: str | Path | None = N
     if workload is None and (slo is not None or slo_properties):
         raise UsageError("--slo and --property need --workload (the traces are generated from its classes)")
     chosen = [parse_invariant(text) for text in (invariants if invariants is not None else DIFF_INVARIANTS)]
+    speculative = next((side for side in (pair.new, pair.old) if side.speculative.enabled), None)
+    if chosen and speculative is not None:  # before any verdict: the product's verifier choices are not paired
+        from checker.smt.encode import require_no_speculative
+        require_no_speculative(speculative)
     wl, slo_chosen = None, []  # every input is read and checked before the first solver call
     if workload is not None and (slo is not None or slo_properties or slo_file_for(workload).exists()):
         wl, _, slo_chosen = load_slo(workload, slo, slo_properties)

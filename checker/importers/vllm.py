@@ -419,7 +419,7 @@ def _async_scheduling(given: Given, draft: Draft, era: str, ver: tuple) -> None:
     elif tuple(ver[:2]) >= ASYNC_DEFAULT_SINCE:
         draft.approximate("--async-scheduling", "not given", "vLLM turns async scheduling on by default since 0.29; "
                           "the import models synchronous scheduling unless --async-scheduling is given (the z3 "
-                          "encoding and the liveness explorer do not cover async scheduling yet); "
+                          "encoding does not cover async scheduling yet); "
                           "--no-async-scheduling says the server runs synchronously")
 
 

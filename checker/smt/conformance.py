@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from checker.policy import Policy
 from checker.semantics.decision import StepDecision
 from checker.semantics.state import FIELDS, Request, SchedulerState, Status
-from checker.smt.encode import CONNECTOR_FIELDS, SlotParams, SlotState, StepResult, SymbolicStep, symbolic_step
+from checker.smt.encode import CONNECTOR_FIELDS, SPEC_FIELDS, SlotParams, SlotState, StepResult, SymbolicStep, symbolic_step
 from checker.smt.ops import IntOps, Z3Ops, bool_var, int_var, pin_and_eval
 from checker.smt.pool import (POOL_FIELDS, Pool, PoolState, Shape, canonical_of_engine, canonical_of_values,
                               chained_code, empty_pool, identity_of, pool_from_engine, shape_for)
@@ -37,6 +37,11 @@ class Captured:
     transfer_params: tuple[tuple[int, ...], ...] = ()
     transfer_slots: tuple[tuple[int, ...], ...] = ()
     next_load: int = 1
+    # With speculative decoding only (empty otherwise), per slot: the drafts it holds, the entry of its accepted list
+    # its next verifying row reads (the environment's choice: 0 past the list's end), its verifying rows so far
+    drafts: tuple[int, ...] = ()
+    accepted: tuple[int, ...] = ()
+    verifications: tuple[int, ...] = ()
 
 
 TRANSFER_PARAMS = ("external_tokens", "load_steps", "send_steps")  # RequestSpec's, None (never) as -1
@@ -56,12 +61,38 @@ def capture(s: SchedulerState, cancels: list[Request], now_us: int) -> Captured:
         slots=tuple(r.snapshot() for r in s.requests),
         next_seq=s.next_seq, step=s.step, counters=tuple(s.tenant_counters), now_us=now_us,
         cancels=tuple(r.rid in cancelled for r in s.requests))
+    if s.spec is not None:
+        base = replace(base, **_spec_inputs(s))
     if not s.policy.connector.enabled:
         return base
     seq = {r.rid: k + 1 for k, r in enumerate(s.holders)}
     return replace(base, transfer_params=tuple(transfer_params(r.spec) for r in s.requests),
                    transfer_slots=tuple((r.transfer_step, seq.get(r.rid, 0)) for r in s.requests),
                    next_load=len(s.holders) + 1)
+
+
+def _spec_inputs(s: SchedulerState) -> dict[str, tuple[int, ...]]:
+    """Speculative decoding's inputs to a step: drafts held, the acceptance each request's next verifying row reads
+    (speculative.accepted), how many verifying rows it has had."""
+    spec = s.spec
+    drafts, accepted, counts = [], [], []
+    for r in s.requests:
+        n = spec.verified.get(r.rid, 0)
+        given = spec.fed[r.rid] if r.rid in spec.fed else r.spec.accepted
+        drafts.append(spec.drafts.get(r.rid, 0))
+        accepted.append(given[n] if n < len(given) else 0)
+        counts.append(n)
+    return {"drafts": tuple(drafts), "accepted": tuple(accepted), "verifications": tuple(counts)}
+
+
+def _spec_terms(result: StepResult, counts: tuple[int, ...], o) -> dict[str, object]:
+    """The encoding's drafts per slot after the step, and its verifying rows so far (the rows before it, given, plus
+    this step's): the counterexample's accepted lists are read from the same flags."""
+    out: dict[str, object] = {}
+    for i, slot in enumerate(result.state.slots):
+        out[f"slot{i}.drafts"] = slot["drafts"]
+        out[f"slot{i}.verifications"] = counts[i] + o.b2i(result.verified[i])
+    return out
 
 
 def _connector_outputs_of_engine(s: SchedulerState, d: StepDecision) -> dict[str, int]:
@@ -110,11 +141,15 @@ def outputs_of_engine(s: SchedulerState, d: StepDecision) -> dict[str, int]:
     out["swap_used"] = s.swap_used
     if s.policy.connector.enabled:
         out.update(_connector_outputs_of_engine(s, d))
+    if s.spec is not None:
+        for r in s.requests:
+            out[f"slot{r.rid}.drafts"] = s.spec.drafts.get(r.rid, 0)
+            out[f"slot{r.rid}.verifications"] = s.spec.verified.get(r.rid, 0)
     return out
 
 
 def _flatten(result: StepResult, o=None, policy: Policy | None = None,
-             params: list[SlotParams] | None = None) -> dict[str, object]:
+             params: list[SlotParams] | None = None, counts: tuple[int, ...] = ()) -> dict[str, object]:
     out: dict[str, object] = {}
     for i, slot in enumerate(result.state.slots):
         for name in FIELDS:
@@ -128,6 +163,8 @@ def _flatten(result: StepResult, o=None, policy: Policy | None = None,
     out["swap_used"] = result.state.swap_used
     if policy is not None and policy.connector.enabled:
         out.update(_connector_terms(o, policy, params, result))
+    if policy is not None and policy.speculative.enabled:
+        out.update(_spec_terms(result, counts, o))
     return out
 
 
@@ -144,9 +181,12 @@ def int_outputs(policy: Policy, c: Captured) -> dict[str, int]:
     else:
         params = [SlotParams(*p) for p in c.params]
         slots = [dict(zip(FIELDS, values)) for values in c.slots]
+    if c.drafts:
+        for slot, drafts in zip(slots, c.drafts):
+            slot["drafts"] = drafts
     result = symbolic_step(IntOps, policy, params, _state(slots, c.next_seq, c.step, c.counters, c.next_load),
-                           c.now_us, list(c.cancels))
-    return {k: int(v) for k, v in _flatten(result, IntOps, policy, params).items()}
+                           c.now_us, list(c.cancels), list(c.accepted) if c.drafts else None)
+    return {k: int(v) for k, v in _flatten(result, IntOps, policy, params, c.verifications).items()}
 
 
 class Z3Step:
@@ -158,8 +198,11 @@ class Z3Step:
         extra = TRANSFER_PARAMS if self.connector else ()
         self.params = [SlotParams(*(int_var(f"{f}_{i}") for f in PARAM_FIELDS),
                                   **{f: int_var(f"{f}_{i}") for f in extra}) for i in range(num_slots)]
-        fields = FIELDS + (CONNECTOR_FIELDS if self.connector else ())
+        self.spec = policy.speculative.enabled
+        fields = FIELDS + (CONNECTOR_FIELDS if self.connector else ()) + (SPEC_FIELDS if self.spec else ())
         self.slots = [{f: int_var(f"{f}_{i}") for f in fields} for i in range(num_slots)]
+        # the verifier's choice per slot, an input like the cancels (no z3 term at all without speculative decoding)
+        self.accepted = [int_var(f"accepted_{i}") for i in range(num_slots)] if self.spec else None
         self.next_seq = int_var("next_seq")
         self.step = int_var("step")
         self.next_load = int_var("next_load") if self.connector else 1  # no z3 term at all without a connector
@@ -167,12 +210,18 @@ class Z3Step:
         self.now = int_var("now_us")
         self.cancels = [bool_var(f"cancel_{i}") for i in range(num_slots)]
         state = _state(self.slots, self.next_seq, self.step, self.counters, self.next_load)
-        result = symbolic_step(Z3Ops, policy, self.params, state, self.now, self.cancels)
-        flat = _flatten(result, Z3Ops, policy, self.params)
+        result = symbolic_step(Z3Ops, policy, self.params, state, self.now, self.cancels, self.accepted)
+        flat = _flatten(result, Z3Ops, policy, self.params, (0,) * num_slots)
         self.names = list(flat)
         self.terms = list(flat.values())
 
     def evaluate(self, c: Captured) -> dict[str, int]:
+        out = self._evaluate(c)
+        for i, n in enumerate(c.verifications):  # the terms count this step's verifying row from 0
+            out[f"slot{i}.verifications"] += n
+        return out
+
+    def _evaluate(self, c: Captured) -> dict[str, int]:
         pins: list[tuple[object, object]] = []
         for prm, values in zip(self.params, c.params):
             pins += list(zip((getattr(prm, f) for f in PARAM_FIELDS), values))
@@ -186,6 +235,9 @@ class Z3Step:
                 pins += list(zip((getattr(prm, f) for f in TRANSFER_PARAMS), values))
                 pins += list(zip((slot[f] for f in CONNECTOR_FIELDS), extra))
             pins.append((self.next_load, c.next_load))
+        if self.spec:
+            pins += [(slot["drafts"], v) for slot, v in zip(self.slots, c.drafts)]
+            pins += list(zip(self.accepted, c.accepted))
         values = pin_and_eval(pins, self.terms)
         return {name: int(v) for name, v in zip(self.names, values)}
 

@@ -56,11 +56,16 @@ class SlotParams:
 # is reported (Request.transfer_step), and its place in the holders' queue (0: none; SchedulerState.holders in
 # load_seq order, numbered from SlotState.next_load).
 CONNECTOR_FIELDS = ("transfer_step", "load_seq")
+# Per-slot fields with speculative decoding (policy.speculative): the draft tokens the request holds
+# (SpecState.drafts: 0, or num_tokens after a step that left it decoding).
+SPEC_FIELDS = ("drafts",)
 
 
 def slot_fields(policy: Policy) -> tuple[str, ...]:
-    """The per-slot fields of the encoded state for this policy (FIELDS, and CONNECTOR_FIELDS with a connector)."""
-    return FIELDS + CONNECTOR_FIELDS if policy.connector.enabled else FIELDS
+    """The per-slot fields of the encoded state for this policy (FIELDS, CONNECTOR_FIELDS with a connector,
+    SPEC_FIELDS with speculative decoding)."""
+    return (FIELDS + (CONNECTOR_FIELDS if policy.connector.enabled else ())
+            + (SPEC_FIELDS if policy.speculative.enabled else ()))
 
 
 def blank_slot(policy: Policy) -> dict[str, int]:
@@ -108,6 +113,10 @@ class StepResult:
     produced: list[Term]  # bool per slot
     preempted: list[Term] = field(default_factory=list)  # bool per slot
     loads: list[Term] = field(default_factory=list)  # bool per slot: admitted as an asynchronous KV load
+    # Speculative decoding only (empty otherwise), per slot: whether its row verified drafts of its own (not a padded
+    # decode's placeholders: those take no entry of its accepted list), and the drafts accepted there
+    verified: list[Term] = field(default_factory=list)
+    accepted: list[Term] = field(default_factory=list)
 
 
 WAITING_STATES = (Status.WAITING, Status.SWAPPED)
@@ -138,13 +147,15 @@ def require_vllm_rules(policy: Policy) -> None:
 
 
 def require_no_speculative(policy: Policy) -> None:
-    """Speculative decoding (checker/semantics/speculative.py: drafts, lookahead slots, the verifier's choice) has no
-    z3 terms yet: refuse (exit 2) rather than check a scheduler without it."""
+    """Speculative decoding is encoded for a step given the verifier's choices (``accepted``: verify's bounded search
+    and whole-step induction, the conformance suites); a step without them (action-wise induction, any N, diff's
+    product) is refused (exit 2) rather than checked without the drafts."""
     spec = policy.speculative
     if spec.enabled:
-        raise InputError(Problem("speculative.method", spec.method.value, "none for the z3 encoding: speculative "
-                                 "decoding (draft tokens, lookahead slots, accepted drafts) is not encoded in z3 yet; "
-                                 "simulate, fuzz and check-log run the engine with it"))
+        raise InputError(Problem("speculative.method", spec.method.value, "none for this z3 check: speculative "
+                                 "decoding is encoded for verify's bounded search and whole-step induction for N slots "
+                                 "only (action-wise induction, any N and diff do not cover its drafts and the "
+                                 "verifier's choices yet); simulate, fuzz and check-log run the engine with it"))
 
 
 def require_no_pipeline(policy: Policy) -> None:
@@ -181,9 +192,13 @@ def refuse_proof_with_connector(policy: Policy) -> None:
 
 class SymbolicStep:
     def __init__(self, ops, policy: Policy, params: list[SlotParams], state: SlotState, now_us: Term,
-                 cancels: list[Term]):
+                 cancels: list[Term], accepted: list[Term] | None = None):
+        """``accepted``: with speculative decoding, the drafts the verifier accepts per slot in this step (the
+        environment's choice, clamped to the drafts scheduled as the engine clamps its accepted list's entry)."""
         require_vllm_rules(policy)
-        require_no_speculative(policy)
+        spec = policy.speculative
+        if accepted is None or any("drafts" not in slot for slot in state.slots):
+            require_no_speculative(policy)
         require_no_pipeline(policy)
         if state.pool is None:
             require_encodable(policy)  # a caching policy needs the pool in the state
@@ -208,6 +223,13 @@ class SymbolicStep:
         self.holders_q = con.loads and con.holders_first  # transfer.uses_holders_queue
         self.queued = WAITING_STATES + (Status.LOADING,) if con.loads else WAITING_STATES  # s.waiting + s.holders
         self.loads: list[Term] = [False] * self.n
+        # speculative decoding (checker/semantics/speculative.py): k drafts, lookahead slots allocated with the
+        # scheduled tokens, extra budget slots per scheduled request
+        self.spec = spec.enabled
+        self.k, self.look, self.slot = spec.num_tokens, spec.reserved_slots, spec.budget_slots
+        self.accepted = list(accepted) if self.spec else []
+        self.verified: list[Term] = [False] * self.n if self.spec else []
+        self.taken: list[Term] = [0] * self.n if self.spec else []
         if self.holders_q and policy.queue.order is QueueOrder.TENANT_FAIR:
             raise InputError(Problem("queue.order", "tenant_fair", "another order with connector.holders_first for "
                                      "the z3 encoding: the engine keeps the holders' queue sorted by tenant counters "
@@ -271,7 +293,8 @@ class SymbolicStep:
         """The fields of the slot a one-hot selector picks, read once (arithmetic then runs once per
         round on these, instead of once per slot: far fewer divisions for the solver)."""
         views = [self.view(i) for i in range(self.n)]
-        names = ("num_computed", "num_generated", "blocks", "prompt_len", "max_output", "sched")
+        names = ("num_computed", "num_generated", "blocks", "prompt_len", "max_output", "sched") + \
+            (SPEC_FIELDS if self.spec else ())
         out = {name: self.select(sel, [v[name] for v in views]) for name in names}
         for name, values in (extra or {}).items():
             out[name] = self.select(sel, values)
@@ -284,7 +307,10 @@ class SymbolicStep:
         return self.o.or_(r["num_generated"] == 0, r["num_computed"] + 1 < r["prompt_len"] + r["num_generated"])
 
     def target_blocks(self, r: dict[str, Term], n: Term) -> Term:
-        need = self.blocks_for(r["num_computed"] + n)
+        tokens = r["num_computed"] + n
+        if self.spec and self.look:  # speculative.lookahead_tokens: the drafter's slots come with scheduled tokens
+            tokens = self.o.ite(n > 0, self.o.min(tokens + self.look, self.p.max_model_len), tokens)
+        need = self.blocks_for(tokens)
         if self.p.kv.allocation is Allocation.FULL_RESERVATION:
             need = self.o.max(need, self.blocks_for(self.max_context(r)))
         return need
@@ -359,7 +385,7 @@ class SymbolicStep:
             if k + 1 < len(passes):
                 loop = passes[k + 1].start(self)
         produced = self.complete()
-        return StepResult(self.s, self.sched, produced, self.preempted, self.loads)
+        return StepResult(self.s, self.sched, produced, self.preempted, self.loads, self.verified, self.taken)
 
     def prefix(self, passes: list[Pass]) -> dict:
         """The phases before the schedule, the schedule's start and the first pass's start (its loop)."""
@@ -489,7 +515,7 @@ class SymbolicStep:
     def begin_schedule(self) -> None:
         """What the schedule phase starts from: the step's budgets and the running count."""
         b = self.p.batch
-        self.budget = b.max_num_batched_tokens
+        self.budget = b.max_num_batched_tokens - (self.slot if self.spec else 0)  # step.Budget: one slot short
         self.prefill_budget = b.prefill_token_cap
         self.running = self.count(Status.RUNNING)
         self.running_at_start = self.running
@@ -529,7 +555,7 @@ class SymbolicStep:
     def num_new_tokens(self, r: dict[str, Term]) -> Term:
         o, p = self.o, self.p
         gap = r["prompt_len"] + r["num_generated"] - r["num_computed"]
-        n = o.min(gap, self.budget)
+        n = o.min(gap + r["drafts"] if self.spec else gap, self.budget)  # speculative.wanted: its drafts too
         if p.chunking.long_prefill_token_threshold:
             c, threshold = p.chunking, self.threshold
             if c.threshold_when_alone and not c.threshold_adaptive:  # the policy's threshold, every step
@@ -539,6 +565,8 @@ class SymbolicStep:
         n = o.ite(self.in_prefill(r), o.min(n, self.prefill_budget), n)
         if not p.chunking.enabled:
             n = o.ite(n < gap, 0, n)
+        if self.spec:  # speculative.cap_len
+            n = o.min(n, p.max_model_len - r["num_computed"] - 1)
         return o.max(n, 0)
 
     def charge(self, sel: list[Term], r: dict[str, Term], n: Term, cond: Term) -> None:
@@ -559,7 +587,7 @@ class SymbolicStep:
             self.set(i, "blocks", c, self.s.slots[i]["blocks"] + added)
             self.grown[i] = o.ite(c, added, self.grown[i])
             self.sched[i] = o.ite(c, n, self.sched[i])
-        self.budget = self.budget - o.ite(cond, n, 0)
+        self.budget = self.budget - o.ite(cond, n + (self.slot if self.spec else 0), 0)
         self.prefill_budget = self.prefill_budget - o.ite(o.and_(cond, self.in_prefill(r)), n, 0)
 
     def preempt(self, victim: list[Term], cond: Term) -> None:
@@ -570,6 +598,10 @@ class SymbolicStep:
             sl = s.slots[i]
             v = o.and_(cond, victim[i])
             refund = refund + o.ite(v, self.sched[i], 0)
+            if self.spec and self.slot:  # Budget.refund: a victim given tokens gets its slot back too
+                refund = refund + o.ite(o.and_(v, self.sched[i] > 0), self.slot, 0)
+            if self.spec:  # speculative.drop
+                self.set(i, "drafts", v, 0)
             refund_prefill = refund_prefill + o.ite(o.and_(v, self.in_prefill(self.view(i))), self.sched[i], 0)
             keep = sl["blocks"] - self.grown[i]
             swapped = o.and_(v, s.swap_used + keep <= self.p.kv.swap_blocks) if swap else False
@@ -639,6 +671,11 @@ class SymbolicStep:
         if self.pool is not None:  # kv.prefix_hit, looked up in every round (after each preemption too)
             cur, hit, held = self.prefix_hit(sel, cur)
         n = self.num_new_tokens(cur)
+        pad_fail: Term = False
+        if self.spec:  # uniform-decode padding (speculative.pad)
+            n, pad_fail = self.pad(cur, n)
+            active_pad = active
+            active = o.and_(active, o.not_(pad_fail))
         free = p.kv.num_blocks - self.s.kv_used - o.ite(self.running > 0, p.kv.watermark_blocks, 0)
         fits_kv = self.new_blocks(cur, n) <= free if hit is None else self.target_blocks(cur, n) - held <= free
         if p.admission.reserve_full_prompt:
@@ -655,13 +692,25 @@ class SymbolicStep:
                 self.select(sel, [self.norm_priority(i) for i in range(n_slots)])
             victim_exists = o.and_(o.or_(*running), margin > p.preemption.priority_inversion_threshold)
         do_preempt = o.and_(active, n > 0, o.not_(fits), victim_exists)
-        do_fail = o.and_(active, o.not_(do_admit), o.not_(do_preempt))
+        do_fail = o.and_(active_pad if self.spec else active, o.not_(do_admit), o.not_(do_preempt))
         self.admit(sel, cur, n, do_admit, hit)
         if p.preempts_on_inversion:
             self.preempt(victim, do_preempt)
         if self.con.loads:
             return o.or_(do_admit, load_done), o.or_(do_fail, load_failed)
         return do_admit, do_fail
+
+    def pad(self, r: dict[str, Term], n: Term) -> tuple[Term, Term]:
+        """speculative.pad for the selected waiting request: (n, or 1 + k when it is padded to a uniform decode;
+        whether the pass gives up on it because 1 + k does not fit the budget)."""
+        o, p, k = self.o, self.p, self.k
+        gap = r["prompt_len"] + r["num_generated"] - r["num_computed"]
+        ran = [o.and_(self.sched[i] > 0, o.not_(self.admitted[i])) for i in range(self.n)]
+        ran_prefill = o.or_(*(o.and_(ran[i], self.in_prefill(self.view(i))) for i in range(self.n)))
+        wants = o.and_(n > 0, gap == 1, o.not_(ran_prefill), o.or_(r["num_computed"] != 0, *ran),
+                       r["num_computed"] + k + 2 <= p.max_model_len)
+        fail = o.and_(wants, 1 + k > self.budget)
+        return o.ite(wants, 1 + k, n), fail
 
     # ------------------------------------------------------------------ a KV connector's loads (transfer.py)
     def external_tokens(self, i: int) -> Term:
@@ -848,6 +897,15 @@ class SymbolicStep:
             if fair:
                 gain = o.ite(o.and_(scheduled, prefill), weights.input_weight * n, 0) + \
                     o.ite(produced, weights.output_weight, 0)
+            if self.spec:  # a row verifying drafts (speculative.verify): 1 + a tokens kept, the rest rolled back
+                verifying, m = self.verify(i, n, total)
+                computed = o.ite(verifying, sl["num_computed"] + m, computed)
+                generated = o.ite(verifying, sl["num_generated"] + m, generated)
+                finish = o.ite(verifying, o.or_(generated >= prm.output_len, total + m >= p.max_model_len), finish)
+                produced = o.or_(produced, verifying)
+                if fair:
+                    gain = o.ite(verifying, weights.output_weight * m, gain)
+            if fair:
                 s.counters = [c + o.ite(prm.tenant == t, gain, 0) for t, c in enumerate(s.counters)]
             self.set(i, "num_computed", scheduled, computed)
             self.set(i, "num_generated", produced, generated)
@@ -866,8 +924,34 @@ class SymbolicStep:
                                for i, finish, blocks in holders])
         if self.con.enabled:
             self.report_phase()
+        if self.spec:
+            self.propose(produced_all)
         s.step = s.step + 1
         return produced_all
+
+    def verify(self, i: int, n: Term, total: Term) -> tuple[Term, Term]:
+        """speculative.verify for slot i given n tokens: (whether its row verifies drafts, the output tokens it
+        keeps). A row admitted in this step verifies only a padded decode's placeholders (it held no drafts): none
+        accepted, and no entry of its accepted list taken; any other takes the environment's choice, clamped to the
+        drafts scheduled. Records both in ``self.verified`` / ``self.taken``."""
+        o, sl, prm = self.o, self.s.slots[i], self.params[i]
+        drafts = n - (total - sl["num_computed"])
+        verifying = o.and_(n > 0, drafts > 0)
+        padded = self.admitted[i]
+        a = o.ite(padded, 0, o.max(0, o.min(self.accepted[i], drafts)))
+        self.verified[i] = o.and_(verifying, o.not_(padded))
+        self.taken[i] = o.ite(self.verified[i], a, 0)
+        m = o.min(o.min(1 + a, prm.output_len - sl["num_generated"]), self.p.max_model_len - total)
+        return verifying, m
+
+    def propose(self, produced: list[Term]) -> None:
+        """speculative.propose: the scheduled requests' drafts consumed; k new ones for each that produced a token
+        and still runs."""
+        o = self.o
+        for i in range(self.n):
+            slot = self.s.slots[i]
+            runs = slot["status"] == int(Status.RUNNING)
+            slot["drafts"] = o.ite(o.and_(produced[i], runs), self.k, o.ite(self.sched[i] > 0, 0, slot["drafts"]))
 
     def pin(self, i: int, finish: Term) -> None:
         """transfer.pin: confirmed in the output of step ``step + 1 + send_steps`` (never, for -1)."""
@@ -953,5 +1037,5 @@ class MixedPass(Pass):
 
 
 def symbolic_step(ops, policy: Policy, params: list[SlotParams], state: SlotState, now_us: Term,
-                  cancels: list[Term]) -> StepResult:
-    return SymbolicStep(ops, policy, params, state, now_us, cancels).run()
+                  cancels: list[Term], accepted: list[Term] | None = None) -> StepResult:
+    return SymbolicStep(ops, policy, params, state, now_us, cancels, accepted).run()

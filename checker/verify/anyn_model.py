@@ -125,7 +125,8 @@ def not_covered(policy: Policy) -> list[str]:
     if policy.kv.prefix_caching.enabled:
         out.append("kv.prefix_caching.enabled (block identity: the pool is shared between slots)")
     if policy.speculative.enabled:
-        out.append("speculative decoding (not encoded in z3)")
+        out.append("speculative decoding (its drafts and the verifier's choices are encoded for the bounded check and "
+                   "whole-step induction for N slots only)")
     if policy.connector.enabled:
         out.append("connector (KV transfers: holders' queue and load order across slots)")
     c = policy.chunking

@@ -26,11 +26,14 @@ _SIDE: dict[str, anyn.SideConditions] = {}
 
 
 def refuse_uncovered(policy: Policy, chosen: list[tuple[Invariant, dict[str, int]]]) -> None:
+    from checker.verify.run import proof_applies
+
     rules = not_covered(policy)
     if rules:
         raise InputError(Problem("--any-n", True, f"a policy the any-N method covers; any-N: not covered: {rules[0]}"
                                  + (f" (and {len(rules) - 1} more: {'; '.join(rules[1:])})" if len(rules) > 1 else "")
-                                 + "; drop --any-n for the bounded check and --unbounded's proofs for N slots"))
+                                 + "; drop --any-n for the bounded check"
+                                 + (" and --unbounded's proofs for N slots" if proof_applies(policy) else "")))
     for inv, params in chosen:
         if inv.name not in anyn.TARGETS or {**inv.defaults, **params} != inv.defaults:
             shown = inv.name + "".join(f" {k}={v}" for k, v in params.items())

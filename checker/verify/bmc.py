@@ -16,7 +16,7 @@ from checker.frames import Frame, TraceContext
 from checker.policy import Policy
 from checker.semantics.state import FIELDS, Status
 from checker.requests import RequestSpec
-from checker.smt.encode import SlotState, blank_slot, slot_fields, symbolic_step
+from checker.smt.encode import SlotState, blank_slot, require_no_speculative, slot_fields, symbolic_step
 from checker.smt.ops import SmtSession, Z3Ops
 from checker.verify.budget import BuildTimeout, within
 from checker.verify.env import Environment, SymbolicRequests, concrete_requests, symbolic_requests
@@ -41,6 +41,8 @@ class Unrolling:
         """``requests``: share the arrivals of another unrolling (a product of two policies on the same
         symbolic trace); ``tag`` prefixes this unrolling's variable names so the two stay apart."""
         self.smt, self.policy, self.env, self.n, self.tag = smt, policy, env, n, tag
+        if tag:  # a product of two policies (diff): their verifiers' choices are not paired yet
+            require_no_speculative(policy)
         caching = policy.kv.prefix_caching.enabled
         if requests is None:
             if caching:  # the prompts' identities too, from finite domains (checker/verify/cache_bmc.py)
@@ -58,12 +60,26 @@ class Unrolling:
             self.shape, self.state.pool = initial_pool(policy, env, n)
         self.frames: list[Frame] = []
         self.ctx = TraceContext(policy, tuple(self.requests.params), self.frames)
+        # speculative decoding: per iteration, whether each slot's row verified its drafts and how many it accepted
+        self.verdicts: list[tuple[list, list]] = []
+
+    def acceptance(self, k: int) -> list | None:
+        """The verifier's choice per slot at iteration k (speculative decoding only): 0..num_tokens drafts accepted
+        (clamped by the step to the drafts scheduled), an input of the environment like a cancel."""
+        spec = self.policy.speculative
+        if not spec.enabled:
+            return None
+        chosen = [self.smt.int_var(f"{self.tag}accepted_{i}@{k}") for i in range(self.n)]
+        self.smt.add(*(a >= 0 for a in chosen), *(a <= spec.num_tokens for a in chosen))
+        return chosen
 
     def extend(self) -> None:
         smt, k = self.smt, len(self.frames)
         now = k * self.env.step_us
         result = symbolic_step(Z3Ops, self.policy, self.requests.params, self.state, now,
-                               self.requests.cancels_at(Z3Ops, k))
+                               self.requests.cancels_at(Z3Ops, k), self.acceptance(k))
+        if result.verified:
+            self.verdicts.append((result.verified, result.accepted))
 
         def fresh(name: str, term, boolean: bool = False):
             name = self.tag + name
@@ -92,6 +108,11 @@ class Unrolling:
 
     def concrete_requests(self, horizon: int) -> list[RequestSpec]:
         specs = concrete_requests(self.smt, self.requests, self.env, horizon)
+        if self.verdicts:  # each request's accepted list: its verifying rows' choices in order (the engine reads it)
+            v = self.smt.value
+            specs = [replace(spec, accepted=tuple(v(taken[i]) for verified, taken in self.verdicts[:horizon]
+                                                  if v(verified[i])))
+                     for i, spec in enumerate(specs)]
         if self.shape is None:
             return specs
         from checker.verify.cache_bmc import with_contents
@@ -101,13 +122,25 @@ class Unrolling:
         """The model's frames 0..upto-1 as plain values (what the counterexample file stores)."""
         v = self.smt.value
         out = []
-        for f in self.frames[:upto]:
+        for k, f in enumerate(self.frames[:upto]):
             out.append({
                 "now_us": f.now_us, "kv_used": v(f.kv_used),
                 "requests": [{**{name: v(slot[name]) for name in FIELDS}, "scheduled": v(f.scheduled[i]),
-                              "produced": bool(v(f.produced[i])), "preempted": bool(v(f.preempted[i]))}
+                              "produced": bool(v(f.produced[i])), "preempted": bool(v(f.preempted[i])),
+                              **self._speculative_values(k, i)}
                              for i, slot in enumerate(f.slots)]})
         return out
+
+
+    def _speculative_values(self, k: int, i: int) -> dict:
+        """What a frame of the counterexample file shows of speculative decoding (nothing without it): the drafts
+        the request holds after iteration k, and the drafts its row accepted there (verifying rows only)."""
+        if not self.verdicts:
+            return {}
+        v = self.smt.value
+        verified, taken = self.verdicts[k]
+        return {"drafts": v(self.frames[k].slots[i]["drafts"]),
+                **({"accepted": v(taken[i])} if v(verified[i]) else {})}
 
 
 @dataclass

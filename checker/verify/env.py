@@ -52,6 +52,9 @@ class Environment:
     # Derived to fill the KV pool (pool_fill_environment): the blocks its engine probes try to hold at once (the
     # pool less the invariant's headroom); 0 for an environment as given
     fill_blocks: int = 0
+    # Speculative decoding (policy.speculative), 0 without it: the verifier accepts 0..max_accepted of the drafts
+    # scheduled for each request, chosen per request and iteration
+    max_accepted: int = 0
 
     def describe(self) -> list[str]:
         return [
@@ -61,7 +64,9 @@ class Environment:
             f"[{self.output[0]}, {self.output[1]}], declared max output in [output, {self.max_output_cap}]",
             f"priorities in {{{', '.join(map(str, self.priorities))}}}, {self.tenants} tenant(s); "
             + ("a client may cancel at any iteration after arrival" if self.cancellations else "no cancellations"),
-        ] + self.describe_connector()
+        ] + self.describe_connector() + ([
+            f"speculative decoding: the verifier accepts any 0..{self.max_accepted} of the drafts scheduled for a "
+            "request, chosen per request and iteration"] if self.max_accepted else [])
 
     def describe_connector(self) -> list[str]:
         if not self.max_load_steps:
@@ -78,7 +83,8 @@ class Environment:
                 "cancellations": self.cancellations, "step_us": self.step_us,
                 **({"connector": {"max_load_steps": self.max_load_steps, "transfers_may_hang": self.transfers_may_hang,
                                   "loads": self.loads, "sends": self.sends}} if self.max_load_steps else {}),
-                **({"fill_blocks": self.fill_blocks} if self.fill_blocks else {})}
+                **({"fill_blocks": self.fill_blocks} if self.fill_blocks else {}),
+                **({"speculative": {"accepted": [0, self.max_accepted]}} if self.max_accepted else {})}
 
 
 # The most request slots a derived pool-filling environment may have: the action-wise proof's cost grows with N
@@ -204,8 +210,9 @@ def default_environment(policy: Policy, requests: int, depth: int, workload: Wor
     transfers = {} if not con.enabled else {
         "max_load_steps": con.max_load_steps, "transfers_may_hang": con.transfers_may_hang,
         "loads": con.loads, "sends": con.pins}
+    spec = policy.speculative
     return Environment(requests, depth, (lo_p, hi_p), (lo_o, hi_o), max(cap, hi_o), priorities, tenants,
-                       cancellations, step_us, **transfers)
+                       cancellations, step_us, **transfers, max_accepted=spec.num_tokens if spec.enabled else 0)
 
 
 def _low(dist) -> int:

@@ -19,7 +19,7 @@ from checker.frames import Frame, TraceContext
 from checker.verify.budget import BuildTimeout, within
 from checker.policy import Allocation, Policy, PreemptMode
 from checker.semantics.state import FIELDS, Status
-from checker.smt.encode import SlotParams, SlotState, max_context, symbolic_step
+from checker.smt.encode import SlotParams, SlotState, max_context, slot_fields, symbolic_step
 from checker.smt.ops import SmtSession, Term, Z3Ops, sum_terms
 from checker.verify.env import Environment
 from invariants.catalogue import Invariant
@@ -62,6 +62,16 @@ def lemmas(o, policy: Policy, params: list[SlotParams], slots: list[dict[str, Te
             return o.max(ceil(tokens), ceil(o.min(prm.prompt_len + prm.max_output, max_len) - 1))
         return ceil(tokens)
 
+    spec = policy.speculative
+    ahead = spec.num_tokens + spec.reserved_slots if spec.enabled else 0
+
+    def holds(i: int, blocks: Term, tokens: Term) -> Term:
+        """A request's blocks for ``tokens`` computed tokens: exactly held(); with speculative decoding at least
+        those and at most those of its drafts and reserved lookahead slots past them (rejected drafts keep theirs)."""
+        if not ahead:
+            return blocks == held(i, tokens)
+        return o.and_(blocks >= held(i, tokens), blocks <= ceil(o.min(tokens + ahead, max_len)))
+
     for i, (s, prm) in enumerate(zip(slots, params)):
         st = s["status"]
 
@@ -83,7 +93,7 @@ def lemmas(o, policy: Policy, params: list[SlotParams], slots: list[dict[str, Te
             (f"slot{i}.waiting", o.or_(o.not_(is_(Status.WAITING)), o.and_(
                 s["blocks"] == 0, s["num_computed"] == 0, s["swapped_blocks"] == 0))),
             (f"slot{i}.running", o.or_(o.not_(is_(Status.RUNNING)), o.and_(
-                s["blocks"] == held(i, s["num_computed"]), s["num_computed"] >= 1, s["admitted_seq"] >= 1,
+                holds(i, s["blocks"], s["num_computed"]), s["num_computed"] >= 1, s["admitted_seq"] >= 1,
                 s["swapped_blocks"] == 0))),
             (f"slot{i}.ended", o.or_(o.not_(is_(Status.FINISHED, Status.REJECTED)), o.and_(
                 s["blocks"] == 0, s["swapped_blocks"] == 0))),
@@ -94,9 +104,13 @@ def lemmas(o, policy: Policy, params: list[SlotParams], slots: list[dict[str, Te
             (f"slot{i}.served_was_admitted", o.or_(o.and_(s["num_generated"] == 0, s["num_preemptions"] == 0),
                                                    s["admitted_seq"] >= 1)),
         ]
+        if spec.enabled:  # drafts only after a step that left it decoding (a cancelled request keeps them)
+            out.append((f"slot{i}.drafts", o.or_(s["drafts"] == 0, o.and_(
+                s["drafts"] == spec.num_tokens, is_(Status.RUNNING, Status.CANCELLED), s["num_generated"] >= 1,
+                s["num_computed"] + 1 == prm.prompt_len + s["num_generated"]))))
         if swap:
             out.append((f"slot{i}.swapped", o.or_(o.not_(is_(Status.SWAPPED)), o.and_(
-                s["blocks"] == 0, s["num_computed"] >= 1, s["swapped_blocks"] == held(i, s["num_computed"])))))
+                s["blocks"] == 0, s["num_computed"] >= 1, holds(i, s["swapped_blocks"], s["num_computed"])))))
             out.append((f"slot{i}.swap_only_swapped", o.or_(is_(Status.SWAPPED), s["swapped_blocks"] == 0)))
         else:
             out.append((f"slot{i}.never_swapped", o.and_(o.not_(is_(Status.SWAPPED)), s["swapped_blocks"] == 0)))
@@ -165,8 +179,9 @@ class InductionResult:
     alive: dict[str, list[str]] = field(default_factory=dict)  # action-wise: the surviving candidates per location
 
 
-def _symbolic_state(smt: SmtSession, env: Environment, n: int, tag: str):
+def _symbolic_state(smt: SmtSession, env: Environment, n: int, tag: str, policy: Policy | None = None):
     o = Z3Ops
+    fields = FIELDS if policy is None else slot_fields(policy)
     params, slots, cons = [], [], []
     for i in range(n):
         a = smt.int_var(f"{tag}arrival_step_{i}")
@@ -180,7 +195,7 @@ def _symbolic_state(smt: SmtSession, env: Environment, n: int, tag: str):
         if params:
             cons.append(params[-1].arrival_us <= prm.arrival_us)
         params.append(prm)
-        slots.append({f: smt.int_var(f"{tag}{f}_{i}") for f in FIELDS})
+        slots.append({f: smt.int_var(f"{tag}{f}_{i}") for f in fields})
     state = SlotState(slots, smt.int_var(f"{tag}next_seq"), smt.int_var(f"{tag}step"),
                       [smt.int_var(f"{tag}counter_{t}") for t in range(env.tenants)])
     cons += [c >= 0 for c in state.counters]
@@ -233,7 +248,7 @@ def _step_query(policy: Policy, inv: Invariant, params_: dict[str, int], env: En
     o = Z3Ops
     n = env.requests
     smt = SmtSession(timeout_ms=int(timeout_s * 1000))
-    params, state, cons = _symbolic_state(smt, env, n, "")
+    params, state, cons = _symbolic_state(smt, env, n, "", policy)
     smt.add(*cons)
     pre = _lemmas_for(inv, o, policy, params, state.slots, state.step, state.next_seq, env.step_us)
     zeros = tuple([0] * n)
@@ -261,7 +276,11 @@ def _step_into(smt: SmtSession, policy: Policy, params: list[SlotParams], state:
     """One symbolic step from ``state`` (any client may cancel): append its frame, return the state after it
     (held in fresh variables named with ``tag``, or as terms when ``tag`` is None)."""
     cancels = [smt.bool_var(f"{cancel_tag}{i}") for i in range(len(state.slots))]
-    result = symbolic_step(Z3Ops, policy, params, state, state.step * env.step_us, cancels)
+    accepted = None
+    if policy.speculative.enabled:  # the verifier's choice per slot (0..k), as in the bounded unrolling
+        accepted = [smt.int_var(f"{cancel_tag}accepted_{i}") for i in range(len(state.slots))]
+        smt.add(*(a >= 0 for a in accepted), *(a <= policy.speculative.num_tokens for a in accepted))
+    result = symbolic_step(Z3Ops, policy, params, state, state.step * env.step_us, cancels, accepted)
     if tag is not None:
         result = _named(smt, result, tag)
     frames.append(Frame(tuple(result.state.slots), tuple(result.scheduled), tuple(result.produced),
@@ -280,7 +299,7 @@ def _named(smt: SmtSession, result, tag: str):
         return var
 
     st = result.state
-    slots = [{f: fresh(f"{f}_{i}", slot[f]) for f in FIELDS} for i, slot in enumerate(st.slots)]
+    slots = [{f: fresh(f"{f}_{i}", term) for f, term in slot.items()} for i, slot in enumerate(st.slots)]
     named = SlotState(slots, fresh("next_seq", st.next_seq), fresh("step", st.step),
                       [fresh(f"counter_{t}", c) for t, c in enumerate(st.counters)])
     return replace(result, state=named)
@@ -293,9 +312,9 @@ def _base_case(policy: Policy, inv: Invariant, params_: dict[str, int], env: Env
 
     o = Z3Ops
     smt = SmtSession()
-    params, _, cons = _symbolic_state(smt, env, env.requests, "init_")
+    params, _, cons = _symbolic_state(smt, env, env.requests, "init_", policy)
     smt.add(*cons)
-    init = initial_state(env.requests, env.tenants)
+    init = initial_state(env.requests, env.tenants, policy)
     n = env.requests
     frame = Frame(tuple(init.slots), tuple([0] * n), tuple([False] * n), tuple([False] * n), 0, 0, tuple(init.counters))
     ctx = TraceContext(policy, tuple(params), [frame])

@@ -172,7 +172,7 @@ def check_one(policy: Policy, policy_file: str | None, inv: Invariant, params: d
         return check_many(policy, policy_file, [(inv, params)], env, timeout_s, out_dir, unbounded, progress)[0]
     started = time.monotonic()
     tried: list[str] = []  # what was tried before the bounded search and did not decide (said with the verdict)
-    if unbounded:
+    if unbounded and not policy.speculative.enabled:  # action-wise induction has no speculative steps: whole-step only
         proved = _try_actionwise(policy, inv, params, env, timeout_s, proof_dir, progress, policy_file, tried)
         if proved is not None:
             return proved
@@ -181,14 +181,14 @@ def check_one(policy: Policy, policy_file: str | None, inv: Invariant, params: d
     notes = list(tried)
     if outcome.status == "unknown":
         return Checked(inv, params, Verdict.UNKNOWN, env, seconds, depth=outcome.depth_reached,
-                       notes=notes + [next_step(env, timeout_s, unbounded)])
+                       notes=notes + [next_step(env, timeout_s, unbounded, proof_applies(policy))])
     if outcome.status == "holds" and (outcome.vacuous or outcome.vacuity_undecided) and PROOF_CUT in tried:
         # the proof was cut by the clock: with time it may have said PROVED or VACUOUS at any depth, so a bounded
         # verdict that is not also implied by those (HOLDS_UP_TO with the situation reached) would be a different
         # decided verdict: UNKNOWN (issue 19: a time budget may turn a verdict into UNKNOWN, never into another)
         return Checked(inv, params, Verdict.UNKNOWN, env, seconds, depth=outcome.depth_reached,
                        notes=notes + ["its situation not shown to occur within the depth",
-                                      next_step(env, timeout_s, unbounded)])
+                                      next_step(env, timeout_s, unbounded, proof_applies(policy))])
     if outcome.status == "holds":
         if outcome.vacuous:
             return Checked(inv, params, Verdict.VACUOUS, env, seconds, depth=outcome.depth_reached)
@@ -243,12 +243,13 @@ VACUITY_UNDECIDED = ("vacuity not decided: no engine probe reached its situation
 PROOF_CUT = "the action-wise proof did not finish within the time given"
 
 
-def next_step(env: Environment, timeout_s: float, unbounded: bool) -> str:
-    """What an UNKNOWN verdict's line suggests trying next."""
+def next_step(env: Environment, timeout_s: float, unbounded: bool, proof: bool = True) -> str:
+    """What an UNKNOWN verdict's line suggests trying next (the proof only where a proof method covers the policy:
+    ``proof``)."""
     fewer = (f", or fewer slots (--requests {env.requests - 1})" if env.requests > 2 and not env.fill_blocks else "")
     return (f"try next: more time (--timeout {max(1, round(3 * timeout_s))})"
             + (", or a shallower bounded search (--depth " + str(max(1, env.depth - 2)) + ")" if env.depth > 2 else "")
-            + fewer + ("" if unbounded else ", or the proof (drop --bounded-only)"))
+            + fewer + ("" if unbounded or not proof else ", or the proof (drop --bounded-only)"))
 
 
 def _try_actionwise(policy: Policy, inv: Invariant, params: dict[str, int], env: Environment, timeout_s: float,

@@ -37,8 +37,8 @@ def test_import_prints_the_policy_and_lists_assumed_defaults_on_stderr(capsys):
         "batchcheck: assumed: kv.block_size=16 (--block-size not given: vLLM's CUDA default)",
         "batchcheck: assumed: kv.watermark=0.0 (--watermark not given: vLLM 0.33 default)",
         "batchcheck: approximated: --async-scheduling=not given (vLLM turns async scheduling on by default since "
-        "0.29; the import models synchronous scheduling unless --async-scheduling is given (the z3 encoding and the "
-        "liveness explorer do not cover async scheduling yet); --no-async-scheduling says the server runs "
+        "0.29; the import models synchronous scheduling unless --async-scheduling is given (the z3 encoding does "
+        "not cover async scheduling yet); --no-async-scheduling says the server runs "
         "synchronously)",
     ]
     # each stderr line is also a comment in the YAML

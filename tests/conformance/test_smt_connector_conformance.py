@@ -21,10 +21,10 @@ from hypothesis import strategies as st
 from checker.errors import InputError
 from checker.policy import PhaseMode, Policy
 from checker.semantics.state import Status
-from checker.smt.conformance import Z3Step, differences, int_outputs, outputs_of_engine
+from checker.smt.conformance import Z3Step, int_outputs
 from checker.requests import RequestSpec
-from checker.strategies import Scenario, small_policies, small_scenarios
-from tests.helpers import drive
+from checker.strategies import Scenario, small_policies
+from tests.helpers import assert_section_off_builds_the_same_queries, compare_steps
 
 SETTINGS = dict(deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -93,15 +93,7 @@ def _note(sc: Scenario, before, after, d) -> None:
 
 
 def _compare(sc: Scenario, evaluate, max_steps: int) -> int:
-    """Step the scenario on the engine; on every step the encoding (``evaluate``: captured inputs -> outputs) must
-    give the engine's outputs. Returns the steps compared."""
-    steps = 0
-    for before, after, d in drive(sc, max_steps=max_steps):
-        diff = differences(outputs_of_engine(after, d), evaluate(before))
-        assert not diff, f"step {steps}: " + "; ".join(diff[:8])
-        _note(sc, before, after, d)
-        steps += 1
-    return steps
+    return compare_steps(sc, evaluate, max_steps, _note)
 
 
 @settings(max_examples=300, **SETTINGS)
@@ -207,19 +199,8 @@ def test_pinned_connector_scenarios_match_with_ints_and_z3(name):
 def test_connector_none_builds_the_same_queries():
     """Off means unchanged: with connector.kind none the encoding is the same z3 terms, term for term, and the
     comparison has the same names, as a policy without the section."""
-    @settings(max_examples=6, **SETTINGS)
-    @given(sc=small_scenarios(max_requests=2))
-    def one(sc):
-        data = sc.policy.model_dump(mode="json")
-        data["connector"] = {"kind": "none"}
-        explicit = Policy.model_validate(data)
-        a, b = Z3Step(sc.policy, len(sc.specs), 2), Z3Step(explicit, len(sc.specs), 2)
-        assert a.names == b.names
-        assert [t.sexpr() if hasattr(t, "sexpr") else t for t in a.terms] == \
-            [t.sexpr() if hasattr(t, "sexpr") else t for t in b.terms]
-        assert not any("transfer" in name or "load" in name for name in a.names)
-
-    one()
+    assert_section_off_builds_the_same_queries("connector", {"kind": "none"}, ("transfer", "load"),
+                                               settings(max_examples=6, **SETTINGS))
 
 
 def test_a_connector_with_prefix_caching_is_refused_by_the_encoding():

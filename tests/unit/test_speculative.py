@@ -134,11 +134,43 @@ def _spec_policy_file(tmp_path) -> str:
     return str(path)
 
 
-def test_verify_refuses_speculative_by_name(tmp_path, capsys):
-    code = main(["verify", _spec_policy_file(tmp_path), "--depth", "2", "--requests", "1"])
+def test_verify_checks_speculative_and_refuses_any_n_and_diff_by_name(tmp_path, capsys):
+    """z3 encodes speculative decoding for the bounded search and whole-step induction; the proof for any N is refused
+    by name, and so is diff (the two policies' verifier choices are not paired), before any verdict."""
+    path = _spec_policy_file(tmp_path)
+    code = main(["verify", path, "--depth", "2", "--requests", "1", "--invariant", "token_budget",
+                 "--out", str(tmp_path)])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "PROVED" in out and "the verifier accepts any 0..2 of the drafts" in out  # whole-step induction, N=1
+    code = main(["verify", path, "--depth", "2", "--requests", "1", "--any-n", "--out", str(tmp_path / "cx")])
     err = capsys.readouterr().err
     assert code == 2, err
-    assert "speculative.method" in err and "not encoded in z3 yet" in err
+    assert "--any-n=True" in err and "speculative decoding" in err
+    other = tmp_path / "unreserved.yaml"
+    other.write_text(json.dumps({**BASE, "speculative": {"method": "eagle", "num_tokens": 2,
+                                                          "reserve_lookahead": False}}))
+    code = main(["diff", path, str(other), "--depth", "2", "--requests", "1", "--out", str(tmp_path / "cx")])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "speculative.method" in err and "diff" in err
+    assert not (tmp_path / "cx").exists()  # refused before any verdict
+
+
+def test_an_unknown_verdicts_hint_suggests_the_proof_only_where_one_covers_the_policy(tmp_path):
+    """The UNKNOWN line's hint names the proof (drop --bounded-only) only where a proof method covers the policy:
+    speculative decoding (whole-step induction) yes, a KV connector no."""
+    from checker.api import load_policy
+    from checker.verify.env import default_environment
+    from checker.verify.run import next_step, proof_applies
+
+    spec = load_policy(_spec_policy_file(tmp_path))
+    connector = load_policy(Policy.model_validate({**BASE, "name": "c", "connector": {"kind": "offload"}}))
+    env = default_environment(spec, 3, 5)
+    assert proof_applies(spec) and not proof_applies(connector)
+    assert "drop --bounded-only" in next_step(env, 60, False, proof_applies(spec))
+    hint = next_step(env, 60, False, proof_applies(connector))
+    assert "--bounded-only" not in hint and "--timeout 180" in hint
 
 
 def test_liveness_explores_a_speculative_policy(tmp_path, capsys):
