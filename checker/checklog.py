@@ -198,7 +198,8 @@ def _content(row: dict, i: int, source: str):
 
 def _transfer(row: dict, i: int, source: str) -> dict:
     """The row's KV connector fields (tests/vllm_connector_driver.py reads the same): external_tokens (whole,
-    at most the prompt), load_steps (whole >= 1, or null: never reported), send_steps (whole >= 0, or null)."""
+    at most the prompt), load_steps (whole >= 1, or null: never reported), send_steps (whole >= 0, or null),
+    load_fails (true or false) and grammar_steps (whole >= 0: blocked waiting states)."""
     out = {}
     for key, low, nullable in (("external_tokens", 0, False), ("load_steps", 1, True), ("send_steps", 0, True)):
         if key not in row:
@@ -211,6 +212,15 @@ def _transfer(row: dict, i: int, source: str) -> dict:
             never = " or null (never reported)" if nullable else ""
             raise InputError(Problem(f"[{i}].{key}", value, f"a whole number from {low} to {MAX_TOKENS:,}{never}"), source)
         out[key] = value
+    if "grammar_steps" in row:
+        if not _whole(row["grammar_steps"], 0) or row["grammar_steps"] > MAX_TOKENS:
+            raise InputError(Problem(f"[{i}].grammar_steps", row["grammar_steps"],
+                                     f"a whole number from 0 to {MAX_TOKENS:,}"), source)
+        out["grammar_steps"] = row["grammar_steps"]
+    if "load_fails" in row:
+        if row["load_fails"].__class__ is not bool:
+            raise InputError(Problem(f"[{i}].load_fails", row["load_fails"], "true or false"), source)
+        out["load_fails"] = row["load_fails"]
     if out.get("external_tokens", 0) > row["prompt_tokens"]:
         raise InputError(Problem(f"[{i}].external_tokens", out["external_tokens"],
                                  f"<= prompt_tokens={row['prompt_tokens']} (the external tier holds a prefix of the "

@@ -55,6 +55,11 @@ class RequestSpec:
     external_tokens: int = 0
     load_steps: int | None = 1
     send_steps: int | None = 0
+    # load_fails: the load is reported done and failed (policy.connector.load_failure says what follows).
+    load_fails: bool = False
+    # Blocked waiting states (policy.queue.blocked_waiting; ignored when off): a structured-output request whose
+    # grammar compiles for this many steps after its arrival step (its scans in those steps find it blocked).
+    grammar_steps: int = 0
     # The client asks to ignore EOS (a fixed-length request, as benchmark clients send): read by SGLang's rules
     # only (checker.semantics.sglang: its estimates take it at its full max output).
     ignore_eos: bool = False

@@ -590,6 +590,7 @@ class Canon:
         s.pool = None  # with the cache: below
         s.spec = None  # speculative decoding: the explorer refuses it (explore.explore)
         s.pipe = None  # async scheduling: the explorer refuses it (explore.explore)
+        s.blocked = None  # blocked waiting states: the explorer refuses them (explore.explore)
         requests: list[Request] = []
         running: list[tuple[int, Request]] = []
         waiting: list[Request] = []
