@@ -95,8 +95,9 @@ LOADING = int(Status.LOADING)
 
 def loaded_tokens(spec: RequestSpec) -> int:
     """What a load computed for the request when it is promoted: its external tokens, one fewer when they cover
-    the whole prompt (the last token is computed again; checker.semantics.transfer.promote)."""
-    return min(spec.external_tokens, spec.prompt_len - 1)
+    the whole prompt (the last token is computed again; checker.semantics.transfer.promote); nothing for a load
+    that failed (load_failure recompute: promoted with its blocks freed)."""
+    return 0 if spec.load_fails else min(spec.external_tokens, spec.prompt_len - 1)
 
 
 def held_update(slot: dict[str, int], spec: RequestSpec, blocks: int, loading: bool, step: int) -> dict[str, int]:

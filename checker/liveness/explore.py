@@ -32,6 +32,7 @@ from checker.liveness.canon import (IDENTITY_TOKENS, LIVE, Canon, ObservedPool, 
                                     identity_token)
 from checker.policy import Policy, Scheduler
 from checker.requests import Identity, RequestSpec, identity_name
+from checker.semantics import blocked
 from checker.semantics.decision import DecisionBuilder, StepDecision
 from checker.semantics.state import Request, SchedulerState, Status
 from checker.semantics.step import arrive_phase, leave_phase, release_phase, step, step_schedule
@@ -469,6 +470,7 @@ def explore(policy: Policy, env: LivenessEnv, max_states: int = DEFAULT_MAX_STAT
         raise InputError(Problem("speculative.method", policy.speculative.method.value, "none for the liveness "
                                  "explorer: speculative decoding's drafts and the verifier's choices are not in its "
                                  "canonical states yet; simulate, fuzz and check-log run the engine with it"))
+    blocked.refuse(policy, "the liveness explorer")  # grammar delays and failed loads are not environment choices
     if policy.pipeline.enabled:  # its batch in flight is not in the canonical key (checker/liveness/canon.py)
         raise InputError(Problem("pipeline.in_flight", policy.pipeline.in_flight, "0 for the liveness explorer: async "
                                  "scheduling's batch in flight is not in its canonical states yet; simulate, fuzz and "

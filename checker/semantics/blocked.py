@@ -18,7 +18,9 @@ when the policy's blocked_waiting is off (grammar_steps ignored: every rule exac
 
 from __future__ import annotations
 
-from checker.policy import BlockedWaiting
+from checker.errors import InputError, Problem
+from checker.loading import load_document
+from checker.policy import BlockedWaiting, Policy
 from checker.semantics.state import Request, SchedulerState, Status
 
 WAITING = Status.WAITING
@@ -54,3 +56,22 @@ def pending(s: SchedulerState) -> bool:
     for rid in [rid for rid in blocked if requests[rid].status is not WAITING]:
         del blocked[rid]
     return bool(blocked)
+
+
+def refuse(policy: Policy, tool: str, source: str | None = None) -> None:
+    """Refuse (exit 2, by field; at its line of ``source``, the policy file, when given) a policy using blocked
+    waiting states or loads that may fail in a tool that does not model them (the z3 encoding, any-N, the liveness
+    explorer): its environment would never choose a grammar delay or a failed load, so a verdict would be about a
+    different system. (connector.load_failure alone is accepted: with loads_may_fail false no load fails there, and
+    the rule is never used.)"""
+    if policy.queue.blocked_waiting is not BlockedWaiting.OFF:
+        field, value = ("queue", "blocked_waiting"), policy.queue.blocked_waiting.value
+        why = f"off for {tool}: blocked waiting states (grammar_steps) are not encoded there yet"
+    elif policy.connector.loads_may_fail:
+        field, value = ("connector", "loads_may_fail"), True
+        why = f"false for {tool}: failed loads (load_fails) are not encoded there yet"
+    else:
+        return
+    line = load_document(source)[1]().get(field) if source is not None else None
+    raise InputError(Problem(".".join(field), value, why + "; simulate, fuzz and check-log run the engine with them",
+                             line), source)

@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from checker.checklog import conformance, load_arrivals, load_log
+from checker.checklog import conformance, load_arrivals, load_log, run_check_log
 from tests.connector_logs import assert_agrees, policy_for
 from tests.vllm_connector_harness import BLOCKED_CASES, BLOCKED_FIXTURES
 
@@ -53,3 +53,14 @@ def test_load_failures_end_or_restart_the_request(tmp_path):
     again = [json.loads(x) for x in (BLOCKED_FIXTURES / "load_fail_recompute.log.jsonl").read_text().splitlines()]
     assert "F" in fail[1]["finished"] and "F" not in fail[1]["scheduled"]
     assert again[2]["scheduled"]["F"] == 96
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_check_log_finds_no_violation_in_the_real_logs(name, tmp_path):
+    """check-log's reconstruction of each log (the pool request by request from its held/loading fields) passes its
+    default invariants: a failed load under recompute restarts from no computed token (checklog.loaded_tokens)."""
+    rows, flags = BLOCKED_CASES[name]
+    trace = tmp_path / f"{name}.json"
+    trace.write_text(json.dumps(rows))
+    result = run_check_log(policy_for(flags, name, rows), BLOCKED_FIXTURES / f"{name}.log.jsonl", trace)
+    assert result.violation is None and result.done == result.requests
