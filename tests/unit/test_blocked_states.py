@@ -196,6 +196,12 @@ def test_the_importer_maps_kv_load_failure_policy():
 
     assert policy_for(flags("--kv-load-failure-policy", "recompute"), "t").connector.load_failure == "recompute"
     assert policy_for(flags(), "t").connector.load_failure == "fail"
+    from checker.importers import import_policy
+    from tests.connector_logs import import_args
+
+    args = [a.replace('"kv_role"', '"kv_load_failure_policy": "retry", "kv_role"') for a in import_args(flags())]
+    with pytest.raises(InputError, match="kv_load_failure_policy fail or recompute"):
+        import_policy("vllm", args, name="t")
 
 
 # ---- refusals: z3, any-N, the liveness explorer, diff
