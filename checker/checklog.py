@@ -764,6 +764,8 @@ class Observed:
             if s["status"] != running:
                 if s["status"] == LOADING:  # promoted and admitted in this step
                     s["num_computed"] = loaded_tokens(self.specs[r])
+                    if self.specs[r].load_fails:  # recompute: its blocks were freed at the promotion
+                        blocks(r, s, 0)
                 status(r, s, running)
                 s["admitted_seq"] = self.seq
                 self.seq += 1

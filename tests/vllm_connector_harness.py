@@ -282,6 +282,10 @@ BLOCKED_CASES: dict[str, Job] = {
     "load_fail_recompute_blocked": ([_r("R", 0, 500, 12), _r("F", 0, 160, 2, external_tokens=64, load_steps=3,
                                                               load_fails=True), _r("D", 3, 16, 2)],
                                     flags("--kv-load-failure-policy", "recompute", "--no-reserve-full-isl", **_POOL40)),
+    # recompute, re-admitted in chunks (a 64-token budget): its first chunk needs fewer blocks than the load held
+    "load_fail_recompute_chunk": ([_r("F", 0, 160, 2, external_tokens=160, load_steps=2, load_fails=True),
+                                   _r("P", 1, 16, 2)],
+                                  flags("--kv-load-failure-policy", "recompute", max_num_batched_tokens=64)),
     # a failing load aborted before its report (its blocks wait for the report), and one failing under pressure
     "load_fail_abort": ([_r("F", 0, 64, 3, external_tokens=64, load_steps=3, load_fails=True, abort_step=1),
                          _r("G", 0, 64, 3, external_tokens=64, load_steps=1, load_fails=True), _r("P", 1, 32, 2)],
