@@ -22,8 +22,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.conformance_table import AgreementTable, first, share  # noqa: E402
 from tests.connector_logs import compare  # noqa: E402
-from tests.vllm_connector_harness import (abort_during_load, flags, hung_load, loads_with_latencies,  # noqa: E402
-                                          pressure_with_loads, producer_sends, run_jobs, venv_python)
+from tests.vllm_connector_harness import (abort_during_load, flags, grammars_and_failed_loads, hung_load,  # noqa: E402
+                                          loads_with_latencies, pressure_with_loads, producer_sends, run_jobs,
+                                          venv_python)
 
 
 def cases() -> dict:
@@ -40,9 +41,27 @@ def cases() -> dict:
     rows, _ = pressure_with_loads(n=200, num_blocks=80, seed=9)
     out["both_sends"] = ([{**r, "send_steps": [0, 1, 2, None][i % 4] if i % 7 else None} for i, r in enumerate(rows)],
                          flags(num_blocks=200, max_num_seqs=6, max_num_batched_tokens=192, role="both"))
+    out.update(blocked_cases())
     out["hung"] = hung_load()
     out["abort_during_load"] = abort_during_load()
     out["producer"] = producer_sends()
+    return out
+
+
+def blocked_cases() -> dict:
+    """Structured-output requests whose grammar is not ready (grammar futures) and failed loads (failed_recving),
+    under both kv_load_failure_policy values (branch hold16)."""
+    out = {"grammar_s0": grammars_and_failed_loads(n=120, seed=0, grammar=0.4, role=None),
+           "grammar_fail_s1": grammars_and_failed_loads(n=200, seed=1),
+           "recompute_s2": grammars_and_failed_loads(n=200, seed=2, grammar=0.2, fails=0.5,
+                                                     extra=("--kv-load-failure-policy", "recompute"))}
+    rows, fl = grammars_and_failed_loads(n=200, seed=3, grammar=0.3, fails=0.4, aborts=True,
+                                         extra=("--enable-prefix-caching", "--kv-load-failure-policy", "recompute"))
+    out["recompute_caching_aborts"] = ([{**r, **({"prefix_group": i % 4} if i % 2 else {})} for i, r in enumerate(rows)],
+                                       fl)
+    rows, fl = grammars_and_failed_loads(n=200, seed=4, grammar=0.3, fails=0.3, extra=("--policy", "priority"),
+                                         aborts=True)
+    out["grammar_fail_priority"] = ([{**r, "priority": i % 3} for i, r in enumerate(rows)], fl)
     return out
 
 

@@ -95,8 +95,9 @@ LOADING = int(Status.LOADING)
 
 def loaded_tokens(spec: RequestSpec) -> int:
     """What a load computed for the request when it is promoted: its external tokens, one fewer when they cover
-    the whole prompt (the last token is computed again; checker.semantics.transfer.promote)."""
-    return min(spec.external_tokens, spec.prompt_len - 1)
+    the whole prompt (the last token is computed again; checker.semantics.transfer.promote); nothing for a load
+    that failed (load_failure recompute: promoted with its blocks freed)."""
+    return 0 if spec.load_fails else min(spec.external_tokens, spec.prompt_len - 1)
 
 
 def held_update(slot: dict[str, int], spec: RequestSpec, blocks: int, loading: bool, step: int) -> dict[str, int]:
@@ -198,7 +199,8 @@ def _content(row: dict, i: int, source: str):
 
 def _transfer(row: dict, i: int, source: str) -> dict:
     """The row's KV connector fields (tests/vllm_connector_driver.py reads the same): external_tokens (whole,
-    at most the prompt), load_steps (whole >= 1, or null: never reported), send_steps (whole >= 0, or null)."""
+    at most the prompt), load_steps (whole >= 1, or null: never reported), send_steps (whole >= 0, or null),
+    load_fails (true or false) and grammar_steps (whole >= 0: blocked waiting states)."""
     out = {}
     for key, low, nullable in (("external_tokens", 0, False), ("load_steps", 1, True), ("send_steps", 0, True)):
         if key not in row:
@@ -211,6 +213,15 @@ def _transfer(row: dict, i: int, source: str) -> dict:
             never = " or null (never reported)" if nullable else ""
             raise InputError(Problem(f"[{i}].{key}", value, f"a whole number from {low} to {MAX_TOKENS:,}{never}"), source)
         out[key] = value
+    if "grammar_steps" in row:
+        if not _whole(row["grammar_steps"], 0) or row["grammar_steps"] > MAX_TOKENS:
+            raise InputError(Problem(f"[{i}].grammar_steps", row["grammar_steps"],
+                                     f"a whole number from 0 to {MAX_TOKENS:,}"), source)
+        out["grammar_steps"] = row["grammar_steps"]
+    if "load_fails" in row:
+        if row["load_fails"].__class__ is not bool:
+            raise InputError(Problem(f"[{i}].load_fails", row["load_fails"], "true or false"), source)
+        out["load_fails"] = row["load_fails"]
     if out.get("external_tokens", 0) > row["prompt_tokens"]:
         raise InputError(Problem(f"[{i}].external_tokens", out["external_tokens"],
                                  f"<= prompt_tokens={row['prompt_tokens']} (the external tier holds a prefix of the "
@@ -753,6 +764,8 @@ class Observed:
             if s["status"] != running:
                 if s["status"] == LOADING:  # promoted and admitted in this step
                     s["num_computed"] = loaded_tokens(self.specs[r])
+                    if self.specs[r].load_fails:  # recompute: its blocks were freed at the promotion
+                        blocks(r, s, 0)
                 status(r, s, running)
                 s["admitted_seq"] = self.seq
                 self.seq += 1

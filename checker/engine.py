@@ -24,6 +24,7 @@ from checker.semantics.kv import blocks_for
 from checker.semantics.state import TERMINAL, Request, SchedulerState
 from checker.semantics.step import arrive_phase, step
 from checker.semantics.transfer import steps_pending
+from checker.semantics.blocked import pending
 from checker.traces import RequestSet
 
 DEFAULT_MAX_STEPS = 50_000_000
@@ -198,8 +199,9 @@ def _simulate(policy: Policy, requests: RequestSet, profile: Profile, record: bo
                 unfinished -= left
         if not d.is_quiet:
             quiet_since = None
-        elif not (s.holding or s.loads_in_flight) or not steps_pending(s):
-            # (held blocks or loads whose release or report never comes do not keep the engine stepping)
+        elif (not (s.holding or s.loads_in_flight) or not steps_pending(s)) and not (s.blocked and pending(s)):
+            # (held blocks or loads whose release or report never comes do not keep the engine stepping; a grammar
+            # still compiling does: checker.semantics.blocked)
             quiet_since = now if quiet_since is None else quiet_since
             wake = _wake_time(s, clock, now, quiet_since)
             if wake is None:

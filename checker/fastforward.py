@@ -47,6 +47,7 @@ from __future__ import annotations
 from checker.policy import HeadOfLine, PhaseMode, QueueOrder
 from checker.profile import Profile
 from checker.semantics.blockpool import NO_PARENT, BlockPool
+from checker.semantics.blocked import pending as blocked_pending
 from checker.semantics.decision import DecisionBuilder, StepDecision
 from checker.semantics.kv import blocks_for
 from checker.semantics.order import key_function, time_varying
@@ -68,6 +69,8 @@ def next_steps_are_quiet_decodes(s: SchedulerState, d: StepDecision) -> bool:
     """
     if not s.running or s.holding or s.holders or s.loads_in_flight:
         return False  # a release, or a transfer report, may come in the middle of a stretch
+    if s.blocked and blocked_pending(s):
+        return False  # a grammar may become ready in the middle of a stretch (checker.semantics.blocked)
     if s.pipe is not None:
         return False  # async scheduling: finishes and frees come a step after the last token (not modelled here)
     if s.spec is not None:

@@ -29,6 +29,9 @@ class Frame:
     pool: PoolFacts | None = None  # with block identity (prefix caching): the pool as the block tables show it
     # Under SGLang's rules with the radix cache: the tree's (evictable, protected) tokens after the step; else None
     radix: tuple[int, int] | None = None
+    # Blocked waiting states (policy.queue.blocked_waiting; checker.semantics.blocked): the slots whose request the
+    # step's scan found blocked (its grammar not ready): not schedulable work. Empty elsewhere (z3 refuses them).
+    blocked: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -63,4 +66,5 @@ def frame_from_engine(s: SchedulerState, d: StepDecision) -> Frame:
         preempted=tuple(r.rid in preempted for r in s.requests),
         kv_used=s.kv_used, now_us=d.now_us, counters=tuple(s.tenant_counters),
         pool=None if s.pool is None else s.pool.facts(s.requests),
-        radix=None if s.sglang is None or s.sglang.tree is None else (s.sglang.tree.evictable, s.sglang.tree.protected))
+        radix=None if s.sglang is None or s.sglang.tree is None else (s.sglang.tree.evictable, s.sglang.tree.protected),
+        blocked=frozenset() if not s.blocked else frozenset(rid for rid, ready in s.blocked.items() if ready > d.step))

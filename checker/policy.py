@@ -101,6 +101,20 @@ class VTCWeights(_Strict):
     """Counter increase per output token produced."""
 
 
+class BlockedWaiting(StrEnum):
+    """What the waiting scan does at a request in a blocked waiting state (a structured-output request whose grammar
+    is still compiling: trace field ``grammar_steps``; checker/semantics/blocked.py).
+    off: no blocked states (``grammar_steps`` is ignored; every rule exactly as without this field).
+    skip: the scan passes over it and it keeps its place in the queue (vLLM 0.33: skip_request puts it on the
+    step's skipped list, re-queued at the front in its order when the pass ends).
+    stop: it is treated as a request that does not fit (under strict head of line admission stops behind it: the
+    planted bug of docs/semantics.md)."""
+
+    OFF = "off"
+    SKIP = "skip"
+    STOP = "stop"
+
+
 class Queue(_Strict):
     order: QueueOrder = QueueOrder.FCFS
     """Waiting-queue order."""
@@ -115,6 +129,9 @@ class Queue(_Strict):
     """What admission does at a waiting request that does not fit."""
     preempted_requeue: Requeue = Requeue.FRONT
     """Where a preempted request re-enters the waiting queue."""
+    blocked_waiting: BlockedWaiting = BlockedWaiting.OFF
+    """What admission does at a waiting request whose structured-output grammar is not ready yet (off: the
+    requests' ``grammar_steps`` are ignored)."""
 
     @model_validator(mode="after")
     def _order_parameters(self) -> Queue:
@@ -329,6 +346,18 @@ class ReleaseRule(StrEnum):
     DEADLINE = "deadline"
 
 
+class LoadFailure(StrEnum):
+    """What happens to a request whose asynchronous load fails (trace field ``load_fails``: the connector reports
+    the load done and failed; vLLM 0.33 kv_load_failure_policy, failed_recving).
+    fail: the request ends with an error in the output of the step reporting the failure (FINISHED_ERROR; reason
+    LOAD_FAILED) and its blocks are freed then (vLLM's default).
+    recompute: when the waiting scan next reaches it, its blocks are freed and it is admitted from scratch like a
+    fresh request (its local prefix hit looked up again; no second load)."""
+
+    FAIL = "fail"
+    RECOMPUTE = "recompute"
+
+
 class Connector(_Strict):
     """A KV connector: requests that hold KV blocks while they are not running (docs/semantics.md,
     "KV held outside the running batch")."""
@@ -354,6 +383,11 @@ class Connector(_Strict):
     transfers_may_hang: bool = True
     """Verification and liveness also let a transfer never complete (a lost load, a decode side that never
     reads)."""
+    load_failure: LoadFailure = LoadFailure.FAIL
+    """What a failed load does to its request (a request's ``load_fails``)."""
+    loads_may_fail: bool = False
+    """The environment may make loads fail (the fuzzer's choices; verify, any-N and the liveness explorer refuse
+    it by name: failed loads are not encoded)."""
 
     @property
     def enabled(self) -> bool:
@@ -377,7 +411,8 @@ class Connector(_Strict):
                         f"null unless release is deadline (it is {self.release.value}: the deadline would never apply)")
         if not self.enabled:
             defaults = Connector(kind=ConnectorKind.OFFLOAD)
-            for name in ("holders_first", "reserve_inflight", "release", "max_load_steps", "transfers_may_hang"):
+            for name in ("holders_first", "reserve_inflight", "release", "max_load_steps", "transfers_may_hang",
+                         "load_failure", "loads_may_fail"):
                 value = getattr(self, name)
                 if value != getattr(defaults, name):
                     shown = value.value if isinstance(value, StrEnum) else str(value).lower()
@@ -649,6 +684,13 @@ class Policy(_Strict):
             self._speculative_consistent()
         if self.pipeline.enabled:
             self._pipeline_consistent()
+        if q.blocked_waiting is not BlockedWaiting.OFF:
+            for name, value, default in (("scheduler", self.scheduler.value, "vllm"),
+                                         ("speculative.method", self.speculative.method.value, "none"),
+                                         ("pipeline.in_flight", str(self.pipeline.in_flight), "0")):
+                if value != default:
+                    raise _fail(name, value, f"{default} when queue.blocked_waiting is {q.blocked_waiting.value} "
+                                "(blocked waiting states are modelled for vLLM's synchronous rules)")
         con = self.connector
         if con.loads and b.phase_mode is PhaseMode.MIXED:
             raise _fail("connector.kind", con.kind.value, "none or prefill_node when batch.phase_mode is mixed (the "

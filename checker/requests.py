@@ -21,7 +21,7 @@ harness (every sampled token there is the same non-EOS id).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 Run = tuple[int, int]  # (first token id, number of consecutive ids)
 PromptContent = tuple[Run, ...]
@@ -62,6 +62,12 @@ class RequestSpec:
     # the request's successive steps that verify drafts (each clamped to the drafts scheduled; past the end, or
     # empty: none accepted). checker.semantics.speculative reads it.
     accepted: tuple[int, ...] = ()
+    # With a KV connector that loads: the load is reported done and failed (policy.connector.load_failure says what
+    # follows). Blocked waiting states (policy.queue.blocked_waiting; ignored when off): a structured-output request
+    # whose grammar compiles for this many steps after its arrival step (its scans in those steps find it blocked).
+    # Both left out of repr: the reprs of requests without them stay as they were (tests pin their digests).
+    load_fails: bool = field(default=False, repr=False)
+    grammar_steps: int = field(default=0, repr=False)
 
 
 # A prompt identity, as the explicit-state searches choose it (checker/verify/explicit.py, checker/liveness): None

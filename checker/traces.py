@@ -68,6 +68,12 @@ class TraceRequest(BaseModel):
     """On a prefill node: a request finishing in step t has its transfer confirmed in the output of step
     t + 1 + send_steps (the decode side learns of the finish a step later); null: never (its blocks stay
     pinned unless the release rule frees them)."""
+    load_fails: bool = False
+    """With a KV connector that loads: the request's load is reported done and failed
+    (policy.connector.load_failure)."""
+    grammar_steps: Annotated[int, Field(ge=0, le=MAX_TOKENS)] = 0
+    """With queue.blocked_waiting skip or stop: a structured-output request whose grammar compiles for this many
+    steps after its arrival step (it waits blocked meanwhile)."""
     accepted: list[Annotated[int, Field(ge=0, le=64)]] | None = None
     """With speculative decoding (policy.speculative): drafts the verifier accepts in the request's successive
     steps that verify drafts (each clamped to the drafts scheduled; past the end, or absent: none)."""
@@ -94,8 +100,8 @@ class TraceRequest(BaseModel):
         return self
 
     @property
-    def transfer(self) -> tuple[int, int | None, int | None]:
-        return (self.external_tokens, self.load_steps, self.send_steps)
+    def transfer(self) -> tuple:
+        return (self.external_tokens, self.load_steps, self.send_steps, self.load_fails, self.grammar_steps)
 
     def content(self, index: int) -> PromptContent | None:
         if self.prompt_runs is not None:
@@ -114,7 +120,7 @@ class Trace(BaseModel):
 
 def _build(rows: list[tuple], source: str) -> RequestSet:
     """rows: (arrival_ms, prompt, output, max_output, priority, tenant, class, cancel_after_ms[, content[,
-    (external_tokens, load_steps, send_steps)[, accepted]]])."""
+    (external_tokens, load_steps, send_steps, load_fails, grammar_steps)[, accepted]]])."""
     order = sorted(range(len(rows)), key=lambda i: (rows[i][0], i))
     tenants = sorted({r[5] for r in rows}) or ["default"]
     classes = sorted({r[6] for r in rows}) or ["default"]
@@ -158,14 +164,15 @@ def dump_json_trace(rs: RequestSet) -> dict:
     }
 
 
-TRANSFER_FIELDS = ("external_tokens", "load_steps", "send_steps")  # RequestSpec fields of a KV connector
-_TRANSFER_DEFAULTS = (0, 1, 0)
+# RequestSpec fields of a KV connector, and of blocked waiting states (the environment's per-request choices)
+TRANSFER_FIELDS = ("external_tokens", "load_steps", "send_steps", "load_fails", "grammar_steps")
+_TRANSFER_DEFAULTS = (0, 1, 0, False, 0)
 
 
 def transfer_fields(spec: RequestSpec) -> dict:
     """A request's KV connector fields that differ from their defaults (trace files and counterexamples carry
     only those, so that files without a connector stay as they were)."""
-    values = (spec.external_tokens, spec.load_steps, spec.send_steps)
+    values = (spec.external_tokens, spec.load_steps, spec.send_steps, spec.load_fails, spec.grammar_steps)
     return {k: v for k, v, d in zip(TRANSFER_FIELDS, values, _TRANSFER_DEFAULTS) if v != d}
 
 

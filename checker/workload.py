@@ -211,6 +211,20 @@ class ExternalKV(_Strict):
         return fields
 
 
+class StructuredOutput(_Strict):
+    """With blocked waiting states (policy.queue.blocked_waiting): requests of the class that ask for structured
+    output, whose grammar compiles for ``grammar_steps`` steps after arrival (they wait blocked meanwhile). Draws come
+    from a stream of their own, so the class's other draws are the same with or without this section."""
+
+    fraction: Annotated[float, Field(ge=0, le=1)]
+    """Share of the class's requests with a structured output."""
+    grammar_steps: Length = Field(default_factory=lambda: Fixed(dist="fixed", value=1))
+    """Steps the grammar compiles (a request arriving in step a is blocked in the scans of steps a .. a + steps - 1)."""
+
+    def draw(self, rng: random.Random) -> dict:
+        return {"grammar_steps": self.grammar_steps.sample(rng)} if rng.random() < self.fraction else {}
+
+
 class Acceptance(_Strict):
     """With speculative decoding (policy.speculative): how the verifier treats the class's drafts. Each of a
     request's verifying steps accepts the drafts up to the first rejected one, each draft accepted with
@@ -254,6 +268,9 @@ class RequestClass(_Strict):
     speculative_acceptance: Acceptance | None = None
     """With speculative decoding: the verifier's acceptance of the class's drafts (ignored without it; absent: none
     accepted)."""
+    structured_output: StructuredOutput | None = None
+    """With blocked waiting states: a share of structured-output requests and their grammars' compile steps (ignored
+    when queue.blocked_waiting is off)."""
 
     @model_validator(mode="after")
     def _consistent(self) -> RequestClass:
@@ -327,6 +344,8 @@ def generate(w: Workload, limit: int | None = None) -> list[RequestSpec]:
         external = None if c.external_kv is None else (c.external_kv, random.Random(f"{w.seed}/{ci}/{c.name}/external"))
         accept = (None if c.speculative_acceptance is None
                   else (c.speculative_acceptance, random.Random(f"{w.seed}/{ci}/{c.name}/accept")))
+        grammar = (None if c.structured_output is None
+                   else (c.structured_output, random.Random(f"{w.seed}/{ci}/{c.name}/grammar")))
         stop = min(stop_all, c.stop_ms) if c.stop_ms is not None else stop_all
         times = c.arrival.times_ms(rng, c.start_ms, stop)
         if keep is not None and c.sessions is None and c.shared_prefix is None and len(times) > keep and \
@@ -337,7 +356,7 @@ def generate(w: Workload, limit: int | None = None) -> list[RequestSpec]:
                 prompt = c.prompt_tokens.sample(rng)
                 output = c.output_tokens.sample(rng)
                 rows.append((t, ci, prompt, output, c.max_output, c.priority, tenants[c.tenant],
-                             _cancel(c, rng, t), None, _transfer(external, prompt, accept, output)))
+                             _cancel(c, rng, t), None, _transfer(external, prompt, accept, output, grammar)))
                 continue
             content: PromptContent = ()
             if c.shared_prefix is not None:
@@ -352,7 +371,8 @@ def generate(w: Workload, limit: int | None = None) -> list[RequestSpec]:
                 prompt = sum(n for _, n in content)
                 if arrival < stop:
                     rows.append((arrival, ci, prompt, output, c.max_output, c.priority, tenants[c.tenant],
-                                 _cancel(c, rng, arrival), content, _transfer(external, prompt, accept, output)))
+                                 _cancel(c, rng, arrival), content,
+                                 _transfer(external, prompt, accept, output, grammar)))
                 previous_output = output
     rows.sort(key=lambda row: (row[0], row[1]))
     if keep is not None:
@@ -366,11 +386,15 @@ def generate(w: Workload, limit: int | None = None) -> list[RequestSpec]:
 
 
 def _transfer(external: tuple[ExternalKV, random.Random] | None, prompt: int,
-              accept: tuple[Acceptance, random.Random] | None = None, output: int = 0) -> dict:
-    """A request's RequestSpec fields drawn by the class's connector and speculative sections (none without them)."""
+              accept: tuple[Acceptance, random.Random] | None = None, output: int = 0,
+              grammar: tuple[StructuredOutput, random.Random] | None = None) -> dict:
+    """A request's RequestSpec fields drawn by the class's connector, speculative and structured-output sections
+    (none without them)."""
     fields = {} if external is None else external[0].draw(external[1], prompt)
     if accept is not None:
         fields.update(accept[0].draw(accept[1], output))
+    if grammar is not None:
+        fields.update(grammar[0].draw(grammar[1]))
     return fields
 
 

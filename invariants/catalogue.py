@@ -320,12 +320,14 @@ def _someone_waits(o: Any, ctx: TraceContext, t: int, steps: int = 8) -> Term:
 
 
 def no_deadlock(o: Any, ctx: TraceContext, t: int, steps: int = 2) -> Term:
-    """If requests wait or run for `steps` iterations in a row, some token is scheduled in one of them."""
+    """If requests wait or run for `steps` iterations in a row, some token is scheduled in one of them (a request
+    whose grammar is not ready, a blocked waiting state, is not counted as waiting)."""
     if t < steps - 1:
         return True
     window = range(t - steps + 1, t + 1)
-    busy = o.and_(*(_any_slot(o, ctx, lambda i, j=j: _status_in(o, ctx.frames[j].slots[i], *HAS_WORK))
-                    for j in window))
+    # a request whose grammar is not ready (frame.blocked) is no work the step could schedule
+    busy = o.and_(*(_any_slot(o, ctx, lambda i, j=j: False if i in ctx.frames[j].blocked else
+                              _status_in(o, ctx.frames[j].slots[i], *HAS_WORK)) for j in window))
     worked = o.or_(*(_any_slot(o, ctx, lambda i, j=j: ctx.frames[j].scheduled[i] > 0) for j in window))
     return o.or_(o.not_(busy), worked)
 
@@ -338,7 +340,8 @@ def work_conserving(o: Any, ctx: TraceContext, t: int) -> Term:
     """A step never leaves a free slot, unused budget and free KV blocks, as the scheduler saw them (requests
     finishing in the step still hold their slot and blocks), while a request that arrived before it waits
     and would fit them (its whole sequence's blocks, and its whole prompt when chunking is off); a request
-    preempted in the step is not counted as waiting, and a step that preempted is not excused."""
+    preempted in the step is not counted as waiting, nor one whose grammar is not ready (a blocked waiting state),
+    and a step that preempted is not excused."""
     frame, p = ctx.frames[t], ctx.policy
     finishing = [o.and_(s["status"] == int(Status.FINISHED), frame.produced[i]) for i, s in enumerate(frame.slots)]
     running = sum_terms([o.b2i(s["status"] == int(Status.RUNNING)) for s in frame.slots] + [o.b2i(f) for f in finishing])
@@ -347,6 +350,8 @@ def work_conserving(o: Any, ctx: TraceContext, t: int) -> Term:
     free = p.kv.num_blocks - frame.kv_used - finishing_blocks - p.kv.watermark_blocks
 
     def idle_for(i: int) -> Term:
+        if i in frame.blocked:  # its grammar is not ready: it could not be admitted
+            return False
         s, prm = frame.slots[i], ctx.params[i]
         tokens = prm.prompt_len + s["num_generated"]
         need_budget = tokens if not p.chunking.enabled else 1

@@ -23,6 +23,7 @@ SAME = ("--block-size", "--max-num-seqs", "--max-num-batched-tokens", "--max-mod
 def import_args(flags: list[str]) -> list[str]:
     """The driver's flags as `batchcheck import vllm` arguments (the same configuration)."""
     out, caching, i = [], False, 0
+    failure = flags[flags.index("--kv-load-failure-policy") + 1] if "--kv-load-failure-policy" in flags else None
     while i < len(flags):
         flag = flags[i]
         value = flags[i + 1] if i + 1 < len(flags) else None
@@ -33,7 +34,9 @@ def import_args(flags: list[str]) -> list[str]:
         elif flag == "--policy":
             out += ["--scheduling-policy", value]
         elif flag == "--kv-role":
-            out += ["--kv-transfer-config", json.dumps({"kv_connector": "FakeKVConnector", "kv_role": ROLES[value]})]
+            config = {"kv_connector": "FakeKVConnector", "kv_role": ROLES[value]}
+            out += ["--kv-transfer-config", json.dumps(config if failure is None else
+                                                       {**config, "kv_load_failure_policy": failure})]
         elif flag == "--enable-prefix-caching":
             caching = True
             i += 1
@@ -42,7 +45,7 @@ def import_args(flags: list[str]) -> list[str]:
             out.append("--no-scheduler-reserve-full-isl")
             i += 1
             continue
-        elif flag in ("--max-steps", "--external-query"):
+        elif flag in ("--max-steps", "--external-query", "--kv-load-failure-policy"):
             pass  # the run's length; the connector's answer rule (the model's is until-load, the default)
         else:
             raise ValueError(f"no import argument for the driver flag {flag}")
@@ -51,8 +54,14 @@ def import_args(flags: list[str]) -> list[str]:
     return out + ["--enable-prefix-caching" if caching else "--no-enable-prefix-caching", "--no-async-scheduling"]
 
 
-def policy_for(flags: list[str], name: str) -> Policy:
-    return import_policy("vllm", import_args(flags), name=name).policy
+def policy_for(flags: list[str], name: str, rows: list[dict] = ()) -> Policy:
+    """The imported policy; with structured-output requests in the trace (grammar_steps), queue.blocked_waiting
+    skip, what vLLM 0.33 does with them (no vLLM flag turns it on or off: the importer leaves it off)."""
+    policy = import_policy("vllm", import_args(flags), name=name).policy
+    if any(row.get("grammar_steps") for row in rows):
+        policy = Policy.model_validate({**policy.model_dump(mode="json"),
+                                        "queue": {**policy.queue.model_dump(mode="json"), "blocked_waiting": "skip"}})
+    return policy
 
 
 def compare(rows: list[dict], flags: list[str], log: Path, name: str, folder: Path) -> Conformance:
@@ -60,4 +69,11 @@ def compare(rows: list[dict], flags: list[str], log: Path, name: str, folder: Pa
     trace = folder / f"{name}.trace.json"
     trace.write_text(json.dumps(rows))
     arrivals = load_arrivals(trace)
-    return conformance(policy_for(flags, name), arrivals, load_log(log, arrivals))
+    return conformance(policy_for(flags, name, rows), arrivals, load_log(log, arrivals))
+
+
+def assert_agrees(rows: list[dict], flags: list[str], log: Path, name: str, folder: Path) -> None:
+    """Every step and every free-block count of the log agrees with the engine (compare)."""
+    result = compare(rows, flags, log, name, folder)
+    assert result.first_divergence is None, result.detail
+    assert (result.agreeing, result.free_blocks_agreeing) == (result.steps, result.steps)

@@ -34,6 +34,13 @@ Trace fields on top of the shared driver's (all optional, per request):
                    reports to be in such a set, so step t + 1 is the earliest a real worker can report it.
                    null: never (blocks pinned forever). Aborted requests are not sent (as NixlConnector).
   abort_step       as in the shared driver; works on loading requests too.
+  load_fails       bool (default false): the request's load is reported in finished_recving and also in
+                   failed_recving (KVConnectorTransferResults.failed_recving: the load failed); the scheduler
+                   then follows --kv-load-failure-policy (fail: FINISHED_ERROR; recompute: recomputed).
+  grammar_steps    int >= 0 (default 0; works without --kv-role too): a structured-output request (a JSON
+                   schema) whose grammar future completes before schedule() of step arrival_step +
+                   grammar_steps: until then it waits in WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR, which
+                   schedule() skips. The grammar is FakeGrammar (below): it accepts every token.
 
 Log: the shared driver's line per step; with --kv-role also
   loading     ids in WAITING_FOR_REMOTE_KVS after schedule() (finished ones excluded), trace order
@@ -187,6 +194,14 @@ def _connector_class():
             recving = self.recv_due.pop(self.worker_step, [])
             return set(sending) or None, set(recving) or None
 
+        def get_transfer_results(self, finished_req_ids):
+            """The base class's results, plus the loads whose trace row says load_fails as failed_recving (a
+            failed receive is also reported in finished_recving, as KVConnectorTransferResults says)."""
+            results = super().get_transfer_results(finished_req_ids)
+            results.failed_recving = {rid for rid in results.finished_recving
+                                      if self.specs.get(rid, {}).get("load_fails")}
+            return results
+
         def pending_reports(self) -> bool:
             return bool(self.recv_due or self.send_due)
 
@@ -221,7 +236,8 @@ def build_scheduler(args, shared, specs: dict):
     cache_config = CacheConfig(block_size=args.block_size, enable_prefix_caching=args.enable_prefix_caching)
     kv_transfer_config = KVTransferConfig(
         kv_connector=CONNECTOR_NAME, kv_connector_module_path=MODULE_NAME, kv_role=ROLES[args.kv_role],
-        kv_connector_extra_config={"requests": specs, "external_query": args.external_query})
+        kv_connector_extra_config={"requests": specs, "external_query": args.external_query},
+        kv_load_failure_policy=args.kv_load_failure_policy)
     vllm_config = VllmConfig(scheduler_config=scheduler_config, model_config=model_config,
                              cache_config=cache_config, kv_transfer_config=kv_transfer_config)
     kv_cache_config = KVCacheConfig(
@@ -260,6 +276,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--kv-role", choices=sorted(ROLES), default=None,
                     help="load FakeKVConnector in this role (default: no connector, the shared driver's run)")
     ap.add_argument("--external-query", choices=["until-load", "first"], default="until-load")
+    ap.add_argument("--kv-load-failure-policy", choices=["fail", "recompute"], default="fail",
+                    help="KVTransferConfig.kv_load_failure_policy (what a load reported in failed_recving does)")
     ap.add_argument("--shared-driver", default=None,
                     help="the folder (or file) of drive_vllm_scheduler.py (default: ../shared/tools/vllm-scheduler)")
     return ap
@@ -280,13 +298,14 @@ def run(args, shared) -> int:
 
     ids = [str(t.get("id", i)) for i, t in enumerate(trace)]
     order = {rid: i for i, rid in enumerate(ids)}
-    specs = {rid: {k: t[k] for k in ("external_tokens", "load_steps", "send_steps") if k in t}
+    specs = {rid: {k: t[k] for k in ("external_tokens", "load_steps", "send_steps", "load_fails") if k in t}
              for rid, t in zip(ids, trace)}
     if args.kv_role is None:
         sched, worker = shared.build_scheduler(args), None
     else:
         sched, worker = build_scheduler(args, shared, specs)
     pending = shared.make_requests(trace, args.block_size)
+    grammars = grammar_futures(trace, pending)
     setup_s = time.perf_counter() - t_setup
 
     def in_order(xs) -> list[str]:
@@ -319,6 +338,8 @@ def run(args, shared) -> int:
         return not any(s >= step and any(r not in finished for r in rs) for s, rs in aborts.items())
 
     for step in range(args.max_steps):
+        for future in grammars.pop(step, ()):
+            future.set_result(FakeGrammar())
         for req in by_arrival.get(step, []):
             sched.add_request(req)
         aborted_now = []
@@ -357,7 +378,8 @@ def run(args, shared) -> int:
             results = worker.get_transfer_results(so.finished_req_ids)
             worker.clear_connector_metadata()
             kvo = KVConnectorOutput(finished_sending=results.finished_sending or None,
-                                    finished_recving=results.finished_recving or None)
+                                    finished_recving=results.finished_recving or None,
+                                    failed_recving=results.failed_recving or set())
             if req_ids:
                 mro = ModelRunnerOutput(req_ids=req_ids,
                                         req_id_to_index={rid: i for i, rid in enumerate(req_ids)},
@@ -386,6 +408,52 @@ def run(args, shared) -> int:
                "steps_per_s": round(steps / sched_time, 1) if sched_time > 0 else None}
     print(json.dumps(summary), file=sys.stderr)
     return 0 if len(finished) >= total else 1
+
+
+def grammar_futures(trace: list[dict], pending) -> dict[int, list]:
+    """Make each request whose trace row has grammar_steps > 0 a structured-output request (a JSON schema) whose
+    grammar is a Future not yet done (its status WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR, as Request.__init__ sets it
+    for structured outputs); the futures by the step before whose schedule() they complete."""
+    from concurrent.futures import Future
+
+    from vllm.sampling_params import StructuredOutputsParams
+    from vllm.v1.request import RequestStatus
+    from vllm.v1.structured_output.request import StructuredOutputRequest
+
+    due: dict[int, list] = {}
+    for row, (arrival, _, req) in zip(trace, pending):
+        steps = int(row.get("grammar_steps") or 0)
+        if steps <= 0:
+            continue
+        future: Future = Future()
+        req.structured_output_request = StructuredOutputRequest(params=StructuredOutputsParams(json={"type": "object"}))
+        req.structured_output_request.grammar = future
+        req.status = RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
+        due.setdefault(arrival + steps, []).append(future)
+    return due
+
+
+class FakeGrammar:
+    """A compiled grammar that accepts every token (StructuredOutputGrammar's interface; the scheduler advances it
+    with each sampled token in update_from_output, and never asks for a bitmask: the engine core does)."""
+
+    def accept_tokens(self, request_id, tokens):
+        return True
+
+    def validate_tokens(self, tokens):
+        return tokens
+
+    def rollback(self, num_tokens):
+        return None
+
+    def fill_bitmask(self, bitmask, batch_index):
+        return None
+
+    def is_terminated(self):
+        return False
+
+    def reset(self):
+        return None
 
 
 def by_step(pending) -> tuple[dict[int, list], dict[int, list[str]]]:

@@ -156,6 +156,26 @@ def producer_sends(send_steps: tuple = (0, 1, 3, None)) -> Job:
     return rows, flags(role="producer")
 
 
+def grammars_and_failed_loads(n: int = 120, num_blocks: int = 80, seed: int = 0, grammar: float = 0.3,
+                              fails: float = 0.3, extra: tuple[str, ...] = (), role: str | None = "consumer",
+                              aborts: bool = False, **limits) -> Job:
+    """pressure_with_loads' shape, with structured-output requests whose grammar compiles 1-6 steps (a share
+    ``grammar``) and loads that fail (a share ``fails`` of the loads); every 7th request aborted with ``aborts``."""
+    rows, _ = pressure_with_loads(n=n, num_blocks=num_blocks, seed=seed)
+    rng = random.Random(1000 + seed)
+    for i, row in enumerate(rows):
+        if rng.random() < grammar:
+            row["grammar_steps"] = rng.randint(1, 6)
+        if "external_tokens" in row and rng.random() < fails:
+            row["load_fails"] = True
+        if aborts and i % 7 == 3:
+            row["abort_step"] = row["arrival_step"] + i % 5
+        if role is None:
+            row.pop("external_tokens", None), row.pop("load_steps", None), row.pop("load_fails", None)
+    return rows, flags(*extra, num_blocks=num_blocks, role=role, **{"max_num_seqs": 6, "max_num_batched_tokens": 192,
+                                                                    **limits})
+
+
 SHAPES = {"latencies": loads_with_latencies, "hung": hung_load, "abort_during_load": abort_during_load,
           "pressure": pressure_with_loads, "producer": producer_sends}
 
@@ -230,11 +250,55 @@ FACT_CASES: dict[str, Job] = {
 
 FIXTURES = HERE / "data" / "vllm_connector"
 
+# Blocked waiting states (grammar futures) and failed loads (failed_recving), kept in tests/data/vllm_blocked/
+# (tests/conformance/test_blocked_conformance.py compares the engine with each)
+BLOCKED_CASES: dict[str, Job] = {
+    # G's grammar compiles 3 steps: P, behind it, is admitted first; G keeps its place and runs from step 3
+    "grammar_skip": ([_r("G", 0, 64, 3, grammar_steps=3), _r("P", 0, 64, 3), _r("Q", 1, 32, 2)], flags(role=None)),
+    # two blocked requests at the head, a priority queue: the skipped ones keep their order
+    "grammar_priority": ([_r("G1", 0, 64, 3, priority=0, grammar_steps=2), _r("G2", 0, 48, 3, priority=1, grammar_steps=1),
+                          _r("P", 1, 32, 3, priority=2)], flags("--policy", "priority", role=None)),
+    # a blocked request aborted before its grammar is ready; one ready in its arrival step's next step
+    "grammar_abort": ([_r("G", 0, 64, 3, grammar_steps=4, abort_step=2), _r("H", 0, 64, 2, grammar_steps=1),
+                       _r("P", 1, 32, 2)], flags(role=None)),
+    # blocked requests do not take seats: P fills max_num_seqs=1 while G waits
+    "grammar_seats": ([_r("G", 0, 64, 3, grammar_steps=2), _r("P", 0, 32, 6)], flags(max_num_seqs=1, role=None)),
+    # a grammar request that also loads
+    "grammar_load": ([_r("G", 0, 64, 3, grammar_steps=2, external_tokens=64, load_steps=2), _r("P", 0, 32, 2)],
+                     flags()),
+    # a load that fails (kv_load_failure_policy fail, vLLM's default): FINISHED_ERROR at its report, blocks freed
+    "load_fail": ([_r("F", 0, 96, 3, external_tokens=64, load_steps=2, load_fails=True), _r("P", 0, 32, 3),
+                   _r("L", 1, 64, 2, external_tokens=64, load_steps=1)], flags()),
+    # the same under recompute: F's blocks are freed at its promotion and it is prefilled from scratch
+    "load_fail_recompute": ([_r("F", 0, 96, 3, external_tokens=64, load_steps=2, load_fails=True), _r("P", 0, 32, 3),
+                             _r("L", 1, 64, 2, external_tokens=64, load_steps=1)],
+                            flags("--kv-load-failure-policy", "recompute")),
+    # recompute with a local prefix hit: the hit is dropped with the failed load, looked up again at the retry
+    "load_fail_recompute_cached": ([_r("a", 0, 64, 2, prefix_group=0),
+                                    _r("F", 4, 128, 2, prefix_group=0, external_tokens=128, load_steps=1,
+                                       load_fails=True)],
+                                   flags("--enable-prefix-caching", "--kv-load-failure-policy", "recompute")),
+    # recompute, and F does not fit once its failed load is freed: it stays at the head of the holders' queue
+    "load_fail_recompute_blocked": ([_r("R", 0, 500, 12), _r("F", 0, 160, 2, external_tokens=64, load_steps=3,
+                                                              load_fails=True), _r("D", 3, 16, 2)],
+                                    flags("--kv-load-failure-policy", "recompute", "--no-reserve-full-isl", **_POOL40)),
+    # recompute, re-admitted in chunks (a 64-token budget): its first chunk needs fewer blocks than the load held
+    "load_fail_recompute_chunk": ([_r("F", 0, 160, 2, external_tokens=160, load_steps=2, load_fails=True),
+                                   _r("P", 1, 16, 2)],
+                                  flags("--kv-load-failure-policy", "recompute", max_num_batched_tokens=64)),
+    # a failing load aborted before its report (its blocks wait for the report), and one failing under pressure
+    "load_fail_abort": ([_r("F", 0, 64, 3, external_tokens=64, load_steps=3, load_fails=True, abort_step=1),
+                         _r("G", 0, 64, 3, external_tokens=64, load_steps=1, load_fails=True), _r("P", 1, 32, 2)],
+                        flags()),
+}
+BLOCKED_FIXTURES = HERE / "data" / "vllm_blocked"
 
-def record(folder: Path = FIXTURES) -> dict[str, list[dict]]:
-    """Run FACT_CASES and keep their logs as folder/NAME.log.jsonl (the traces are FACT_CASES itself)."""
+
+def record(folder: Path = FIXTURES, cases: dict[str, Job] | None = None) -> dict[str, list[dict]]:
+    """Run the cases (FACT_CASES by default) and keep their logs as folder/NAME.log.jsonl (the traces are the cases
+    themselves). The blocked ones: record(BLOCKED_FIXTURES, BLOCKED_CASES)."""
     folder.mkdir(parents=True, exist_ok=True)
-    logs = run_jobs(FACT_CASES)
+    logs = run_jobs(FACT_CASES if cases is None else cases)
     for name, log in logs.items():
         (folder / f"{name}.log.jsonl").write_text("".join(json.dumps(row) + "\n" for row in log))
     return logs

@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from checker.semantics.blocked import refuse as refuse_blocked
 from checker.audit import run_derived_audit
 from checker.diff.compare import (Change, Pair, PropertyDiff, compare_invariant, diff_invariant, diff_slo,
                                   unreached_line)
@@ -168,6 +169,8 @@ def run_diff(old: PolicyInput, new: PolicyInput, workload: str | Path | None = N
     (checker/diff/sides.py; 1: serially, in this process); the same rows and exit code either way."""
     started = time.monotonic()
     pair = Pair(load_policy(old), load_policy(new), policy_source(old), policy_source(new))
+    for pol, file in ((pair.old, pair.old_file), (pair.new, pair.new_file)):  # z3's checks: refused before any run
+        refuse_blocked(pol, "diff (its checks use the z3 encoding)", file)
     if pair.old.name == pair.new.name:
         pair.new = pair.new.model_copy(update={"name": f"{pair.new.name} (new)"})
     if pair.old.kv.block_size != pair.new.kv.block_size:  # pools and KV figures in different units

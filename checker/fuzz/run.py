@@ -211,6 +211,9 @@ def check_stresses(stresses: list[str] | None, policy: Policy) -> None:
     for name in stresses or []:
         if name not in STRESSES:
             raise InputError(Problem("--stress", name, "one of: " + ", ".join(STRESSES)))
+        if name == "blocked_grammars" and policy.queue.blocked_waiting == "off":
+            raise InputError(Problem("--stress", name, "a stress the policy can feel: it draws structured-output "
+                                     "requests whose grammar is not ready, which queue.blocked_waiting off ignores"))
         if name in CONNECTOR_STRESSES and not policy.connector.loads:
             raise InputError(Problem("--stress", name, "a stress the policy can feel: it draws loads from an external "
                                      "KV tier, and the policy has no loading connector (connector.kind offload, "

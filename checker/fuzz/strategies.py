@@ -38,6 +38,8 @@ class Draw(NamedTuple):
     cancel_after_ms: int | None = None
     external_tokens: int = 0  # with a KV connector: the prompt prefix an external tier holds
     load_steps: int | None = 1  # steps its load takes (None: it is never reported)
+    load_fails: bool = False  # with a KV connector: its load is reported failed (policy.connector.load_failure)
+    grammar_steps: int = 0  # blocked waiting states: steps its structured-output grammar compiles after arrival
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,7 @@ class Ranges:
     mean_gap_ms: list[int]
     tenants: list[int]
     priorities: list[int]
+    structured: list[bool] = ()  # per class: it has a structured_output section (blocked_grammars draws there)
 
 
 def _low(dist) -> int:
@@ -72,7 +75,8 @@ def ranges(w: Workload) -> Ranges:
     tenant_index = {t: i for i, t in enumerate(w.tenants)}
     return Ranges([(_low(c.prompt_tokens), c.prompt_tokens.upper) for c in w.classes],
                   [(_low(c.output_tokens), c.output_tokens.upper) for c in w.classes], gaps,
-                  [tenant_index[c.tenant] for c in w.classes], [c.priority for c in w.classes])
+                  [tenant_index[c.tenant] for c in w.classes], [c.priority for c in w.classes],
+                  [c.structured_output is not None for c in w.classes])
 
 
 Stress = Callable[..., st.SearchStrategy[list[Draw]]]  # (ranges, policy, n, min_size=1, cap=None)
@@ -270,6 +274,12 @@ def slow_or_lost_transfers(r: Ranges, policy: Policy, n: int, min_size: int = 1,
                            ) -> st.SearchStrategy[list[Draw]]:
     """Every request with an external hit (most of its prompt) whose load takes up to twice the policy's
     longest transfer, or is never reported; arrivals close together, so loads pile up on the pool."""
+    return _close_loads(r, policy, n, min_size, cap, fails=False)
+
+
+def _close_loads(r: Ranges, policy: Policy, n: int, min_size: int, cap: int | None, fails: bool
+                 ) -> st.SearchStrategy[list[Draw]]:
+    """slow_or_lost_transfers' requests; with ``fails`` one more byte per record: the load fails below 128."""
     classes = len(r.prompt)
     gaps, prompt, output = _per_class([(0, max(1, m // 2)) for m in r.mean_gap_ms]), _per_class(r.prompt), _per_class(r.output)
     top = 2 * policy.connector.max_load_steps
@@ -278,8 +288,9 @@ def slow_or_lost_transfers(r: Ranges, policy: Policy, n: int, min_size: int = 1,
         c = (b[0] * classes) >> 8
         d = Draw(gaps[c]((b[1] << 8) | b[2]), c, prompt[c]((b[3] << 8) | b[4]), output[c]((b[5] << 8) | b[6]))
         share, steps, _ = _transfer_fields(r, policy, b, CANCEL)
-        return _with_load(d, share, steps, top)
-    return _records(CANCEL + 2, min_size, n, cap, decode)
+        d = _with_load(d, share, steps, top)
+        return d._replace(load_fails=b[CANCEL + 2] < 128) if fails else d
+    return _records(CANCEL + 2 + fails, min_size, n, cap, decode)
 
 
 def abort_during_load(r: Ranges, policy: Policy, n: int, min_size: int = 1, cap: int | None = None
@@ -300,16 +311,51 @@ def abort_during_load(r: Ranges, policy: Policy, n: int, min_size: int = 1, cap:
     return _records(CANCEL + 3, min_size, n, cap, decode)
 
 
+def failed_loads(r: Ranges, policy: Policy, n: int, min_size: int = 1, cap: int | None = None
+                 ) -> st.SearchStrategy[list[Draw]]:
+    """Requests with an external hit whose load takes 1 .. 2 * max_load_steps steps (or is never reported), about
+    half of them failing at their report (load_fails; byte 0 of the flag: fails, the simplest); arrivals close
+    together, so failed loads' requests (recompute) or their freed blocks (fail) meet a loaded pool."""
+    return _close_loads(r, policy, n, min_size, cap, fails=True)
+
+
+GRAMMAR_STEPS = 32  # the longest grammar compilation blocked_grammars draws
+
+
+def blocked_grammars(r: Ranges, policy: Policy, n: int, min_size: int = 1, cap: int | None = None
+                     ) -> st.SearchStrategy[list[Draw]]:
+    """Structured-output requests whose grammar compiles 1 .. GRAMMAR_STEPS steps after arrival (byte 0: one
+    step), about three in four of them, between plain ones, at the workload's arrival rates; only requests of the
+    classes with a structured_output section get one when the workload has such classes. A blocked request reaches
+    the head of the queue with others behind it."""
+    classes = len(r.prompt)
+    gaps, prompt, output = _per_class([(0, m) for m in r.mean_gap_ms]), _per_class(r.prompt), _per_class(r.output)
+    steps = _scale(1, GRAMMAR_STEPS, 8)
+    structured = list(r.structured) if any(r.structured) else [True] * classes
+
+    def decode(b: bytes) -> Draw:
+        c = (b[0] * classes) >> 8
+        d = Draw(gaps[c]((b[1] << 8) | b[2]), c, prompt[c]((b[3] << 8) | b[4]), output[c]((b[5] << 8) | b[6]))
+        return d if b[CANCEL + 1] >= 192 or not structured[c] else d._replace(grammar_steps=steps(b[CANCEL]))
+    return _records(CANCEL + 2, min_size, n, cap, decode)
+
+
 STRESSES: dict[str, Stress] = {f.__name__: f for f in (
     plain, long_prefill_bursts, max_outputs, tenant_skew, late_cancellations, kv_fragmentation,
-    saturate_prefill, saturate_decode, exhaust_slots, priority_stream, slow_or_lost_transfers, abort_during_load)}
+    saturate_prefill, saturate_decode, exhaust_slots, priority_stream, slow_or_lost_transfers, abort_during_load,
+    failed_loads, blocked_grammars)}
 # Stresses that only mean something under a loading KV connector (policy.connector): drawn by default only there,
 # so the default search of every other policy stays as it was.
-CONNECTOR_STRESSES = ("slow_or_lost_transfers", "abort_during_load")
+CONNECTOR_STRESSES = ("slow_or_lost_transfers", "abort_during_load", "failed_loads")
+# Drawn by default only where the policy lets the environment choose them: failed loads (connector.loads_may_fail),
+# blocked waiting states (queue.blocked_waiting skip or stop).
+CHOSEN_STRESSES = {"failed_loads": lambda p: p.connector.loads_may_fail,
+                   "blocked_grammars": lambda p: p.queue.blocked_waiting != "off"}
 
 
 def default_stresses(policy: Policy) -> list[str]:
-    return [name for name in STRESSES if policy.connector.loads or name not in CONNECTOR_STRESSES]
+    return [name for name in STRESSES if (policy.connector.loads or name not in CONNECTOR_STRESSES)
+            and CHOSEN_STRESSES.get(name, lambda p: True)(policy)]
 
 
 def adversarial(w: Workload, policy: Policy, max_requests: int = 20, stresses: list[str] | None = None,
@@ -356,7 +402,9 @@ def request_maker(w: Workload) -> Callable[[list[Draw], str], RequestSet]:
                 prompt += shared.tokens
             spec = RequestSpec(rid, arrival, prompt, d.output, max(max_output, d.output), priority, tenant,
                                d.cls, None if d.cancel_after_ms is None else arrival + d.cancel_after_ms * 1000,
-                               content, min(d.external_tokens, prompt), d.load_steps)
+                               content, min(d.external_tokens, prompt), d.load_steps,
+                               **({} if not (d.load_fails or d.grammar_steps) else
+                                  {"load_fails": d.load_fails, "grammar_steps": d.grammar_steps}))
             if accepts[d.cls] is not None:  # the verifier's choices: the class's acceptance, its own seeded stream
                 rng = random.Random(f"{w.seed}/{d.cls}/{rid}/accept")
                 spec = dataclasses.replace(spec, **accepts[d.cls].draw(rng, d.output))

@@ -469,6 +469,11 @@ def _connector(given: Given, draft: Draft) -> None:
             raise config.error(f"kv_connector one of {', '.join(PD_CONNECTORS + OFFLOAD_CONNECTORS)} (the connectors "
                                f"whose scheduler side the model has; {name} is not modelled)")
         why = f"{name} with kv_role {role}"
+        failure = data.get("kv_load_failure_policy")
+        if failure is not None:
+            if failure not in ("fail", "recompute"):
+                raise config.error(f"kv_load_failure_policy fail or recompute (it is {failure})")
+            draft.set("connector.load_failure", failure, f"kv_load_failure_policy {failure}")
     draft.set("connector.kind", kind, why)
     draft.assume("connector.holders_first", True, "vLLM 0.33 scans the requests holding KV (kv_holding_waiting) "
                  "before the waiting queue")

@@ -650,6 +650,7 @@ class Canon:
         s.pool = None  # with the cache: below
         s.spec = None  # speculative decoding: below
         s.pipe = None  # async scheduling: below
+        s.blocked = None  # blocked waiting states: the explorer refuses them (explore.explore)
         requests: list[Request] = []
         running: list[tuple[int, Request]] = []
         waiting: list[Request] = []

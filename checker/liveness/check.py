@@ -18,6 +18,7 @@ from checker.liveness.lasso import (ALL_PROPERTIES, EVENTUALLY_SERVED, NO_HOLD_A
 from checker.liveness.properties import LIVENESS
 from checker.policy import Policy
 from checker.requests import Identity, RequestSpec
+from checker.semantics import blocked
 from checker.semantics.state import FIELDS, Status
 from checker.verify import counterexample as cex
 from checker.verify.replay import Replay, first_violation, replay_fixed_clock
@@ -354,6 +355,7 @@ def run_liveness(policy: PolicyInput, properties: list[str] | None = None, reque
     if jobs < 1:
         raise InputError(Problem("--jobs", jobs, ">= 1"))
     pol = apply_overrides(load_policy(policy), overrides)
+    blocked.refuse(pol, "the liveness explorer", policy_source(policy))  # located; explore() refuses it too
     env = liveness_env(pol, requests, prompts, outputs, priorities, tenants, cancellations, arrivals_per_step, step_ms,
                        identities, external, accepted)
     return check_liveness(pol, policy_source(policy), env, properties, max_states or DEFAULT_MAX_STATES, timeout_s,

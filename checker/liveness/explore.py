@@ -33,6 +33,7 @@ from checker.liveness.canon import (IDENTITY_TOKENS, LIVE, Canon, ObservedPool, 
                                     identity_token)
 from checker.policy import Policy, Scheduler
 from checker.requests import Identity, RequestSpec, identity_name
+from checker.semantics import blocked
 from checker.semantics.decision import DecisionBuilder, StepDecision
 from checker.semantics.state import Request, SchedulerState, Status
 from checker.semantics.step import arrive_phase, leave_phase, release_phase, step, step_schedule
@@ -563,6 +564,7 @@ def explore(policy: Policy, env: LivenessEnv, max_states: int = DEFAULT_MAX_STAT
         raise InputError(Problem("pipeline.in_flight", policy.pipeline.in_flight, "0 or 1 for the liveness explorer: "
                                  "pipeline parallelism (more than one batch in flight) is not modelled yet "
                                  "(docs/liveness.md, \"Speculative decoding and async scheduling\")"))
+    blocked.refuse(policy, "the liveness explorer")  # grammar delays and failed loads are not environment choices
     started = time.monotonic()
     env = instance_env(policy, env)
     canon = make_canon(policy, env)

@@ -35,6 +35,7 @@ class Reason(IntEnum):
     TIMEOUT = 7  # timeouts.queue_timeout_ms passed before first admission
     ABORTED = 8  # cancelled by the client
     OUT_OF_MEMORY = 9  # aborted by the scheduler: even alone its next decode does not fit (SGLang's retract_decode)
+    LOAD_FAILED = 10  # its asynchronous KV load failed (connector.load_failure fail: vLLM's FINISHED_ERROR)
 
 
 NEVER = 1 << 62  # a step that never comes: a transfer that is never reported done, a release that never happens
@@ -210,6 +211,9 @@ class SchedulerState:
         self.spec = _spec_state(policy) if policy.speculative.enabled else None
         # Async scheduling's batches in flight (policy.pipeline; checker.semantics.inflight), None when it is off
         self.pipe = _pipe_state(policy) if policy.pipeline.enabled else None
+        # Blocked waiting states (policy.queue.blocked_waiting; checker.semantics.blocked): rid -> the step whose
+        # scan first finds its grammar ready, for the waiting requests still blocked; None when it is off
+        self.blocked: dict[int, int] | None = None if policy.queue.blocked_waiting == "off" else {}
 
     def copy(self) -> SchedulerState:
         """An independent state (requests copied; the policy shared), for stepping one state several ways."""
@@ -227,6 +231,7 @@ class SchedulerState:
         c.sglang = None if self.sglang is None else self.sglang.copy()
         c.spec = None if self.spec is None else self.spec.copy()
         c.pipe = None if self.pipe is None else self.pipe.copy()
+        c.blocked = None if self.blocked is None else dict(self.blocked)
         return c
 
     def take_seq(self) -> int:
@@ -240,6 +245,7 @@ class SchedulerState:
                 self.next_seq, self.step, tuple(self.tenant_counters))
         snap = snap if self.sglang is None else snap + (self.sglang.snapshot(),)
         snap = snap if self.spec is None else snap + (self.spec.snapshot(),)
+        snap = snap if self.blocked is None else snap + (tuple(sorted(self.blocked.items())),)
         return snap if self.pipe is None else snap + (self.pipe.snapshot(),)
 
 

@@ -17,8 +17,8 @@ the semantics: the engine iterates it, and the Z3 encoding (checker/smt) is pinn
 from __future__ import annotations
 
 from checker.errors import InternalError
-from checker.policy import HeadOfLine, PhaseMode, PreemptMode, QueueOrder
-from checker.semantics import inflight, kv, sglang, speculative, transfer
+from checker.policy import HeadOfLine, LoadFailure, PhaseMode, PreemptMode, QueueOrder
+from checker.semantics import blocked, inflight, kv, sglang, speculative, transfer
 from checker.semantics.decision import DecisionBuilder, StepDecision
 from checker.semantics.order import enqueue, key_function, norm_priority, pick_victim, sort_waiting, victim_key
 from checker.semantics.state import PAST_TRANSFER, Reason, Request, SchedulerState, Status
@@ -135,6 +135,8 @@ def arrive_phase(s: SchedulerState, arrivals: list[Request], out: DecisionBuilde
             _lift_counter(s, r)
         r.status = WAITING
         enqueue(s, r)
+        if s.blocked is not None:
+            blocked.arrive(s, r)
         out.arrived.append(r.rid)
 
 
@@ -408,7 +410,11 @@ def _scan(s: SchedulerState, waiting: list[Request], budget: Budget, out: Decisi
 
 def _try_admit(s: SchedulerState, r: Request, budget: Budget, out: DecisionBuilder) -> bool:
     """Try to admit a waiting request; return False if it does not fit (a LOADING request whose load is not yet
-    reported is passed over: True)."""
+    reported is passed over: True; so is a request in a blocked waiting state under blocked_waiting skip)."""
+    if s.blocked:
+        over = blocked.passes_over(s, r)
+        if over is not None:
+            return over
     if r.status is LOADING:
         if not transfer.load_reported(s, r):
             return True
@@ -565,6 +571,8 @@ def _compute(s: SchedulerState, out: DecisionBuilder) -> tuple[int, int, int, in
         speculative.propose(s, out.scheduled, produced)
     if s.holding and p.connector.enabled:
         transfer.report_phase(s, out)
+    if s.loads_in_flight and p.connector.load_failure is LoadFailure.FAIL:
+        transfer.fail_reported(s, out)
     return prefill_tokens, decode_seqs, prefill_attention, decode_kv
 
 

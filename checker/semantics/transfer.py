@@ -23,9 +23,9 @@ from checker.policy import QueueOrder, ReleaseRule
 from checker.semantics import kv
 from checker.semantics.decision import DecisionBuilder
 from checker.semantics.order import key_function
-from checker.semantics.state import NEVER, Request, SchedulerState, Status
+from checker.semantics.state import NEVER, Reason, Request, SchedulerState, Status
 
-LOADING, WAITING, RUNNING = Status.LOADING, Status.WAITING, Status.RUNNING
+LOADING, WAITING, RUNNING, CANCELLED = Status.LOADING, Status.WAITING, Status.RUNNING, Status.CANCELLED
 SCAN_ORDERED = frozenset({QueueOrder.FCFS, QueueOrder.TENANT_FAIR})  # holders kept in the order their loads started
 
 
@@ -36,8 +36,10 @@ def uses_holders_queue(s: SchedulerState) -> bool:
 
 
 def queue_of(s: SchedulerState, r: Request) -> list[Request]:
-    """The queue a waiting request (WAITING, SWAPPED or LOADING) is in."""
-    if r.blocks and uses_holders_queue(s):
+    """The queue a waiting request (WAITING, SWAPPED or LOADING) is in. A request whose failed load freed its
+    blocks (load_failure recompute) stays in the holders' queue, holding nothing, until it is admitted (vLLM 0.33
+    pops it from kv_holding_waiting only then)."""
+    if uses_holders_queue(s) and (r.blocks or r in s.holders):
         return s.holders
     return s.waiting
 
@@ -112,7 +114,16 @@ def load_reported(s: SchedulerState, r: Request) -> bool:
 
 def promote(s: SchedulerState, r: Request) -> None:
     """A load reported done: its blocks are cached and it waits again, holding them; a load that covered the
-    whole sequence recomputes the last token (for its logits)."""
+    whole sequence recomputes the last token (for its logits). A failed load (load_failure recompute: a failure
+    under fail has ended the request at its report, fail_reported) frees its blocks, its local hit included, and
+    the request starts again from no computed token (vLLM 0.33 _handle_failed_recving sets num_computed_tokens to
+    0, _update_waiting_for_remote_kv then frees the request's blocks); it asks for no second load."""
+    if r.spec.load_fails:
+        kv.free(s, r)
+        r.num_computed = 0
+        r.status = WAITING
+        s.loads_in_flight -= 1
+        return
     if s.pool is not None:
         s.pool.cache(r, r.num_computed)
     if r.num_computed >= r.num_tokens:
@@ -149,6 +160,22 @@ def report_phase(s: SchedulerState, out: DecisionBuilder) -> None:
     for them (an aborted load, a pinned request)."""
     now = s.step
     kv.release_held(s, out.released, lambda r: 0 <= r.transfer_step <= now)
+
+
+def fail_reported(s: SchedulerState, out: DecisionBuilder) -> None:
+    """End of the step, load_failure fail: a load the connector reports done and failed in this step's output ends
+    its request with an error (vLLM 0.33: FINISHED_ERROR in update_from_output, its blocks freed as the same
+    output's finished_recving is processed): it leaves its queue, frees its blocks and is listed as finished
+    (status CANCELLED: it produced no output; reason LOAD_FAILED)."""
+    now = s.step
+    for queue in (s.holders, s.waiting):
+        failed = [r for r in queue if r.status is LOADING and r.transfer_step == now and r.spec.load_fails]
+        for r in failed:
+            queue.remove(r)
+            kv.free(s, r)
+            r.status, r.reason = CANCELLED, Reason.LOAD_FAILED
+            s.loads_in_flight -= 1
+            out.finished.append(r.rid)
 
 
 def steps_pending(s: SchedulerState) -> bool:

@@ -30,6 +30,7 @@ from checker.policy import (
 )
 from checker.errors import InputError, Problem
 from checker.semantics.state import FIELDS, NEVER, PAST_TRANSFER, Reason, Status
+from checker.semantics import blocked
 from checker.smt.ops import Term, sum_terms
 from checker.smt.pool import Pool, chained_code, hash_code
 
@@ -200,6 +201,7 @@ class SymbolicStep:
         if accepted is None or any("drafts" not in slot for slot in state.slots):
             require_no_speculative(policy)
         require_no_pipeline(policy)
+        blocked.refuse(policy, "the z3 encoding")
         if state.pool is None:
             require_encodable(policy)  # a caching policy needs the pool in the state
         require_connector_state(policy, state)

@@ -129,6 +129,8 @@ def not_covered(policy: Policy) -> list[str]:
                    "whole-step induction for N slots only)")
     if policy.connector.enabled:
         out.append("connector (KV transfers: holders' queue and load order across slots)")
+    if policy.queue.blocked_waiting != "off":
+        out.append(f"queue.blocked_waiting: {policy.queue.blocked_waiting.value} (blocked waiting states, not encoded)")
     c = policy.chunking
     if c.long_prefill_token_threshold and (c.threshold_adaptive or not c.threshold_when_alone):
         out.append("chunking.long_prefill_token_threshold adaptive or not when alone (reads the number of "

@@ -30,7 +30,8 @@ STATUS_NAMES = {int(s): s.name for s in Status}
 # of the hash at that value, so files recorded earlier (counterexamples, certificates) keep their hash.
 LATER_FIELDS = (("chunking", "threshold_when_alone", True), ("chunking", "threshold_adaptive", False),
                 ("kv", "prefix_caching", {"enabled": False, "count_evictable_hits": True, "chained_hashes": True}),
-                ("speculative", "reserve_lookahead", True))
+                ("speculative", "reserve_lookahead", True), ("queue", "blocked_waiting", "off"),
+                ("connector", "load_failure", "fail"), ("connector", "loads_may_fail", False))
 LATER_SECTIONS = (("connector", Policy.model_fields["connector"].default_factory().model_dump(mode="json")),
                   ("scheduler", "vllm"),
                   ("sglang", Policy.model_fields["sglang"].default_factory().model_dump(mode="json")),

@@ -16,6 +16,7 @@ from checker.inputfiles import PolicyInput, load_policy, policy_source
 from checker.loading import load_model
 from checker.policy import Policy, Scheduler
 from checker.requests import RequestSpec
+from checker.semantics.blocked import refuse as refuse_blocked
 from checker.verify import counterexample as cex
 from checker.verify.bmc import Found, search
 from checker.verify.env import Environment, default_environment
@@ -381,6 +382,7 @@ def run_verify(policy: PolicyInput, invariants: list[str] | None = None, request
     for module in invariant_modules or []:
         load_module(module)
     pol, source = load_policy(policy), policy_source(policy)  # a Policy object: no file (its spec is recorded)
+    refuse_blocked(pol, "verify (--any-n: any-N)" if any_n else "verify", source)
     if unbounded is None:
         unbounded = proof_applies(pol)
     chosen = [parse_invariant(text) for text in (invariants or DEFAULT_INVARIANTS)]

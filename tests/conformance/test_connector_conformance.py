@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.connector_logs import compare
+from tests.connector_logs import assert_agrees, compare
 from tests.vllm_connector_harness import FACT_CASES, FIXTURES
 
 # The connector answers only a request's first query (--external-query first): the model's connector asks until a
@@ -19,9 +19,7 @@ CASES = sorted(name for name in FACT_CASES if name not in OTHER_CONNECTOR_RULE)
 @pytest.mark.parametrize("name", CASES)
 def test_every_step_and_free_block_count_agrees_with_the_real_scheduler(name, tmp_path):
     rows, flags = FACT_CASES[name]
-    result = compare(rows, flags, FIXTURES / f"{name}.log.jsonl", name, tmp_path)
-    assert result.first_divergence is None, result.detail
-    assert (result.agreeing, result.free_blocks_agreeing) == (result.steps, result.steps)
+    assert_agrees(rows, flags, FIXTURES / f"{name}.log.jsonl", name, tmp_path)
 
 
 def test_the_other_connector_rule_diverges_where_the_refused_load_is_asked_again(tmp_path):

@@ -16,6 +16,8 @@ import json
 import pytest
 
 from tests.vllm_connector_harness import (
+    BLOCKED_CASES,
+    BLOCKED_FIXTURES,
     FACT_CASES,
     FIXTURES,
     SHAPES,
@@ -52,7 +54,8 @@ SHAPE_JOBS = {f"shape_{name}": shape() for name, shape in SHAPES.items()}
 
 @pytest.fixture(scope="module")
 def logs() -> dict[str, list[dict]]:
-    jobs = {**FACT_CASES, **IDENTITY, **{f"shared_{k}": v for k, v in IDENTITY.items()}, **SHAPE_JOBS}
+    jobs = {**FACT_CASES, **IDENTITY, **{f"shared_{k}": v for k, v in IDENTITY.items()}, **SHAPE_JOBS,
+            **{f"blocked_{k}": v for k, v in BLOCKED_CASES.items()}}
     return run_jobs(jobs, shared=frozenset(f"shared_{k}" for k in IDENTITY))
 
 
@@ -362,3 +365,17 @@ def test_the_generated_shapes_are_traces_the_driver_reads(tmp_path):
         path.write_text(json.dumps(rows))
         assert json.loads(path.read_text()) == rows
     assert read_log(FIXTURES / "hung.log.jsonl")[-1]["loading"] == ["h"]
+
+
+@live
+def test_grammar_futures_and_failed_loads_reproduce_the_kept_logs(logs):
+    """The blocked waiting and failed-load cases (tests/data/vllm_blocked/, which test_blocked_conformance.py compares
+    with the engine) come out of a fresh run byte for byte; the facts they show: a request whose grammar is not
+    ready is skipped and keeps its place; a failed load under fail ends its request at its report."""
+    for name in BLOCKED_CASES:
+        text = "".join(json.dumps(row) + "\n" for row in logs[f"blocked_{name}"])
+        assert text == (BLOCKED_FIXTURES / f"{name}.log.jsonl").read_text(), name
+    skip = logs["blocked_grammar_skip"]
+    assert [sorted(at(skip, k)["scheduled"]) for k in range(4)] == [["P"], ["P", "Q"], ["P", "Q"], ["G"]]
+    fail = logs["blocked_load_fail"]
+    assert at(fail, 1)["finished"] == ["F"] and at(fail, 1)["loading"] == ["F", "L"]
