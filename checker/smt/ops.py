@@ -173,9 +173,6 @@ def _py(v: Any) -> int | bool:
         return True
     if z3.is_false(v):
         return False
-    if z3.is_rational_value(v):  # a Real (checker/smt/sglang.py's ratio): its exact value
-        from fractions import Fraction
-        return Fraction(v.numerator_as_long(), v.denominator_as_long())
     return v.as_long()
 
 
@@ -194,7 +191,6 @@ class SmtSession:
 
     int_var = staticmethod(int_var)
     bool_var = staticmethod(bool_var)
-    real_var = staticmethod(lambda name: real_var(name))
 
     @staticmethod
     def implies(a: Term, b: Term) -> Term:
@@ -288,45 +284,23 @@ def same_assertions(text: str, other: str) -> bool:
     return len(mine) == len(theirs) and all(a.eq(b) for a, b in zip(mine, theirs))
 
 
-# ----------------------------------------------------------------------------------------- exact reals
-# SGLang's new-token ratio is a float in the engine; the encoding (checker/smt/sglang.py) holds its exact value as a
-# Real (a Fraction on IntOps). Products with a symbolic integer are expanded over its bounded range (linear terms
-# only: no nonlinear arithmetic for the solver).
-def real(ops, value) -> Term:
-    """An exact rational constant (a float is taken at its exact binary value)."""
-    from fractions import Fraction
-
-    value = Fraction(value)
-    return z3.RealVal(f"{value.numerator}/{value.denominator}") if ops.symbolic else value
-
-
 def scale(ops, k: Term, x: Term, bound: int) -> Term:
-    """k * x for an integer 0 <= k <= bound (symbolically: a case split over k, each case linear)."""
+    """k * x for an integer 0 <= k <= bound: symbolically a case split over k, each case linear (no nonlinear
+    arithmetic for the solver; checker/smt/sglang.py's reservations, the new-token ratio times remaining output)."""
     if not ops.symbolic or isinstance(k, int):
         return k * x
-    out = z3.RealVal(0)
+    out = z3.IntVal(0)
     for j in range(1, bound + 1):
         out = z3.If(k == j, x * j, out)
     return out
 
 
-def quotient(ops, a: Term, b: Term, bound: int) -> Term:
-    """a / b as an exact rational for an integer 1 <= b <= bound (symbolically: a case split over b)."""
-    from fractions import Fraction
-
+def scaled_quotient(ops, a: Term, b: Term, bound: int, unit: int) -> Term:
+    """a / b in units of 1/unit, exactly, for an integer 1 <= b <= bound that divides ``unit`` (a case split)."""
     if not ops.symbolic:
-        return Fraction(a, b)
-    out = z3.RealVal(0)
+        assert unit % b == 0
+        return a * (unit // b)
+    out = z3.IntVal(0)
     for j in range(1, bound + 1):
-        out = z3.If(b == j, z3.ToReal(a) / j, out)
+        out = z3.If(b == j, a * (unit // j), out)
     return out
-
-
-def floor_real(ops, x: Term) -> Term:
-    import math
-
-    return z3.ToInt(x) if ops.symbolic else math.floor(x)
-
-
-def real_var(name: str) -> z3.ArithRef:
-    return z3.Real(name)

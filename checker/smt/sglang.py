@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from fractions import Fraction
+from math import lcm
 
 from checker.errors import InputError, Problem
 from checker.policy import Policy, QueueOrder, Scheduler, SGLangQueue, Victim
@@ -38,7 +39,7 @@ from checker.semantics.sglang import INPUT_MARGIN, max_request_len
 from checker.semantics.state import Reason, Status
 from checker.smt.encode import (SlotParams, SlotState, StepResult, SymbolicStep, blank_slot, require_no_pipeline,
                                 require_no_speculative)
-from checker.smt.ops import Term, floor_real, quotient, real, scale, sum_terms
+from checker.smt.ops import Term, scale, scaled_quotient, sum_terms
 
 # Per-slot fields beside FIELDS: the waiting queue's entry stamp (SGLangState.entry), the place in s.running (its
 # index, normalised at the end of each step) and the abort mark (SGLangState.aborting, 0/1).
@@ -93,8 +94,29 @@ def sglang_blank_slot(policy: Policy) -> dict[str, int]:
     return {**blank_slot(policy), **{f: 0 for f in SGLANG_FIELDS}}
 
 
-def initial_globals(ops, policy: Policy) -> SGLangGlobals:
-    return SGLangGlobals(ratio=real(ops, policy.sglang.init_ratio))
+def ratio_unit(policy: Policy, num_slots: int, most_output: int) -> int:
+    """The ratio's unit: the ratio is held as an integer count of 1/unit, exact for every value it can take (the
+    floats init, decay and min are dyadic, 2^K covers them and the rounding bound 2^-53; a re-estimate is a quotient
+    by at most num_slots x most_output + 1, which lcm(1..that) divides). Integers only: linear integer arithmetic for
+    the solver, no reals."""
+    rules = policy.sglang
+    bits = max(Fraction(x).denominator.bit_length() for x in (rules.init_ratio, rules.ratio_decay, rules.min_ratio))
+    return 2 ** max(64, bits + 2) * lcm(*range(1, quotient_bound(policy, num_slots, most_output) + 1))
+
+
+def quotient_bound(policy: Policy, num_slots: int, most_output: int) -> int:
+    return num_slots * output_bound(policy, most_output) + 1
+
+
+def scaled(value, unit: int) -> int:
+    """An exact rational (a float at its binary value) in units of 1/unit."""
+    v = Fraction(value) * unit
+    assert v.denominator == 1, value
+    return int(v)
+
+
+def initial_globals(policy: Policy, unit: int) -> SGLangGlobals:
+    return SGLangGlobals(ratio=scaled(policy.sglang.init_ratio, unit))
 
 
 def arrival_cap(o, policy: Policy, prompt: Term) -> Term:
@@ -150,6 +172,7 @@ class SGLangStep(SymbolicStep):
         self.rules = rules
         self.out_bound = output_bound(policy, most_output)
         self.clip_bound = min(rules.clip_max_new_tokens, self.out_bound)
+        self.unit = ratio_unit(policy, n, most_output)
         self.inexact: Term = False
         self.err: Term = 0  # the adder's float error bound in this step (set when the adder starts)
         self.remade: Term = False  # the prefill batch becomes the running batch object (mixed, or none was running)
@@ -243,7 +266,7 @@ class SGLangStep(SymbolicStep):
         ran = o.or_(*(x > 0 for x in self.sched))
         idle = o.and_(o.not_(ran), o.not_(g.ran_batch),
                       *(o.not_(self.is_(i, Status.RUNNING, Status.WAITING)) for i in range(self.n)))
-        g.ratio = o.ite(idle, real(o, self.rules.init_ratio), g.ratio)
+        g.ratio = o.ite(idle, scaled(self.rules.init_ratio, self.unit), g.ratio)
         g.age = o.ite(idle, 0, g.age)
         g.ran_batch = ran
 
@@ -274,9 +297,10 @@ class SGLangStep(SymbolicStep):
         magnitude = (self.p.kv.num_blocks * page + cmax + (n + 1) * (self.ceil_page_const(self.p.max_model_len)
                                                                        + page + self.clip_bound) + n)
         adds = 2 * n + 4
-        exact = o.or_(o.and_(g.age == 0, g.ratio == 1),
+        exact = o.or_(o.and_(g.age == 0, g.ratio == self.unit),
                       o.not_(o.or_(*(o.and_(batch[i], reserved[i] > 0) for i in range(n)))))
-        return o.ite(exact, real(o, 0), (g.age + 1) * real(o, cmax * ULP) + real(o, adds * magnitude * ULP))
+        unit = self.unit
+        return o.ite(exact, 0, (g.age + 1) * scaled(cmax * ULP, unit) + scaled(adds * magnitude * ULP, unit))
 
     def ceil_page_const(self, tokens: int) -> int:
         return -(-tokens // self.page) * self.page
@@ -297,11 +321,12 @@ class SGLangStep(SymbolicStep):
         mixed = self.rules.mixed_chunk and p.chunking.enabled
         mixed_rows = nb if mixed else 0
         clip = self.rules.clip_max_new_tokens
-        available = self.free_pages() * page
+        unit = self.unit
+        available = self.free_pages() * page * unit  # the float budget's quantities in units of 1/unit
         reserved = [o.min(self.params[i].max_output - self.slot(i)["num_generated"], clip) for i in range(n)]
         self.err = self.adder_error(batch, reserved)
-        a = {"total": mixed_rows + sum_terms([o.ite(batch[i], scale(o, reserved[i], g.ratio, self.clip_bound),
-                                                   real(o, 0)) for i in range(n)]),
+        a = {"total": mixed_rows * unit + sum_terms([o.ite(batch[i], scale(o, reserved[i], g.ratio, self.clip_bound), 0)
+                                                     for i in range(n)]),
              "current": mixed_rows, "input": self.rules.max_prefill_tokens - mixed_rows,
              "chunk": p.batch.max_num_batched_tokens - mixed_rows if p.chunking.enabled else None, "can": 0}
         ext: list[Term] = [0] * n  # tokens each slot computes in the prefill batch
@@ -310,7 +335,7 @@ class SGLangStep(SymbolicStep):
 
         def reserve(cond: Term, e: Term, max_new: Term) -> None:
             whole = self.ceil_page(e)
-            a["total"] = a["total"] + o.ite(cond, whole + page + max_new, 0)
+            a["total"] = a["total"] + o.ite(cond, (whole + page + max_new) * unit, 0)
             a["current"] = a["current"] + o.ite(cond, whole + page, 0)
             a["input"] = a["input"] - o.ite(cond, whole, 0)
             if a["chunk"] is not None:
@@ -318,7 +343,8 @@ class SGLangStep(SymbolicStep):
 
         def state(active: Term) -> tuple[Term, Term]:
             """budget_state: (NO_TOKEN, OTHER)."""
-            tokens = o.not_(o.and_(self.float_less(a["total"], available, active), available - a["current"] > 0))
+            tokens = o.not_(o.and_(self.float_less(a["total"], available, active),
+                                   available - a["current"] * unit > 0))
             other = a["input"] <= 0
             if a["chunk"] is not None:
                 other = o.or_(other, a["chunk"] <= 0)
@@ -331,8 +357,8 @@ class SGLangStep(SymbolicStep):
             sel = [g.chunked == i for i in range(n)]
             r = self.selected(sel)
             rest = available - a["total"]
-            whole = floor_real(o, rest)
-            near = o.or_(rest - whole <= self.err, whole + 1 - rest <= self.err)
+            whole = o.floor_div(rest, unit)  # int(): the chunk limit
+            near = o.or_(rest - whole * unit <= self.err, (whole + 1) * unit - rest <= self.err)
             self.inexact = o.or_(self.inexact, o.and_(cond, self.err > 0, near, whole <= a["chunk"]))
             limit = o.ite(whole >= 1, o.min(a["chunk"], whole), a["chunk"])
             gap = r["prompt_len"] + r["num_generated"] - r["num_computed"]
@@ -360,7 +386,7 @@ class SGLangStep(SymbolicStep):
             r = self.selected(sel)
             extend = r["prompt_len"] + r["num_generated"]
             max_new = o.min(o.max(r["max_output"] - r["num_generated"], 0), clip)
-            fits = self.float_less(extend + max_new + page, available - a["total"], active)
+            fits = self.float_less((extend + max_new + page) * unit, available - a["total"], active)
             whole = self.ceil_page(extend)
             refused = o.not_(fits)  # NO_TOKEN
             other_now: Term = False
@@ -469,14 +495,15 @@ class SGLangStep(SymbolicStep):
         # the ratio: re-estimated after a retraction (exact but for one rounding), else one decay step
         generated = sum_terms([o.ite(keep[i], self.slot(i)["num_generated"], 0) for i in range(n)])
         most = sum_terms([o.ite(keep[i], self.params[i].max_output, 0) for i in range(n)]) + 1
-        estimate = quotient(o, generated + rules.retract_decode_steps * count, most, n * self.out_bound + 1)
-        decay = real(o, rules.ratio_decay)
+        unit = self.unit
+        estimate = scaled_quotient(o, generated + rules.retract_decode_steps * count, most, n * self.out_bound + 1, unit)
+        floor = scaled(rules.min_ratio, unit)
         if rules.ratio_decay:
-            decayed, decayed_age = o.max(g.ratio - decay, real(o, rules.min_ratio)), g.age + 1
+            decayed, decayed_age = o.max(g.ratio - scaled(rules.ratio_decay, unit), floor), g.age + 1
         else:
-            decayed, decayed_age = o.max(g.ratio, real(o, rules.min_ratio)), g.age
+            decayed, decayed_age = o.max(g.ratio, floor), g.age
         over = generated + rules.retract_decode_steps * count >= most
-        g.ratio = o.ite(retracting, o.ite(over, real(o, 1), estimate), o.ite(cond, decayed, g.ratio))
+        g.ratio = o.ite(retracting, o.ite(over, unit, estimate), o.ite(cond, decayed, g.ratio))
         g.age = o.ite(retracting, o.ite(over, 0, 1), o.ite(cond, decayed_age, g.age))
         g.full = o.ite(o.and_(cond, count < initial), False, g.full)
         for i in range(n):

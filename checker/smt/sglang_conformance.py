@@ -20,8 +20,9 @@ from checker.requests import RequestSpec
 from checker.semantics.state import FIELDS, TERMINAL, Request, SchedulerState, Status
 from checker.semantics.step import step
 from checker.smt.encode import SlotParams
-from checker.smt.ops import IntOps, Z3Ops, bool_var, int_var, pin_and_eval, real_var
-from checker.smt.sglang import ULP, SGLANG_FIELDS, SGLangGlobals, SGLangSlotState, sglang_step
+from checker.smt.ops import IntOps, Z3Ops, bool_var, int_var, pin_and_eval
+from checker.smt.sglang import (SGLANG_FIELDS, ULP, SGLangGlobals, SGLangSlotState, ratio_unit, scaled,
+                                sglang_step)
 
 PARAM_FIELDS = ("arrival_us", "prompt_len", "output_len", "max_output", "priority", "tenant")
 GLOBAL_FIELDS = ("chunked", "full", "shrunk", "ran_batch", "ratio", "age", "next_entry")
@@ -79,7 +80,7 @@ def engine_scheduled(d) -> dict[int, int]:
     return dict(d.scheduled)
 
 
-def _flatten(result) -> dict[str, object]:
+def _flatten(result, unit: int) -> dict[str, object]:
     st = result.state
     out: dict[str, object] = {}
     for i, slot in enumerate(st.slots):
@@ -89,7 +90,7 @@ def _flatten(result) -> dict[str, object]:
     g = st.g
     out.update({"chunked": g.chunked, "full": g.full, "shrunk": g.shrunk, "ran_batch": g.ran_batch,
                 "next_entry": g.next_entry, "next_seq": st.next_seq, "step": st.step, "kv_used": st.kv_used,
-                "ratio": g.ratio, "age": g.age, "inexact": result.inexact})
+                "ratio": g.ratio, "age": g.age, "inexact": result.inexact, "unit": unit})
     return out
 
 
@@ -97,12 +98,18 @@ def _state(slots, g: SGLangGlobals, next_seq, step_, counters) -> SGLangSlotStat
     return SGLangSlotState(slots=slots, next_seq=next_seq, step=step_, counters=list(counters), g=g)
 
 
+def _globals(c: SGLangCaptured, unit: int) -> tuple:
+    """The captured globals with the ratio in the encoding's unit."""
+    return c.globals[:4] + (scaled(c.globals[4], unit),) + c.globals[5:]
+
+
 def int_outputs(policy: Policy, c: SGLangCaptured) -> dict[str, object]:
     params = [SlotParams(*p) for p in c.params]
     slots = [dict(zip(FIELDS + SGLANG_FIELDS, values)) for values in c.slots]
-    state = _state(slots, SGLangGlobals(*c.globals), c.next_seq, c.step, c.counters)
     most = max((p[3] for p in c.params), default=0)
-    return _flatten(sglang_step(IntOps, policy, params, state, c.now_us, list(c.cancels), most))
+    unit = ratio_unit(policy, len(params), most)
+    state = _state(slots, SGLangGlobals(*_globals(c, unit)), c.next_seq, c.step, c.counters)
+    return _flatten(sglang_step(IntOps, policy, params, state, c.now_us, list(c.cancels), most), unit)
 
 
 class Z3SGLangStep:
@@ -112,12 +119,13 @@ class Z3SGLangStep:
         self.params = [SlotParams(*(int_var(f"{f}_{i}") for f in PARAM_FIELDS)) for i in range(num_slots)]
         self.slots = [{f: int_var(f"{f}_{i}") for f in FIELDS + SGLANG_FIELDS} for i in range(num_slots)]
         self.globals = SGLangGlobals(int_var("chunked"), bool_var("full"), bool_var("shrunk"), bool_var("ran_batch"),
-                                     real_var("ratio"), int_var("age"), int_var("next_entry"))
+                                     int_var("ratio"), int_var("age"), int_var("next_entry"))
         self.next_seq, self.step, self.now = int_var("next_seq"), int_var("step"), int_var("now_us")
         self.counters = [int_var(f"counter_{t}") for t in range(num_tenants)]
         self.cancels = [bool_var(f"cancel_{i}") for i in range(num_slots)]
         state = _state(self.slots, self.globals, self.next_seq, self.step, self.counters)
-        flat = _flatten(sglang_step(Z3Ops, policy, self.params, state, self.now, self.cancels, most_output))
+        self.unit = ratio_unit(policy, num_slots, most_output)
+        flat = _flatten(sglang_step(Z3Ops, policy, self.params, state, self.now, self.cancels, most_output), self.unit)
         self.names, self.terms = list(flat), list(flat.values())
 
     def evaluate(self, c: SGLangCaptured) -> dict[str, object]:
@@ -127,7 +135,8 @@ class Z3SGLangStep:
         for slot, values in zip(self.slots, c.slots):
             pins += [(slot[f], v) for f, v in zip(FIELDS + SGLANG_FIELDS, values)]
         g = self.globals
-        pins += list(zip((g.chunked, g.full, g.shrunk, g.ran_batch, g.ratio, g.age, g.next_entry), c.globals))
+        pins += list(zip((g.chunked, g.full, g.shrunk, g.ran_batch, g.ratio, g.age, g.next_entry),
+                         _globals(c, self.unit)))
         pins += [(self.next_seq, c.next_seq), (self.step, c.step), (self.now, c.now_us)]
         pins += list(zip(self.counters, c.counters)) + list(zip(self.cancels, c.cancels))
         return dict(zip(self.names, pin_and_eval(pins, self.terms)))
@@ -141,8 +150,9 @@ def differences(expected: dict[str, object], got: dict[str, object], scheduled: 
             continue
         mine = got[key]
         if key == "ratio":
-            if abs(Fraction(mine) - value) > got["age"] * ULP:
-                diffs.append(f"ratio: engine={float(value)!r} symbolic={float(Fraction(mine))!r} age={got['age']}")
+            exact = Fraction(int(mine), got["unit"])
+            if abs(exact - value) > got["age"] * ULP:
+                diffs.append(f"ratio: engine={float(value)!r} symbolic={float(exact)!r} age={got['age']}")
         elif int(mine) != int(value):
             diffs.append(f"{key}: engine={value} symbolic={mine}")
     for i in range(len([k for k in got if k.endswith(".scheduled")])):
