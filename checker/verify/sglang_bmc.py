@@ -22,7 +22,6 @@ from checker.smt.ops import SmtSession, Z3Ops
 from checker.smt.sglang import (SGLANG_FIELDS, SGLangGlobals, SGLangSlotState, capped_params, initial_globals,
                                 ratio_unit, require_sglang_encodable, sglang_blank_slot, sglang_step)
 from checker.verify.bmc import Deadline, Unrolling
-from checker.verify.budget import BuildTimeout, within
 from checker.verify.env import Environment, symbolic_requests
 from invariants.catalogue import Invariant
 
@@ -30,9 +29,13 @@ METHOD = "z3 bounded model checking of SGLang's rules (radix cache off, exact ne
 
 
 class SGLangUnrolling(Unrolling):
-    """The symbolic trace of n slots under SGLang's rules (``exact_only``: assert every step exact)."""
+    """The symbolic trace of n slots under SGLang's rules. Each step's exactness (no ambiguous comparison) is asserted
+    under the literal ``exact``, which every check of the session assumes; the last unrolling of N slots
+    (``SGLangUnrolling.last``) then answers, on the same incremental solver, whether an inexact step is reachable."""
 
-    def __init__(self, smt: SmtSession, policy: Policy, env: Environment, n: int, exact_only: bool = True):
+    last: SGLangUnrolling | None = None
+
+    def __init__(self, smt: SmtSession, policy: Policy, env: Environment, n: int):
         require_sglang_encodable(policy)
         self.smt, self.policy, self.env, self.n, self.tag = smt, policy, env, n, ""
         self.requests = symbolic_requests(smt, Z3Ops, env, n)
@@ -45,8 +48,13 @@ class SGLangUnrolling(Unrolling):
         self.frames: list[Frame] = []
         self.most_output = env.max_output_cap  # (the ratio's unit, ratio_unit, is fixed by it and n)
         self.ctx = TraceContext(policy, tuple(capped_params(Z3Ops, policy, self.requests.params)), self.frames)
-        self.exact_only = exact_only
         self.inexact: list = []  # per step: a comparison of the adder was ambiguous
+        self.exact = smt.bool_var("exact_paths")
+        plain = smt.check
+        smt.check = lambda *assumptions: plain(*assumptions, self.exact)  # the search sees exact paths only
+        self.check_any_path = plain
+        if n == env.requests:
+            SGLangUnrolling.last = self
 
     def extend(self) -> None:
         smt, k = self.smt, len(self.frames)
@@ -67,8 +75,7 @@ class SGLangUnrolling(Unrolling):
                                  fresh(f"next_entry@{k}", g.next_entry))
         inexact = fresh(f"inexact@{k}", result.inexact, "bool")
         self.inexact.append(inexact)
-        if self.exact_only:
-            smt.add(Z3Ops.not_(inexact))
+        smt.add(smt.implies(self.exact, Z3Ops.not_(inexact)))
         self.state = SGLangSlotState(slots=slots, next_seq=fresh(f"next_seq@{k}", st.next_seq),
                                      step=fresh(f"step@{k}", st.step),
                                      counters=[fresh(f"counter_{t}@{k}", c) for t, c in enumerate(st.counters)],
@@ -81,19 +88,17 @@ class SGLangUnrolling(Unrolling):
             kv_used=self.state.kv_used, now_us=now, counters=tuple(self.state.counters), pool=None))
 
 
-def inexact_reachable(policy: Policy, env: Environment, deadline: Deadline) -> str:
+def inexact_reachable(env: Environment, deadline: Deadline) -> str:
     """Whether a step whose adder meets an ambiguous float comparison is reachable within N requests and K
-    iterations: "sat", "unsat" (every engine path is an exact path) or "unknown"."""
-    smt = SmtSession()
-    try:
-        with within(max(0.0, deadline.left_ms() / 1000)):
-            u = SGLangUnrolling(smt, policy, env, env.requests, exact_only=False)
-            for _ in range(env.depth):
-                u.extend()
-    except BuildTimeout:
+    iterations: "sat", "unsat" (every engine path is an exact path) or "unknown". Asked of the N-slot search's own
+    solver (its unrolling to depth K, without the exactness literal)."""
+    u = SGLangUnrolling.last
+    if u is None or u.n != env.requests or len(u.frames) != env.depth:
         return "unknown"
-    smt.set_timeout(deadline.left_ms())
-    return smt.check(Z3Ops.or_(*u.inexact))
+    SGLangUnrolling.last = None
+    u.smt.set_rlimit(0)
+    u.smt.set_timeout(deadline.left_ms())
+    return u.check_any_path(Z3Ops.or_(*u.inexact))
 
 
 def check_many(policy: Policy, policy_file: str | None, invariants: list[tuple[Invariant, dict[str, int]]],
@@ -112,7 +117,7 @@ def check_many(policy: Policy, policy_file: str | None, invariants: list[tuple[I
                                depth=outcome.depth_reached, method=METHOD))
         elif outcome.status == "holds":
             left = Deadline(max(1.0, timeout_s - (time.monotonic() - started)))
-            reach = inexact_reachable(policy, env, left)
+            reach = inexact_reachable(env, left)
             seconds = time.monotonic() - started
             if reach != "unsat":
                 why = ("inexact: a reachable state's prefill-adder comparison is within the float error bound of the "
