@@ -128,8 +128,10 @@ def check_many(policy: Policy, policy_file: str | None, invariants: list[tuple[I
                                    method=METHOD, notes=[why]))
             else:
                 verdict = Verdict.VACUOUS if outcome.vacuous else Verdict.HOLDS_UP_TO
+                # (a VACUOUS line reads a note as its at-any-depth reason: none here, its situation is bounded)
+                notes = [] if outcome.vacuous else [f"by {METHOD}; every path within the bounds exact"]
                 out.append(Checked(inv, params, verdict, env, seconds, depth=outcome.depth_reached, method=METHOD,
-                                   notes=[f"by {METHOD}; every path within the bounds exact"]))
+                                   notes=notes))
         else:
             found = outcome.found
             step = confirm_on_engine(policy, inv, params, env, found)
