@@ -49,11 +49,12 @@ class SGLangUnrolling(Unrolling):
         self.most_output = env.max_output_cap  # (the ratio's unit, ratio_unit, is fixed by it and n)
         self.ctx = TraceContext(policy, tuple(capped_params(Z3Ops, policy, self.requests.params)), self.frames)
         self.inexact: list = []  # per step: a comparison of the adder was ambiguous
-        self.exact = smt.bool_var("exact_paths")
-        plain = smt.check
-        smt.check = lambda *assumptions: plain(*assumptions, self.exact)  # the search sees exact paths only
-        self.check_any_path = plain
+        self.exact = True  # fewer slots than N: exactness asserted outright (no inexact query is asked of them)
         if n == env.requests:
+            self.exact = smt.bool_var("exact_paths")
+            plain = smt.check
+            smt.check = lambda *assumptions: plain(*assumptions, self.exact)  # the search sees exact paths only
+            self.check_any_path = plain
             SGLangUnrolling.last = self
 
     def extend(self) -> None:
@@ -75,7 +76,7 @@ class SGLangUnrolling(Unrolling):
                                  fresh(f"next_entry@{k}", g.next_entry))
         inexact = fresh(f"inexact@{k}", result.inexact, "bool")
         self.inexact.append(inexact)
-        smt.add(smt.implies(self.exact, Z3Ops.not_(inexact)))
+        smt.add(Z3Ops.not_(inexact) if self.exact is True else smt.implies(self.exact, Z3Ops.not_(inexact)))
         self.state = SGLangSlotState(slots=slots, next_seq=fresh(f"next_seq@{k}", st.next_seq),
                                      step=fresh(f"step@{k}", st.step),
                                      counters=[fresh(f"counter_{t}@{k}", c) for t, c in enumerate(st.counters)],
