@@ -99,7 +99,8 @@ def inexact_reachable(env: Environment, deadline: Deadline) -> str:
     SGLangUnrolling.last = None
     u.smt.set_rlimit(0)
     u.smt.set_timeout(deadline.left_ms())
-    return u.check_any_path(Z3Ops.or_(*u.inexact))
+    first = [Z3Ops.and_(x, *(Z3Ops.not_(y) for y in u.inexact[:k])) for k, x in enumerate(u.inexact)]
+    return u.check_any_path(Z3Ops.or_(*first))  # the first inexact step: an exact path up to it
 
 
 def check_many(policy: Policy, policy_file: str | None, invariants: list[tuple[Invariant, dict[str, int]]],
