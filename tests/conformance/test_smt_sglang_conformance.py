@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter
+from fractions import Fraction
 
 import pytest
 
@@ -79,3 +80,24 @@ def test_what_the_encoding_does_not_cover_is_refused_by_name(over, field):
     with pytest.raises(InputError) as e:
         Z3SGLangStep(_policy(**over), 2, 1, 8)
     assert field in str(e.value)
+
+
+@pytest.mark.parametrize("ratio, age, pages, inexact", [(Fraction(1, 2), 1, 10, True), (Fraction(1), 0, 11, False),
+                                                        (Fraction(1), 1, 11, True), (Fraction(1, 2), 1, 11, False)])
+def test_a_budget_comparison_on_its_boundary_is_inexact_unless_the_ratio_is_exactly_one(ratio, age, pages, inexact):
+    """A running request reserves 2 tokens x the ratio; a waiting one needs 4 + 1 + a page of the free tokens less
+    that: exactly on the boundary at ratio 1/2 with 7 free (or 1 with 8), which the engine's float may cross either way
+    (after a re-estimate the float is within a rounding of the exact value): inexact. A ratio of exactly 1 (age 0)
+    makes every float an integer, and a comparison a token away is decided."""
+    from checker.semantics.state import Status
+    from checker.smt.sglang_conformance import SGLangCaptured
+
+    policy = _policy(kv={"block_size": 1, "num_blocks": pages}, sglang={"max_prefill_tokens": 16})
+    running = (int(Status.RUNNING), 0, 3, 1, 3, 0, 1, 0, 0, -1, 1, 0, 0)
+    waiting = (int(Status.WAITING), 0, 0, 0, 0, 0, 0, 0, 0, -1, 2, 0, 0)
+    c = SGLangCaptured(params=((0, 2, 3, 3, 0, 0), (0, 4, 1, 1, 0, 0)), slots=(running, waiting),
+                       globals=(-1, False, False, True, ratio, age, 2), next_seq=2, step=3, counters=(0,), now_us=0,
+                       cancels=(False, False))
+    got = int_outputs(policy, c)
+    assert bool(got["inexact"]) is inexact
+    assert int(got["slot1.scheduled"]) == (4 if (ratio, pages) == (Fraction(1, 2), 11) else 0)  # 6 < 6 is false
