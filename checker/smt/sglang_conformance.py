@@ -14,7 +14,6 @@ import random
 from dataclasses import dataclass
 from fractions import Fraction
 
-from checker.engine import _Clock
 from checker.policy import Policy
 from checker.requests import RequestSpec
 from checker.semantics.state import FIELDS, TERMINAL, Request, SchedulerState, Status
@@ -212,10 +211,11 @@ def random_specs(rng: random.Random, policy: Policy, n: int, step_us: int) -> li
 def drive(policy: Policy, specs: list[RequestSpec], step_us: int, max_steps: int):
     """Step the engine one iteration per step_us; yield (inputs, outputs after, scheduled)."""
     s = SchedulerState(policy, specs, num_tenants=1)
-    clock = _Clock(s.requests)
     for k in range(max_steps):
-        now = k * step_us
-        arrived, cancelled = clock.due(now)
+        now = k * step_us  # the events due in (now - step_us, now], in request order (the engine's clock's order)
+        arrived = [r for r in s.requests if now - step_us < r.arrival_us <= now or (k == 0 and r.arrival_us <= 0)]
+        cancelled = [r for r in s.requests if r.spec.cancel_us is not None
+                     and (now - step_us < r.spec.cancel_us <= now or (k == 0 and r.spec.cancel_us <= 0))]
         before = capture(s, cancelled, now)
         d = step(s, arrived, cancelled, now)
         yield before, engine_outputs(s), engine_scheduled(d)
