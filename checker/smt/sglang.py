@@ -145,6 +145,38 @@ def output_bound(policy: Policy, most: int) -> int:
     return max(0, min(most, max_request_len(policy) - 2, policy.kv.num_blocks * page - 2 * page - 1))
 
 
+def error_terms(policy: Policy, num_slots: int, clip_bound: int) -> tuple[Fraction, Fraction]:
+    """ERR = (age + 1) x the first + the second: C x 2^-53 for C the most reserved tokens, K x B x 2^-53 for K float
+    additions of magnitude at most B."""
+    page = policy.kv.block_size
+    cmax = num_slots * clip_bound
+    magnitude = (policy.kv.num_blocks * page + cmax
+                 + (num_slots + 1) * (-(-policy.max_model_len // page) * page + page + clip_bound) + num_slots)
+    return cmax * ULP, (2 * num_slots + 4) * magnitude * ULP
+
+
+def statically_exact(policy: Policy, num_slots: int, depth: int, longest_prompt_tokens: int, most_output: int) -> bool:
+    """Whether no step within ``depth`` iterations can be inexact, by arithmetic: no retraction can happen (even
+    num_slots requests of the longest prompt, each a token further every iteration, fit the pool), so the ratio is
+    one of the decay sequence's values (or exactly 1), and none of them times any reserved total lies within the
+    error bound of an integer (the budget comparisons' other operands are integers)."""
+    page = policy.kv.block_size
+    if num_slots * -(-(longest_prompt_tokens + depth) // page) > policy.kv.num_blocks:
+        return False
+    rules = policy.sglang
+    clip_bound = min(rules.clip_max_new_tokens, output_bound(policy, most_output))
+    per_age, fixed = error_terms(policy, num_slots, clip_bound)
+    bound = (depth + 1) * per_age + fixed
+    init, decay, floor = Fraction(rules.init_ratio), Fraction(rules.ratio_decay), Fraction(rules.min_ratio)
+    values = {max(init - k * decay, floor) for k in range(depth + 1)} - {Fraction(1)}  # 1 is exact (age 0)
+    for v in values:
+        for c in range(1, num_slots * clip_bound + 1):
+            x = c * v
+            if min(x - (x.numerator // x.denominator), (x.numerator // x.denominator) + 1 - x) <= bound:
+                return False
+    return True
+
+
 class SGLangStep(SymbolicStep):
     """One SGLang step over the slots (``most_output``: the largest max_output any slot may have, which bounds the
     case splits of the ratio's products)."""
@@ -292,18 +324,10 @@ class SGLangStep(SymbolicStep):
     def adder_error(self, batch: list[Term], reserved: list[Term]) -> Term:
         """ERR (module docstring): the bound on the float budget's distance from its exact value."""
         o, g, n = self.o, self.g, self.n
-        cmax = n * self.clip_bound
-        page = self.page
-        magnitude = (self.p.kv.num_blocks * page + cmax + (n + 1) * (self.ceil_page_const(self.p.max_model_len)
-                                                                       + page + self.clip_bound) + n)
-        adds = 2 * n + 4
         exact = o.or_(o.and_(g.age == 0, g.ratio == self.unit),
                       o.not_(o.or_(*(o.and_(batch[i], reserved[i] > 0) for i in range(n)))))
-        unit = self.unit
-        return o.ite(exact, 0, (g.age + 1) * scaled(cmax * ULP, unit) + scaled(adds * magnitude * ULP, unit))
-
-    def ceil_page_const(self, tokens: int) -> int:
-        return -(-tokens // self.page) * self.page
+        per_age, fixed = error_terms(self.p, n, self.clip_bound)
+        return o.ite(exact, 0, (g.age + 1) * scaled(per_age, self.unit) + scaled(fixed, self.unit))
 
     def prefill(self) -> Term:
         """_prefill: whether a prefill batch formed (its rows scheduled)."""

@@ -20,7 +20,9 @@ from checker.policy import Policy
 from checker.semantics.state import FIELDS
 from checker.smt.ops import SmtSession, Z3Ops
 from checker.smt.sglang import (SGLANG_FIELDS, SGLangGlobals, SGLangSlotState, capped_params, initial_globals,
-                                ratio_unit, require_sglang_encodable, sglang_blank_slot, sglang_step)
+                                ratio_unit, require_sglang_encodable, sglang_blank_slot, sglang_step,
+                                statically_exact)
+from checker.semantics.sglang import longest_prompt
 from checker.verify.bmc import Deadline, Unrolling
 from checker.verify.env import Environment, symbolic_requests
 from invariants.catalogue import Invariant
@@ -89,14 +91,18 @@ class SGLangUnrolling(Unrolling):
             kv_used=self.state.kv_used, now_us=now, counters=tuple(self.state.counters), pool=None))
 
 
-def inexact_reachable(env: Environment, deadline: Deadline) -> str:
+def inexact_reachable(policy: Policy, env: Environment, deadline: Deadline) -> str:
     """Whether a step whose adder meets an ambiguous float comparison is reachable within N requests and K
-    iterations: "sat", "unsat" (every engine path is an exact path) or "unknown". Asked of the N-slot search's own
-    solver (its unrolling to depth K, without the exactness literal)."""
+    iterations: "sat", "unsat" (every engine path is an exact path) or "unknown". By arithmetic where it settles it
+    (statically_exact), else asked of the N-slot search's own solver (its unrolling to depth K, without the
+    exactness literal)."""
     u = SGLangUnrolling.last
+    SGLangUnrolling.last = None
+    longest = min(env.prompt[1], longest_prompt(policy))
+    if statically_exact(policy, env.requests, env.depth, longest, env.max_output_cap):
+        return "unsat"
     if u is None or u.n != env.requests or len(u.frames) != env.depth:
         return "unknown"
-    SGLangUnrolling.last = None
     u.smt.set_rlimit(0)
     u.smt.set_timeout(deadline.left_ms())
     first = [Z3Ops.and_(x, *(Z3Ops.not_(y) for y in u.inexact[:k])) for k, x in enumerate(u.inexact)]
@@ -119,7 +125,7 @@ def check_many(policy: Policy, policy_file: str | None, invariants: list[tuple[I
                                depth=outcome.depth_reached, method=METHOD))
         elif outcome.status == "holds":
             left = Deadline(max(1.0, timeout_s - (time.monotonic() - started)))
-            reach = inexact_reachable(env, left)
+            reach = inexact_reachable(policy, env, left)
             seconds = time.monotonic() - started
             if reach != "unsat":
                 why = ("inexact: a reachable state's prefill-adder comparison is within the float error bound of the "

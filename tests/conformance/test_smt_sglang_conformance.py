@@ -101,3 +101,16 @@ def test_a_budget_comparison_on_its_boundary_is_inexact_unless_the_ratio_is_exac
     got = int_outputs(policy, c)
     assert bool(got["inexact"]) is inexact
     assert int(got["slot1.scheduled"]) == (4 if (ratio, pages) == (Fraction(1, 2), 11) else 0)  # 6 < 6 is false
+
+
+def test_no_inexact_step_within_the_bounds_by_arithmetic_exactly_where_no_retraction_fits():
+    """statically_exact: two 16-token prompts growing a token an iteration fit 12 pages of 4 for 6 iterations (no
+    retraction, so the ratio only decays from 0.7, never near an integer multiple): exact; for 9 iterations they may
+    not; at a ratio of 1/2 reserved totals are integers: never exact by arithmetic."""
+    from checker.smt.sglang import statically_exact
+
+    policy = _policy(sglang={"clip_max_new_tokens": 4})
+    assert statically_exact(policy, 2, 6, 16, 16)
+    assert not statically_exact(policy, 2, 9, 16, 16)
+    assert not statically_exact(_policy(sglang={"init_new_token_ratio": 0.5, "min_new_token_ratio_factor": 1.0}),
+                                2, 3, 4, 16)

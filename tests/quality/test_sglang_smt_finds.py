@@ -59,6 +59,14 @@ def test_z3_finds_the_unclipped_estimate_blocking_the_queue_head(tmp_path):
     _assert_found(r, 2, 4)
 
 
+def test_clipping_the_estimate_holds_up_to_past_the_block_decided_by_arithmetic():
+    """SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION=4 (with cancellations): bounded_starvation(steps=4) HOLDS_UP_TO 2 requests,
+    6 iterations; no retraction fits in 6 iterations, so the ratio only decays and no budget comparison is near its
+    float bound (statically_exact): decided without the inexact query."""
+    r = _z3(POLICIES / "sglang" / "head_of_line_fixed.yaml", "bounded_starvation:steps=4", 2, 6, None, prompt=(4, 16))
+    assert r.verdict is Verdict.HOLDS_UP_TO, r.line()
+
+
 @pytest.mark.parametrize("policy, field", [
     ("broken/sglang_priority_thrash.yaml", "preemption.triggers"),  # priority preemption
 ])
