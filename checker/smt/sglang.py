@@ -9,8 +9,9 @@ decodes, retract_decode freeing victims (fewest output tokens, longest prompt am
 list among equal keys) until the next pages fit, the last one aborted when even it does not fit. Allocation is
 page-granular (a request holds ceil(tokens / page) pages).
 
-The new-token ratio is a float in the engine. Here it is an exact Real (``ratio``: the exact rational of the float
-the engine would hold if every float operation were exact) with ``age``, a bound on the float operations since the
+The new-token ratio is a float in the engine. Here it is exact (``ratio``: the exact rational the engine's float
+would be if every float operation were exact, held as an integer count of 1/unit, ratio_unit: linear integer
+arithmetic only) with ``age``, a bound on the float operations since the
 ratio was last exact (the engine's float differs from ``ratio`` by at most ``age`` x 2^-53: a decay step adds one
 rounding, the re-estimate after a retraction is one rounding from the exact quotient, min and max add none; the reset
 and a quotient >= 1 are exact). The prefill adder's float budget (the running requests' reservations, clipped remaining

@@ -2,12 +2,13 @@
 checker/verify/bmc.py over the SGLang encoding (checker/smt/sglang.py), selected by ``verify --cache-method z3``.
 
 The requests are the plain unrolling's (ranges, not finite domains: z3 picks any prompt and output within them).
-The new-token ratio is an exact Real with a float error bound. The search runs on *exact* paths only: each step asserts
+The new-token ratio is exact (an integer count of 1/unit) with a float error bound. The search runs on *exact* paths only: each step asserts
 that no comparison of the prefill adder was within the bound (the step's ``inexact`` term is false), where the engine's
 float and the exact value lead the same way; so a counterexample is a path the engine takes too (it is replayed on the
 engine, any disagreement is a bug in batchcheck, exit 101). A bounded "holds" is decided only when a second query shows
 that no inexact step is reachable within the bounds (then the exact paths are all the engine's paths); otherwise the
-verdict is UNKNOWN, saying so (docs/semantics.md, "SGLang in z3").
+verdict is UNKNOWN, saying so (docs/semantics.md, "SGLang in z3"). Where no retraction fits the bounds and no decayed
+ratio lands near an integer multiple, arithmetic settles that second question without the solver.
 """
 
 from __future__ import annotations
