@@ -524,8 +524,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--proof-dir", metavar="DIR", help="where proof certificates go (default: DIR/proofs/ with --out "
                    "DIR, else proofs/)")
     p.add_argument("--cache-method", choices=("explicit", "z3"), default="explicit",
-                   help="a policy with prefix caching: explicit-state search on the engine (default) or z3 bounded "
-                        "model checking with the block pool (small pools)")
+                   help="a policy with prefix caching or under scheduler sglang: explicit-state search on the engine "
+                        "(default) or z3 bounded model checking (the block pool, small pools; SGLang's rules with the "
+                        "radix cache off)")
     p.add_argument("--out", metavar="DIR", help="where counterexamples go (default counterexamples/), and "
                    "certificates under DIR/proofs/ unless --proof-dir")
     p.add_argument("--json", action="store_true")

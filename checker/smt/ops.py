@@ -282,3 +282,25 @@ def same_assertions(text: str, other: str) -> bool:
     structural identity, whatever let-bindings either printer chose). ValueError for text z3 cannot parse."""
     mine, theirs = _parsed(text, 1).assertions(), _parsed(other, 1).assertions()
     return len(mine) == len(theirs) and all(a.eq(b) for a, b in zip(mine, theirs))
+
+
+def scale(ops, k: Term, x: Term, bound: int) -> Term:
+    """k * x for an integer 0 <= k <= bound: symbolically a case split over k, each case linear (no nonlinear
+    arithmetic for the solver; checker/smt/sglang.py's reservations, the new-token ratio times remaining output)."""
+    if not ops.symbolic or isinstance(k, int):
+        return k * x
+    out = z3.IntVal(0)
+    for j in range(1, bound + 1):
+        out = z3.If(k == j, x * j, out)
+    return out
+
+
+def scaled_quotient(ops, a: Term, b: Term, bound: int, unit: int) -> Term:
+    """a / b in units of 1/unit, exactly, for an integer 1 <= b <= bound that divides ``unit`` (a case split)."""
+    if not ops.symbolic:
+        assert unit % b == 0
+        return a * (unit // b)
+    out = z3.IntVal(0)
+    for j in range(1, bound + 1):
+        out = z3.If(b == j, a * (unit // j), out)
+    return out

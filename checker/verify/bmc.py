@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from checker.frames import Frame, TraceContext
-from checker.policy import Policy
+from checker.policy import Policy, Scheduler
 from checker.semantics.state import FIELDS, Status
 from checker.requests import RequestSpec
 from checker.smt.encode import SlotState, blank_slot, require_no_speculative, slot_fields, symbolic_step
@@ -186,7 +186,7 @@ def _shortest_violation(policy: Policy, inv: Invariant, params: dict[str, int], 
     smt = SmtSession()
     try:
         with within(deadline.left_ms() / 1000):  # building counts against the time limit (checker/verify/budget.py)
-            u = Unrolling(smt, policy, env, n)
+            u = _unrolling(smt, policy, env, n)
     except BuildTimeout:
         return "unknown", 0, None, "unknown"
     trigger_seen = []
@@ -228,6 +228,14 @@ def _shortest_violation(policy: Policy, inv: Invariant, params: dict[str, int], 
     return "holds", max_depth, None, reachable
 
 
+def _unrolling(smt: SmtSession, policy: Policy, env: Environment, n: int) -> Unrolling:
+    """The unrolling of the policy's rules: SGLang's (checker/verify/sglang_bmc.py) or the vLLM encoding's."""
+    if policy.scheduler is Scheduler.SGLANG:
+        from checker.verify.sglang_bmc import SGLangUnrolling
+        return SGLangUnrolling(smt, policy, env, n)
+    return Unrolling(smt, policy, env, n)
+
+
 NO_CLOCK_MS = 2**32 - 1  # z3's "timeout" that never fires (a side check bounded by a resource count instead)
 
 
@@ -241,8 +249,9 @@ def _proved_for_any_depth(policy: Policy, inv: Invariant, params: dict[str, int]
     any depth: then no unrolling of n slots is needed. A failed or timed-out attempt proves nothing."""
     from checker.verify.induction import prove, supported
 
-    if not supported(inv, params) or policy.kv.prefix_caching.enabled or policy.connector.enabled:
-        return False  # no induction over the pool or a KV connector's states (yet)
+    if (not supported(inv, params) or policy.kv.prefix_caching.enabled or policy.connector.enabled
+            or policy.scheduler is Scheduler.SGLANG):
+        return False  # no induction over the pool, a KV connector's states or SGLang's rules (yet)
     seconds = min(INDUCTION_SHORTCUT_S, deadline.left_ms() / 1000)
     return seconds > 0 and prove(policy, inv, params, replace(env, requests=n), seconds).status == "proved"
 
