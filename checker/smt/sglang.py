@@ -186,6 +186,7 @@ class SGLangStep(SymbolicStep):
                  cancels: list[Term], most_output: int):
         require_sglang_encodable(policy)
         self.o, self.p, self.now, self.cancels = ops, policy, now_us, cancels
+        self.spec = False  # SymbolicStep's speculative fields: refused above (require_no_speculative)
         self.params = capped_params(ops, policy, params)
         self.s = state.copy()
         self.g = self.s.g

@@ -51,6 +51,7 @@ class SGLangUnrolling(Unrolling):
         self.frames: list[Frame] = []
         self.most_output = env.max_output_cap  # (the ratio's unit, ratio_unit, is fixed by it and n)
         self.ctx = TraceContext(policy, tuple(capped_params(Z3Ops, policy, self.requests.params)), self.frames)
+        self.verdicts: list = []  # Unrolling's verifier choices: none (speculative decoding is refused above)
         self.inexact: list = []  # per step: a comparison of the adder was ambiguous
         self.exact = True  # fewer slots than N: exactness asserted outright (no inexact query is asked of them)
         if n == env.requests:
