@@ -23,7 +23,8 @@ stepping there).
 A waiting request's admission then also depends on its prefix-cache hit, which the stretch could change
 in two ways: a take evicts one of the hit's blocks, or a decode caches the block that extends the hit.
 The stretch stops before the first step that would do either (the hit stays as the quiet step saw it,
-and the argument above holds again). That needs the quiet step's waiting pass to have run after its
+and the argument above holds again); under reserve_full_prompt, only before the extension: an eviction can
+only shorten the hit, which keeps the request out (evictions_keep_blocked). That needs the quiet step's waiting pass to have run after its
 decodes (decode-first); under prefill-first and mixed passes, with someone waiting, plain stepping goes on.
 
 Arrivals during a stretch (``arrivals_may_join``, ``joins_behind_head``): with someone waiting, strict
