@@ -23,7 +23,8 @@ stepping there).
 A waiting request's admission then also depends on its prefix-cache hit, which the stretch could change
 in two ways: a take evicts one of the hit's blocks, or a decode caches the block that extends the hit.
 The stretch stops before the first step that would do either (the hit stays as the quiet step saw it,
-and the argument above holds again). That needs the quiet step's waiting pass to have run after its
+and the argument above holds again); under reserve_full_prompt, only before the extension: an eviction can
+only shorten the hit, which keeps the request out (evictions_keep_blocked). That needs the quiet step's waiting pass to have run after its
 decodes (decode-first); under prefill-first and mixed passes, with someone waiting, plain stepping goes on.
 
 Arrivals during a stretch (``arrivals_may_join``, ``joins_behind_head``): with someone waiting, strict
@@ -146,7 +147,7 @@ def stretch_durations(s: SchedulerState, profile: Profile, start_us: int, horizo
             tried = _tried(s)
             if tried:
                 k = min(k, _steps_before_extension(pool, s, tried, k))
-                if k and free > 0:
+                if k and free > 0 and not evictions_keep_blocked(p):
                     free = min(free, _takes_before_eviction(pool, s, tried, k))
                 del durations[k:]
         room = [r.blocks * size - r.num_computed for r in running]  # tokens each can take before its next block
@@ -312,6 +313,28 @@ def _steps_before_extension(pool: BlockPool, s: SchedulerState, tried: list[Requ
             parent = h
             i += 1
     return max(0, limit)
+
+
+def evictions_keep_blocked(p) -> bool:
+    """Whether evictions of a tried request's hit blocks during a stretch keep it blocked, so that the stretch
+    need not stop before them: with ``reserve_full_prompt`` and no connector loading KV (then an external load,
+    not the pool, decides).
+
+    Why. Under reserve_full_prompt the request is admitted iff a chunk is due (n > 0) and the blocks of its whole
+    sequence fit: W - held <= F, with W = max(target_blocks(r, 0), blocks_for(num_tokens)) (W >= the hit's
+    length, and the hit's length does not change W otherwise), held = its hit blocks less the free ones (less
+    none without count_evictable_hits), F = admission_free; the chunk's own condition, blocks_for(hit + n) <= W
+    blocks, follows from it. The quiet step tried it and it stayed (W - held > F, or n = 0). During the stretch
+    nothing is freed or adopted: held blocks stay held, a free cached block stays free or is evicted by a take,
+    and each of the t takes lowers F by one. The hit never grows (_steps_before_extension stops before the step
+    that would cache the chain extending it). A position of the hit whose first cached block is still there keeps
+    its held or free state; one whose first block was evicted either ends the hit or is now named by another block
+    of the same chain (perhaps held: one cached by a decode). So held' <= held + evictions <= held + t, and
+    W - held' >= W - held - t > F - t = F'. n stays 0 if it was: a shorter hit only widens the gap (>= 1) that
+    the budget, threshold and prefill caps cut, which do not read the hit. Nothing of a failed try is kept (its
+    chain is computed to the hit's limit already: _tried). tests/conformance/test_fastforward.py
+    ::test_stretches_run_through_evictions_of_a_blocked_hit pins it."""
+    return bool(p.admission.reserve_full_prompt and not p.connector.loads)
 
 
 def _takes_before_eviction(pool: BlockPool, s: SchedulerState, tried: list[Request], k: int) -> int:

@@ -266,6 +266,7 @@ def _running_pass(s: SchedulerState, budget: Budget, out: DecisionBuilder, prefi
     # with speculative decoding a decode schedules its drafts too, and with a batch in flight a request may be one
     # not to schedule (inflight.done): the general path
     plain = s.spec is None and s.pipe is None
+    synced = False  # s.kv_used known to equal pool.num_used (set below by the first decode, as before)
     i = 0
     while i < len(running) and budget.tokens > 0:
         r = running[i]
@@ -292,7 +293,11 @@ def _running_pass(s: SchedulerState, budget: Budget, out: DecisionBuilder, prefi
             if pool is not None:  # kv.allocate(s, r, 1): the block the token fills is cached once full
                 if (computed + 1) // block_size > r.num_cached_blocks:
                     pool.cache(r, computed + 1)
-                s.kv_used = pool.num_used
+                if synced:  # a take of one block uses one free block, a cache none: pool.num_used, without the call
+                    s.kv_used += grow
+                else:
+                    s.kv_used = pool.num_used
+                    synced = True  # every pool operation after this one keeps s.kv_used equal to pool.num_used
             scheduled[r.rid] = 1
             budget.tokens -= 1
             i += 1

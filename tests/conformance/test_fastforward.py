@@ -247,3 +247,142 @@ def test_a_finishing_step_under_the_mixed_pass_frees_in_queue_order():
     finally:
         engine.finish_stretch = finish
     assert ended == [[0, 1]]  # both finish in a stretch's last step, the running list in admission order
+
+
+# ----------------------------------------------------------------------------------------- evictions of a blocked hit
+def _stretches_through_evictions(monkeypatch):
+    """Count the stretches during which a block of a tried waiting request's prefix-cache hit was evicted (the hit
+    as the stretch starts vs as it ends): with reserve_full_prompt the stretch no longer stops before them."""
+    import checker.engine as engine
+    from checker.fastforward import _tried
+
+    through = []
+    apply = engine.apply_stretch
+
+    def counted(s, k):
+        pool = s.pool
+        tried = _tried(s) if pool is not None and s.waiting else []
+        before = [pool.cached_prefix(r.chain, pool.hit_limit(r))[0] for r in tried]
+        apply(s, k)
+        after = [pool.cached_prefix(r.chain, pool.hit_limit(r))[0] for r in tried]
+        through.extend(1 for a, b in zip(before, after) if a != b)
+
+    monkeypatch.setattr(engine, "apply_stretch", counted)
+    return through
+
+
+def test_stretches_run_through_evictions_of_a_blocked_hit(monkeypatch):
+    """Under reserve_full_prompt (the shipped caching policy) a stretch goes on through the takes that evict blocks
+    of the blocked head's hit (fastforward.evictions_keep_blocked): such stretches happen on a slice of the Azure
+    trace under the calibrated A100 profile (a queue that builds: about 100 such stretches in 600 requests), and the
+    result is plain stepping's, block pool included. Were a shortened hit able to let the head in,
+    plain stepping would admit it inside the stretch and the two would differ."""
+    if not AZURE_CSV.exists():
+        pytest.skip(f"needs {AZURE_CSV}")
+    from checker.fastforward import evictions_keep_blocked
+
+    policy = load_policy(POLICIES / "prefix_caching" / "vllm_v1.yaml")
+    assert evictions_keep_blocked(policy)
+    through = _stretches_through_evictions(monkeypatch)
+    rs = load_requests(trace=AZURE_CSV, limit=600)
+    prof = load_profile(POLICIES.parent / "profiles" / "a100-llama-2-70b-tp2.json")
+    fast = simulate(policy, rs, prof, fast_forward=True, max_steps=MAX_STEPS)
+    plain = simulate(policy, rs, prof, fast_forward=False, max_steps=MAX_STEPS)
+    assert fast.state.snapshot() == plain.state.snapshot() and _pool_state(fast) == _pool_state(plain)
+    a, b = fast.summary(), plain.summary()
+    a["engine"].pop("wall_s"), b["engine"].pop("wall_s")
+    assert a == b
+    assert through, "no stretch ran through an eviction of a blocked hit"
+
+
+def _waiting_try(s, r, cap):
+    """What the waiting pass decides for r now (admitted or not), as _try_admit: its hit, a chunk of at most cap
+    tokens after it, kv.can_admit; r is left as it was."""
+    from checker.semantics import kv
+
+    hit = kv.prefix_hit(s, r)
+    r.num_computed = len(hit) * s.policy.kv.block_size
+    n = min(r.prompt_len - r.num_computed, cap)
+    ok = n > 0 and kv.can_admit(s, r, n, hit)
+    r.num_computed = 0
+    return ok
+
+
+def _pool_with_hit(reserve, prompts, released, order, head_len, block_size=4, num_blocks=24):
+    """A state whose pool holds blocks of prefix group 1: one running request per prompt length in ``prompts``
+    computed its prompt (equal blocks computed twice are duplicates: a hit takes the first one cached); those
+    in ``released`` are freed in that order, then the LRU queue is put in ``order`` (a permutation of its
+    indices: any order, not only the ones stepping reaches); the head (group 1, ``head_len`` tokens) waits.
+    Returns the state, the head, and an own-token request that decodes (takes blocks one by one)."""
+    from checker.semantics import kv
+    from checker.semantics.state import SchedulerState
+
+    data = _caching(load_policy(POLICIES / "vllm_v1.yaml")).model_dump(mode="json")
+    data["kv"].update(num_blocks=num_blocks, block_size=block_size, watermark=0.0)
+    data["admission"]["reserve_full_prompt"] = reserve
+    policy = Policy.model_validate(data)
+    specs = [RequestSpec(rid=i, arrival_us=0, prompt_len=n, output_len=1, max_output=1,
+                         content=content_from_prefix_group(1, n)) for i, n in enumerate(prompts)]
+    specs.append(RequestSpec(rid=len(specs), arrival_us=0, prompt_len=head_len, output_len=1, max_output=1,
+                             content=content_from_prefix_group(1, head_len)))
+    specs.append(RequestSpec(rid=len(specs), arrival_us=0, prompt_len=1, output_len=1000, max_output=1000))
+    s = SchedulerState(policy, specs)
+    *holders, head, decoder = s.requests
+    for r in holders:
+        kv.allocate(s, r, r.prompt_len)
+        r.num_computed = r.prompt_len
+        s.running.append(r)
+    for i in released:
+        kv.free(s, holders[i])
+        s.running.remove(holders[i])
+    lru = list(s.pool.lru)
+    s.pool.lru = dict.fromkeys(lru[i] for i in order if i < len(lru))
+    s.pool.lru.update(dict.fromkeys(lru))  # the rest in their order
+    s.running.append(decoder)
+    s.waiting.append(head)
+    return s, head, decoder
+
+
+@st.composite
+def pools_with_hits(draw):
+    prompts = draw(st.lists(st.integers(1, 30), min_size=1, max_size=4))
+    released = draw(st.permutations(range(len(prompts))))[: draw(st.integers(0, len(prompts)))]
+    return (prompts, released, draw(st.permutations(range(30))), draw(st.integers(2, 40)),
+            draw(st.integers(1, 12)))
+
+
+@settings(max_examples=300, deadline=None, derandomize=True, database=None)
+@given(case=pools_with_hits())
+def test_a_blocked_hit_stays_blocked_through_evictions_under_full_prompt_reservation(case):
+    """evictions_keep_blocked's argument, on pool states of any LRU order, duplicates included: under
+    reserve_full_prompt a waiting request that does not fit stays out while decodes take blocks one by one, whatever
+    they evict of its hit (the hit never grows here: takes cache nothing)."""
+    from checker.semantics import kv
+
+    prompts, released, order, head_len, cap = case
+    s, head, decoder = _pool_with_hit(True, prompts, released, order, head_len)
+    if _waiting_try(s, head, cap):
+        return
+    while kv.free_blocks(s) > 0:
+        kv.take(s, decoder, 1)
+        assert not _waiting_try(s, head, cap)
+
+
+def test_without_full_prompt_reservation_an_eviction_can_let_a_blocked_hit_in():
+    """Why evictions_keep_blocked needs reserve_full_prompt: with only the chunk's blocks checked, a hit whose
+    first block is evicted first (an LRU order that duplicates reach) shrinks from 3 free blocks to none, and the
+    4-token chunk then needs 1 block where the 13-token head needed 4: one take lets it in. A stretch that ran
+    through that take would differ from plain stepping; the guard keeps the cut there."""
+    from checker.fastforward import evictions_keep_blocked
+    from checker.semantics import kv
+
+    s, head, decoder = _pool_with_hit(False, [12], [0], [2, 1, 0], 13, num_blocks=3)
+    assert not evictions_keep_blocked(s.policy)
+    assert kv.free_blocks(s) == 3 and len(kv.prefix_hit(s, head)) == 3
+    assert not _waiting_try(s, head, 4)
+    kv.take(s, decoder, 1)  # evicts the hit's first block
+    assert kv.prefix_hit(s, head) == [] and _waiting_try(s, head, 4)
+    s, head, decoder = _pool_with_hit(True, [12], [0], [2, 1, 0], 13, num_blocks=3)
+    assert evictions_keep_blocked(s.policy) and not _waiting_try(s, head, 4)
+    kv.take(s, decoder, 1)
+    assert not _waiting_try(s, head, 4)
