@@ -1,0 +1,249 @@
+"""k-induction for the windowed temporal invariants (decode_progress(gap), cancellation_releases(steps),
+bounded_starvation(steps)): PROVED for N request slots and any number of iterations.
+
+A windowed invariant P(t) reads the frames t-w .. t (w: its window, the parameter named in WINDOWS); frame t is
+the step of iteration t and the state after it (the bounded search's frames; checker/verify/bmc.py). With the
+structural lemmas L of checker/verify/induction.py as the strengthening (proved here together with P, never
+assumed alone), and k >= w:
+
+- base: every path of k steps from the initial state satisfies L in each of its k+1 states and P at each of its
+  k frames (bounded model checking to depth k);
+- step: from any state x0 that satisfies L, along any k+1 steps (frames g0 .. gk, states x1 .. x(k+1)): if L holds
+  in x1 .. xk and P holds at every frame j < k whose window lies in the path (w <= j < k), then P holds at gk
+  (its window g(k-w) .. gk lies in the path) and L in x(k+1).
+
+Every frame the step query reads is produced by a step of the path (no frame before x0 is made up), so the
+hypotheses are exactly what the induction hypothesis gives at iteration t >= k (x0 = the state before iteration
+t-k), and P at every iteration follows. Paths are simple by construction (the step counter is part of the state
+and grows by one per step), so a simple-path constraint would add nothing. When the step query is satisfiable
+its model is a counterexample to induction (a path the lemmas allow, not shown reachable): the verdict stays
+bounded (HOLDS_UP_TO), never PROVED.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+
+from checker.frames import TraceContext
+from checker.policy import Policy
+from checker.semantics.state import FIELDS
+from checker.smt.ops import SmtSession, Z3Ops
+from checker.verify.budget import BuildTimeout, within
+from checker.verify.env import Environment
+from invariants.catalogue import Invariant
+
+# The temporal invariants, with the parameter that is their window (how many iterations back they read)
+WINDOWS = {"decode_progress": "gap", "cancellation_releases": "steps", "bounded_starvation": "steps"}
+MAX_WINDOW = 8  # k-induction unrolls k+1 >= window+1 steps: beyond 8 the step query is too large to be useful
+# k tried beyond the window while the step query has a counterexample to induction
+EXTRA_K = 1
+
+METHOD = "temporal-induction"  # the certificate's method (checker/verify/certificate.py)
+
+
+def window(inv: Invariant, params: dict[str, int]) -> int | None:
+    """The invariant's window in iterations, None if it is not a windowed temporal invariant."""
+    key = WINDOWS.get(inv.name)
+    return None if key is None else {**inv.defaults, **params}[key]
+
+
+def refusal(inv: Invariant, params: dict[str, int], policy: Policy) -> str | None:
+    """Why the temporal k-induction does not apply (None when it does)."""
+    w = window(inv, params)
+    if w is None:
+        return f"a windowed temporal invariant ({', '.join(WINDOWS)}), not {inv.name}"
+    if not 1 <= w <= MAX_WINDOW:
+        return (f"a window of 1..{MAX_WINDOW} iterations, not {WINDOWS[inv.name]}={w} (k-induction unrolls k+1 >= "
+                "window+1 steps)")
+    if policy.kv.prefix_caching.enabled or policy.connector.enabled:
+        return ("a policy without prefix caching or a KV connector (no structural lemmas for the prefix cache's or "
+                "a connector's states)")
+    return None
+
+
+@dataclass
+class TemporalResult:
+    status: str  # "proved", "cti" (step query satisfiable), "base" (the base case fails), "unknown"
+    k: int
+    seconds: float = 0.0
+    lemmas: list[str] = field(default_factory=list)
+    certificate: str = ""  # SMT-LIB2 of the step query with its goal literal asserted (unsat = the step holds)
+    cti: list[str] = field(default_factory=list)  # what breaks, and the path's first state
+
+
+def _step_query(policy: Policy, inv: Invariant, params_: dict[str, int], env: Environment, k: int,
+                timeout_s: float):
+    """The step query of k-induction (goal literal not asserted): session, goal literal, goal terms, lemma names,
+    the first state and the slots' parameters."""
+    from checker.verify.induction import _lemmas_for, _step_into, _symbolic_state
+
+    o, n = Z3Ops, env.requests
+    smt = SmtSession(timeout_ms=max(1, int(timeout_s * 1000)))
+    params, state, cons = _symbolic_state(smt, env, n, "")
+    smt.add(*cons)
+
+    def lemmas_at(s):
+        return _lemmas_for(inv, o, policy, params, s.slots, s.step, s.next_seq, env.step_us)
+
+    pre = lemmas_at(state)
+    smt.add(*(t for _, t in pre))
+    first, frames = state, []
+    w = window(inv, params_)
+    for j in range(k + 1):  # frame j: the step from x_j; the state after it is x_(j+1)
+        state = _step_into(smt, policy, params, state, env, frames, f"s{j + 1}_" if j < k else None, f"cancel_{j}_")
+        if j < k:
+            ctx = TraceContext(policy, tuple(params), list(frames))
+            smt.add(*(t for _, t in lemmas_at(state)))
+            if j >= w:
+                smt.add(inv.holds(o, ctx, j, params_))
+    ctx = TraceContext(policy, tuple(params), list(frames))
+    goal = [(inv.name, inv.holds(o, ctx, k, params_))] + lemmas_at(state)
+    broken = smt.bool_var("goal_broken")
+    smt.add(smt.implies(broken, o.not_(o.and_(*(t for _, t in goal)))))
+    return smt, broken, goal, [name for name, _ in pre], first, params
+
+
+def certificate_query(policy: Policy, inv: Invariant, params_: dict[str, int], env: Environment, k: int) -> str:
+    """The step query with its goal literal asserted, as SMT-LIB2 (``batchcheck recheck --policy`` rebuilds it)."""
+    smt, broken, *_ = _step_query(policy, inv, params_, env, k, 1.0)
+    smt.add(broken)
+    return smt.to_smt2()
+
+
+def base_case(policy: Policy, inv: Invariant, params_: dict[str, int], env: Environment, k: int,
+              timeout_s: float) -> str:
+    """Bounded model checking to depth k: "unsat" when every path of k steps from the initial state keeps the
+    lemmas in each state and the invariant at each frame; "sat" or "unknown" otherwise."""
+    from checker.verify.bmc import Unrolling
+    from checker.verify.induction import _lemmas_for
+
+    o = Z3Ops
+    smt = SmtSession(timeout_ms=max(1, int(timeout_s * 1000)))
+    u = Unrolling(smt, policy, replace(env, depth=k), env.requests)
+    params = u.requests.params
+
+    def lemmas_at(s):
+        return [t for _, t in _lemmas_for(inv, o, policy, params, s.slots, s.step, s.next_seq, env.step_us)]
+
+    terms = lemmas_at(u.state)
+    for t in range(k):
+        u.extend()
+        terms += lemmas_at(u.state) + [inv.holds(o, u.ctx, t, params_)]
+    broken = smt.bool_var("base_broken")
+    smt.add(smt.implies(broken, o.not_(o.and_(*terms))))
+    return smt.check(broken)
+
+
+def prove(policy: Policy, inv: Invariant, params_: dict[str, int], env: Environment, timeout_s: float,
+          k: int | None = None) -> TemporalResult:
+    """k-induction with k = the window (then up to EXTRA_K more while a counterexample to induction remains), or
+    the k given. The base case last (only when the step holds)."""
+    why = refusal(inv, params_, policy)
+    if why is not None:
+        raise ValueError(why)
+    w = window(inv, params_)
+    started = time.monotonic()
+    deadline = started + timeout_s
+    result = TemporalResult("unknown", w)
+    for kk in ([k] if k is not None else range(w, w + EXTRA_K + 1)):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        result = _prove_k(policy, inv, params_, env, kk, left)
+        if result.status != "cti":
+            break
+    result.seconds = time.monotonic() - started
+    return result
+
+
+def _prove_k(policy: Policy, inv: Invariant, params_: dict[str, int], env: Environment, k: int,
+             timeout_s: float) -> TemporalResult:
+    started = time.monotonic()
+    try:
+        with within(timeout_s):  # building counts against the time limit (checker/verify/budget.py)
+            smt, broken, goal, names, first, params = _step_query(policy, inv, params_, env, k, timeout_s)
+    except BuildTimeout:
+        return TemporalResult("unknown", k)
+    smt.set_timeout(max(1, int(1000 * (timeout_s - (time.monotonic() - started)))))
+    answer = smt.check(broken)
+    if answer == "unknown":
+        return TemporalResult("unknown", k, lemmas=names)
+    if answer == "sat":
+        cti = [f"breaks: {name}" for name, term in goal if smt.value(term) is False]
+        for i, s in enumerate(first.slots):
+            cti.append(f"slot {i} {k + 1} steps before: " + ", ".join(f"{f}={smt.value(s[f])}" for f in FIELDS)
+                       + f"; arrival step={smt.value(params[i].arrival_us) // env.step_us}, "
+                       f"prompt={smt.value(params[i].prompt_len)} output={smt.value(params[i].output_len)}")
+        return TemporalResult("cti", k, lemmas=names, cti=cti)
+    smt.add(broken)
+    certificate = smt.to_smt2()
+    left = timeout_s - (time.monotonic() - started)
+    if left <= 0:
+        return TemporalResult("unknown", k, lemmas=names)
+    base = base_case(policy, inv, params_, env, k, left)
+    if base != "unsat":
+        return TemporalResult("base" if base == "sat" else "unknown", k, lemmas=names)
+    return TemporalResult("proved", k, lemmas=names, certificate=certificate)
+
+
+def method_words(policy: Policy, result: TemporalResult, env: Environment) -> str:
+    """What a PROVED verdict says about its method."""
+    return (f"k-induction, k={result.k}, N={env.requests}, pool={policy.kv.num_blocks} blocks; strengthened by "
+            f"{len(result.lemmas)} structural lemmas proved with it; base case: bounded model checking to depth "
+            f"{result.k}")
+
+
+def search_environment(inv: Invariant, params: dict[str, int], env: Environment) -> Environment:
+    """The bounded search's environment: at least as deep as the deepest base case k-induction may need (so a
+    violation within it is found by the search, and replayed on the engine, not only by the base case)."""
+    return replace(env, depth=max(env.depth, window(inv, params) + EXTRA_K))
+
+
+def upgrade(checked, policy: Policy, timeout_s: float, proof_dir, policy_file: str | None = None) -> None:
+    """A HOLDS_UP_TO verdict of verify --temporal-induction to PROVED when k-induction proves it; else the verdict
+    stays bounded and a note says why (a counterexample to induction, a timeout)."""
+    from checker.verify.run import Verdict, _write_certificate
+
+    inv, env = checked.invariant, checked.env
+    result = prove(policy, inv, checked.params, env, max(1.0, timeout_s))
+    ks = f"k={window(inv, checked.params)}..{result.k}" if result.k > window(inv, checked.params) else f"k={result.k}"
+    if result.status == "proved":
+        checked.verdict = Verdict.PROVED
+        checked.lemmas, checked.induction_depth = len(result.lemmas), result.k
+        checked.method = method_words(policy, result, env)
+        checked.certificate = _write_certificate(
+            policy, inv, env, proof_dir, result.certificate,
+            f"step query below is unsat iff every {result.k + 1}-step path from a state the lemmas allow, keeping the "
+            f"lemmas and {inv.name} over its first {result.k} steps, keeps them at step {result.k + 1} "
+            f"({result.k}-induction; base case: bounded model checking to depth {result.k})", result.lemmas,
+            params=checked.params, method=METHOD, k=result.k, policy_file=policy_file)
+    elif result.status == "cti":
+        checked.notes.append(f"k-induction ({ks}) not proved: counterexample to induction (a path the lemmas allow, "
+                             "not shown reachable): " + "; ".join(result.cti[:3]))
+    elif result.status == "base":
+        checked.notes.append(f"k-induction ({ks}) not proved: a path of {result.k} steps from the initial state breaks "
+                             "a structural lemma (a bug in the lemmas)")
+    else:
+        checked.notes.append(f"k-induction ({ks}) did not finish within the time given")
+
+
+def refuse_unless_applies(policy: Policy, chosen: list[tuple[Invariant, dict[str, int]]], unbounded: bool | None,
+                          any_n: bool) -> None:
+    """verify --temporal-induction: refused by name (exit 2) with a proof turned off, with --any-n, on a policy
+    checked on the engine or without the structural lemmas, or for a windowed invariant whose window is beyond
+    MAX_WINDOW."""
+    from checker.errors import InputError, Problem
+    from checker.policy import Scheduler
+
+    if any_n:
+        raise InputError(Problem("--temporal-induction", True, "without --any-n: k-induction proves the temporal "
+                                 "invariants for N slots; --any-n covers state invariants only"))
+    if unbounded is False:
+        raise InputError(Problem("--temporal-induction", True, "without --bounded-only (k-induction is a proof)"))
+    if policy.scheduler is Scheduler.SGLANG:
+        raise InputError(Problem("--temporal-induction", True, "a policy in the z3 encoding: scheduler sglang is "
+                                 "checked on the engine (no k-induction)"))
+    for inv, params in chosen:
+        if inv.name in WINDOWS and (why := refusal(inv, params, policy)) is not None:
+            raise InputError(Problem("--temporal-induction", inv.name, why))
