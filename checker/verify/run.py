@@ -342,9 +342,17 @@ def _try_induction(checked: Checked, policy: Policy, timeout_s: float, proof_dir
                              + "; ".join(result.cti[:3]))
     elif result.status == "unknown":
         checked.notes.append("induction timed out")
+    elif inv.name in temporal_windows():
+        checked.notes.append(f"unbounded proofs of {checked.label} need --temporal-induction (k-induction; it looks "
+                             "back more than one iteration)")
     else:
         checked.notes.append(f"unbounded proofs of {checked.label} are not available yet (it looks back more than one "
                              "iteration)")
+
+
+def temporal_windows() -> dict[str, str]:
+    from checker.verify.temporal_induction import WINDOWS
+    return WINDOWS
 
 
 def confirm_on_engine(policy: Policy, inv: Invariant, params: dict[str, int], env: Environment, found: Found) -> int:

@@ -8,12 +8,14 @@ assumed alone), and k >= w:
 
 - base: every path of k steps from the initial state satisfies L in each of its k+1 states and P at each of its
   k frames (bounded model checking to depth k);
-- step: from any state x0 that satisfies L, along any k+1 steps (frames g0 .. gk, states x1 .. x(k+1)): if L holds
-  in x1 .. xk and P holds at every frame j < k whose window lies in the path (w <= j < k), then P holds at gk
-  (its window g(k-w) .. gk lies in the path) and L in x(k+1).
+- step: from any state x0 that satisfies L, taken as frame 0 (the state after some step: what the windows read of
+  their first frame is its state and the clock of its step, which the state's step counter gives), along any k
+  steps (frames 1 .. k, states x1 .. xk): if L holds in x1 .. x(k-1) and P at every frame j < k (where its window
+  fits, j >= w; it is true by definition where it does not), then P holds at frame k (its window k-w .. k lies in
+  the path) and L in xk. This is whole-step induction's query (checker/verify/induction.py) with k >= w.
 
-Every frame the step query reads is produced by a step of the path (no frame before x0 is made up), so the
-hypotheses are exactly what the induction hypothesis gives at iteration t >= k (x0 = the state before iteration
+No frame before x0 is read, and x0's step information (what was scheduled or produced) is never read, so the
+hypotheses are exactly what the induction hypothesis gives at iteration t >= k (frame 0 = the frame of iteration
 t-k), and P at every iteration follows. Paths are simple by construction (the step counter is part of the state
 and grows by one per step), so a simple-path constraint would add nothing. When the step query is satisfiable
 its model is a counterexample to induction (a path the lemmas allow, not shown reachable): the verdict stays
@@ -25,7 +27,6 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field, replace
 
-from checker.frames import TraceContext
 from checker.policy import Policy
 from checker.semantics.state import FIELDS
 from checker.smt.ops import SmtSession, Z3Ops
@@ -35,7 +36,7 @@ from invariants.catalogue import Invariant
 
 # The temporal invariants, with the parameter that is their window (how many iterations back they read)
 WINDOWS = {"decode_progress": "gap", "cancellation_releases": "steps", "bounded_starvation": "steps"}
-MAX_WINDOW = 8  # k-induction unrolls k+1 >= window+1 steps: beyond 8 the step query is too large to be useful
+MAX_WINDOW = 8  # k-induction unrolls k >= window steps: beyond 8 the step query is too large to be useful
 # k tried beyond the window while the step query has a counterexample to induction
 EXTRA_K = 1
 
@@ -54,8 +55,8 @@ def refusal(inv: Invariant, params: dict[str, int], policy: Policy) -> str | Non
     if w is None:
         return f"a windowed temporal invariant ({', '.join(WINDOWS)}), not {inv.name}"
     if not 1 <= w <= MAX_WINDOW:
-        return (f"a window of 1..{MAX_WINDOW} iterations, not {WINDOWS[inv.name]}={w} (k-induction unrolls k+1 >= "
-                "window+1 steps)")
+        return (f"a window of 1..{MAX_WINDOW} iterations, not {WINDOWS[inv.name]}={w} (k-induction unrolls k >= "
+                "window steps)")
     if policy.kv.prefix_caching.enabled or policy.connector.enabled:
         return ("a policy without prefix caching or a KV connector (no structural lemmas for the prefix cache's or "
                 "a connector's states)")
@@ -75,32 +76,14 @@ class TemporalResult:
 def _step_query(policy: Policy, inv: Invariant, params_: dict[str, int], env: Environment, k: int,
                 timeout_s: float):
     """The step query of k-induction (goal literal not asserted): session, goal literal, goal terms, lemma names,
-    the first state and the slots' parameters."""
-    from checker.verify.induction import _lemmas_for, _step_into, _symbolic_state
+    the first state and the slots' parameters. Whole-step induction's query (checker/verify/induction.py) with
+    k >= the window: its first frame is the state x0 alone (no step info; its clock is the one of the step that
+    produced it), which is all the windows read of it (the module docstring), and the invariant is assumed at
+    each frame j < k (true by definition where its window does not fit, j < w)."""
+    from checker.verify.induction import _step_query as whole_step_query
 
-    o, n = Z3Ops, env.requests
-    smt = SmtSession(timeout_ms=max(1, int(timeout_s * 1000)))
-    params, state, cons = _symbolic_state(smt, env, n, "")
-    smt.add(*cons)
-
-    def lemmas_at(s):
-        return _lemmas_for(inv, o, policy, params, s.slots, s.step, s.next_seq, env.step_us)
-
-    pre = lemmas_at(state)
-    smt.add(*(t for _, t in pre))
-    first, frames = state, []
-    w = window(inv, params_)
-    for j in range(k + 1):  # frame j: the step from x_j; the state after it is x_(j+1)
-        state = _step_into(smt, policy, params, state, env, frames, f"s{j + 1}_" if j < k else None, f"cancel_{j}_")
-        if j < k:
-            ctx = TraceContext(policy, tuple(params), list(frames))
-            smt.add(*(t for _, t in lemmas_at(state)))
-            if j >= w:
-                smt.add(inv.holds(o, ctx, j, params_))
-    ctx = TraceContext(policy, tuple(params), list(frames))
-    goal = [(inv.name, inv.holds(o, ctx, k, params_))] + lemmas_at(state)
-    broken = smt.bool_var("goal_broken")
-    smt.add(smt.implies(broken, o.not_(o.and_(*(t for _, t in goal)))))
+    assert k >= window(inv, params_)
+    smt, broken, goal, pre, first, params = whole_step_query(policy, inv, params_, env, timeout_s, k)
     return smt, broken, goal, [name for name, _ in pre], first, params
 
 
@@ -172,7 +155,7 @@ def _prove_k(policy: Policy, inv: Invariant, params_: dict[str, int], env: Envir
     if answer == "sat":
         cti = [f"breaks: {name}" for name, term in goal if smt.value(term) is False]
         for i, s in enumerate(first.slots):
-            cti.append(f"slot {i} {k + 1} steps before: " + ", ".join(f"{f}={smt.value(s[f])}" for f in FIELDS)
+            cti.append(f"slot {i} {k} step(s) before: " + ", ".join(f"{f}={smt.value(s[f])}" for f in FIELDS)
                        + f"; arrival step={smt.value(params[i].arrival_us) // env.step_us}, "
                        f"prompt={smt.value(params[i].prompt_len)} output={smt.value(params[i].output_len)}")
         return TemporalResult("cti", k, lemmas=names, cti=cti)
@@ -214,8 +197,8 @@ def upgrade(checked, policy: Policy, timeout_s: float, proof_dir, policy_file: s
         checked.method = method_words(policy, result, env)
         checked.certificate = _write_certificate(
             policy, inv, env, proof_dir, result.certificate,
-            f"step query below is unsat iff every {result.k + 1}-step path from a state the lemmas allow, keeping the "
-            f"lemmas and {inv.name} over its first {result.k} steps, keeps them at step {result.k + 1} "
+            f"step query below is unsat iff every {result.k}-step path from a state the lemmas allow, keeping the "
+            f"lemmas and {inv.name} before its last step, keeps them after it "
             f"({result.k}-induction; base case: bounded model checking to depth {result.k})", result.lemmas,
             params=checked.params, method=METHOD, k=result.k, policy_file=policy_file)
     elif result.status == "cti":
