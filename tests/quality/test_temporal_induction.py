@@ -46,6 +46,17 @@ def test_a_policy_that_starves_stays_violated(tmp_path):
     assert r.counterexample is not None and r.counterexample.exists()
 
 
+def test_a_violation_deeper_than_the_base_case_is_not_proved():
+    """One running slot, outputs up to 8 tokens: a request waits behind a running one for more than 3 iterations,
+    but only on paths longer than the base case (k = 3, 4). The step query finds it (a CTI): never PROVED."""
+    pol = load_policy(V1)
+    one_slot = pol.model_copy(update={"name": "one_slot", "batch": pol.batch.model_copy(update={"max_num_seqs": 1})})
+    inv, params = parse_invariant("bounded_starvation:3")
+    env = default_environment(one_slot, 2, 2, prompt=(1, 64), output=(1, 8))
+    result = temporal_induction.prove(one_slot, inv, params, env, 300.0)
+    assert result.status == "cti" and result.k == 4 and result.cti[0] == "breaks: bounded_starvation", result.cti
+
+
 def test_a_counterexample_to_induction_is_reported_not_proved():
     """bounded_starvation(steps=2) on vLLM v1 is not 2-inductive with the structural lemmas (a waiting request
     that the lemmas allow to have been served and preempted before): the step query is satisfiable, so k=2 says
