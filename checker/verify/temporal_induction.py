@@ -71,37 +71,93 @@ class TemporalResult:
     lemmas: list[str] = field(default_factory=list)
     certificate: str = ""  # SMT-LIB2 of the step query with its goal literal asserted (unsat = the step holds)
     cti: list[str] = field(default_factory=list)  # what breaks, and the path's first state
+    tier: str = ""  # LEMMAS_FIRST: the lemmas were proved inductive on their own, then assumed in the step query
 
 
 def _step_query(policy: Policy, inv: Invariant, params_: dict[str, int], env: Environment, k: int,
-                timeout_s: float):
+                timeout_s: float, lemmas_proved: bool):
     """The step query of k-induction (goal literal not asserted): session, goal literal, goal terms, lemma names,
     the first state and the slots' parameters. Whole-step induction's query (checker/verify/induction.py) with
     k >= the window: its first frame is the state x0 alone (no step info; its clock is the one of the step that
     produced it), which is all the windows read of it (the module docstring), and the invariant is assumed at
-    each frame j < k (true by definition where its window does not fit, j < w)."""
+    each frame j < k (true by definition where its window does not fit, j < w). ``lemmas_proved``: the lemmas
+    are assumed after the last step too (shown inductive on their own by the lemma query), the goal is P alone."""
     from checker.verify.induction import _step_query as whole_step_query
 
     assert k >= window(inv, params_)
-    smt, broken, goal, pre, first, params = whole_step_query(policy, inv, params_, env, timeout_s, k)
+    smt, broken, goal, pre, first, params = whole_step_query(policy, inv, params_, env, timeout_s, k, lemmas_proved)
     return smt, broken, goal, [name for name, _ in pre], first, params
 
 
-def certificate_query(policy: Policy, inv: Invariant, params_: dict[str, int], env: Environment, k: int) -> str:
-    """The step query with its goal literal asserted, as SMT-LIB2 (``batchcheck recheck --policy`` rebuilds it)."""
-    smt, broken, *_ = _step_query(policy, inv, params_, env, k, 1.0)
+def _lemma_query(policy: Policy, inv: Invariant, env: Environment, timeout_s: float):
+    """The lemmas alone are inductive: from any state that satisfies them, one step (any arrivals, lengths,
+    cancellations) keeps them. Session and goal literal (not asserted)."""
+    from checker.verify.induction import _lemmas_for, _step_into, _symbolic_state
+
+    o = Z3Ops
+    smt = SmtSession(timeout_ms=max(1, int(timeout_s * 1000)))
+    params, state, cons = _symbolic_state(smt, env, env.requests, "")
+    smt.add(*cons)
+
+    def lemmas_at(s):
+        return [t for _, t in _lemmas_for(inv, o, policy, params, s.slots, s.step, s.next_seq, env.step_us)]
+
+    smt.add(*lemmas_at(state))
+    after = _step_into(smt, policy, params, state, env, [], None, "cancel_0_")
+    broken = smt.bool_var("lemmas_broken")
+    smt.add(smt.implies(broken, o.not_(o.and_(*lemmas_at(after)))))
+    return smt, broken
+
+
+# The lemma query's answer and certificate text per (policy, environment less its depth): shared by the temporal
+# invariants and windows of one verify run (the lemmas do not depend on them)
+_LEMMAS: dict[tuple[str, Environment], tuple[str, str]] = {}
+LEMMAS_FIRST = "lemmas-first"  # the certificate's tier: the lemma query, then the step query assuming them
+
+
+def _lemmas_inductive(policy: Policy, inv: Invariant, env: Environment, timeout_s: float) -> tuple[str, str]:
+    key = (policy.model_dump_json(), replace(env, depth=1))
+    if key not in _LEMMAS:
+        smt, broken = _lemma_query(policy, inv, env, timeout_s)
+        answer = smt.check(broken)
+        if answer == "unknown":
+            return answer, ""
+        smt.add(broken)
+        _LEMMAS[key] = (answer, smt.to_smt2() if answer == "unsat" else "")
+    return _LEMMAS[key]
+
+
+def _blocks(lemma_text: str, step_text: str) -> str:
+    from checker.smt.ops import CERTIFICATE_BLOCK
+    return f"{CERTIFICATE_BLOCK}lemmas\n{lemma_text}\n{CERTIFICATE_BLOCK}step\n{step_text}"
+
+
+def certificate_query(policy: Policy, inv: Invariant, params_: dict[str, int], env: Environment, k: int,
+                      tier: str = "") -> str:
+    """The certificate's queries, goal literals asserted, as SMT-LIB2 (``batchcheck recheck --policy`` rebuilds
+    them): with tier LEMMAS_FIRST the lemma query and the step query assuming the lemmas, else the step query
+    with the lemmas in its goal."""
+    smt, broken, *_ = _step_query(policy, inv, params_, env, k, 1.0, tier == LEMMAS_FIRST)
     smt.add(broken)
-    return smt.to_smt2()
+    if tier != LEMMAS_FIRST:
+        return smt.to_smt2()
+    lemma_smt, lemma_broken = _lemma_query(policy, inv, env, 1.0)
+    lemma_smt.add(lemma_broken)
+    return _blocks(lemma_smt.to_smt2(), smt.to_smt2())
 
 
 def base_case(policy: Policy, inv: Invariant, params_: dict[str, int], env: Environment, k: int,
-              timeout_s: float) -> str:
+              timeout_s: float, lemmas_alone: bool = False, searched: int = 0) -> str:
     """Bounded model checking to depth k: "unsat" when every path of k steps from the initial state keeps the
-    lemmas in each state and the invariant at each frame; "sat" or "unknown" otherwise."""
-    from checker.verify.bmc import Unrolling
+    lemmas in each state and the invariant at each frame; "sat" or "unknown" otherwise. ``lemmas_alone``: the
+    lemmas were shown inductive on their own, so they need checking in the initial state only, and the invariant
+    is searched depth by depth (checker/verify/bmc.py), not at all where the caller's bounded search already
+    covered ``searched`` >= k iterations with N slots."""
+    from checker.verify.bmc import Deadline, Unrolling, _shortest_violation
     from checker.verify.induction import _lemmas_for
 
     o = Z3Ops
+    started = time.monotonic()
     smt = SmtSession(timeout_ms=max(1, int(timeout_s * 1000)))
     u = Unrolling(smt, policy, replace(env, depth=k), env.requests)
     params = u.requests.params
@@ -110,18 +166,24 @@ def base_case(policy: Policy, inv: Invariant, params_: dict[str, int], env: Envi
         return [t for _, t in _lemmas_for(inv, o, policy, params, s.slots, s.step, s.next_seq, env.step_us)]
 
     terms = lemmas_at(u.state)
-    for t in range(k):
+    for t in range(0 if lemmas_alone else k):
         u.extend()
         terms += lemmas_at(u.state) + [inv.holds(o, u.ctx, t, params_)]
     broken = smt.bool_var("base_broken")
     smt.add(smt.implies(broken, o.not_(o.and_(*terms))))
-    return smt.check(broken)
+    answer = smt.check(broken)
+    if answer != "unsat" or not lemmas_alone or searched >= k:
+        return answer
+    left = timeout_s - (time.monotonic() - started)
+    status, *_ = _shortest_violation(policy, inv, params_, replace(env, depth=k), env.requests, k, Deadline(left))
+    return {"holds": "unsat", "violated": "sat"}.get(status, "unknown")
 
 
 def prove(policy: Policy, inv: Invariant, params_: dict[str, int], env: Environment, timeout_s: float,
-          k: int | None = None) -> TemporalResult:
+          k: int | None = None, searched: int = 0) -> TemporalResult:
     """k-induction with k = the window (then up to EXTRA_K more while a counterexample to induction remains), or
-    the k given. The base case last (only when the step holds)."""
+    the k given. The base case last (only when the step holds). ``searched``: the depth to which the caller's
+    bounded search (N slots, this environment) found no violation of the invariant."""
     why = refusal(inv, params_, policy)
     if why is not None:
         raise ValueError(why)
@@ -133,7 +195,7 @@ def prove(policy: Policy, inv: Invariant, params_: dict[str, int], env: Environm
         left = deadline - time.monotonic()
         if left <= 0:
             break
-        result = _prove_k(policy, inv, params_, env, kk, left)
+        result = _prove_k(policy, inv, params_, env, kk, left, searched)
         if result.status != "cti":
             break
     result.seconds = time.monotonic() - started
@@ -141,11 +203,16 @@ def prove(policy: Policy, inv: Invariant, params_: dict[str, int], env: Environm
 
 
 def _prove_k(policy: Policy, inv: Invariant, params_: dict[str, int], env: Environment, k: int,
-             timeout_s: float) -> TemporalResult:
+             timeout_s: float, searched: int) -> TemporalResult:
     started = time.monotonic()
+    lemma_answer, lemma_text = _lemmas_inductive(policy, inv, env, timeout_s)
+    if lemma_answer == "unknown":
+        return TemporalResult("unknown", k)
+    split = lemma_answer == "unsat"  # else the lemmas stay in the step query's goal
+    left = timeout_s - (time.monotonic() - started)
     try:
-        with within(timeout_s):  # building counts against the time limit (checker/verify/budget.py)
-            smt, broken, goal, names, first, params = _step_query(policy, inv, params_, env, k, timeout_s)
+        with within(left):  # building counts against the time limit (checker/verify/budget.py)
+            smt, broken, goal, names, first, params = _step_query(policy, inv, params_, env, k, left, split)
     except BuildTimeout:
         return TemporalResult("unknown", k)
     smt.set_timeout(max(1, int(1000 * (timeout_s - (time.monotonic() - started)))))
@@ -160,21 +227,21 @@ def _prove_k(policy: Policy, inv: Invariant, params_: dict[str, int], env: Envir
                        f"prompt={smt.value(params[i].prompt_len)} output={smt.value(params[i].output_len)}")
         return TemporalResult("cti", k, lemmas=names, cti=cti)
     smt.add(broken)
-    certificate = smt.to_smt2()
+    certificate = _blocks(lemma_text, smt.to_smt2()) if split else smt.to_smt2()
     left = timeout_s - (time.monotonic() - started)
     if left <= 0:
         return TemporalResult("unknown", k, lemmas=names)
-    base = base_case(policy, inv, params_, env, k, left)
+    base = base_case(policy, inv, params_, env, k, left, split, searched)
     if base != "unsat":
         return TemporalResult("base" if base == "sat" else "unknown", k, lemmas=names)
-    return TemporalResult("proved", k, lemmas=names, certificate=certificate)
+    return TemporalResult("proved", k, lemmas=names, certificate=certificate, tier=LEMMAS_FIRST if split else "")
 
 
 def method_words(policy: Policy, result: TemporalResult, env: Environment) -> str:
     """What a PROVED verdict says about its method."""
+    how = "proved inductive on their own first" if result.tier == LEMMAS_FIRST else "proved with it"
     return (f"k-induction, k={result.k}, N={env.requests}, pool={policy.kv.num_blocks} blocks; strengthened by "
-            f"{len(result.lemmas)} structural lemmas proved with it; base case: bounded model checking to depth "
-            f"{result.k}")
+            f"{len(result.lemmas)} structural lemmas {how}; base case: bounded model checking to depth {result.k}")
 
 
 def search_environment(inv: Invariant, params: dict[str, int], env: Environment) -> Environment:
@@ -189,7 +256,7 @@ def upgrade(checked, policy: Policy, timeout_s: float, proof_dir, policy_file: s
     from checker.verify.run import Verdict, _write_certificate
 
     inv, env = checked.invariant, checked.env
-    result = prove(policy, inv, checked.params, env, max(1.0, timeout_s))
+    result = prove(policy, inv, checked.params, env, max(1.0, timeout_s), searched=checked.depth)
     ks = f"k={window(inv, checked.params)}..{result.k}" if result.k > window(inv, checked.params) else f"k={result.k}"
     if result.status == "proved":
         checked.verdict = Verdict.PROVED
@@ -197,10 +264,12 @@ def upgrade(checked, policy: Policy, timeout_s: float, proof_dir, policy_file: s
         checked.method = method_words(policy, result, env)
         checked.certificate = _write_certificate(
             policy, inv, env, proof_dir, result.certificate,
-            f"step query below is unsat iff every {result.k}-step path from a state the lemmas allow, keeping the "
-            f"lemmas and {inv.name} before its last step, keeps them after it "
+            ("lemma query below is unsat iff one step from any state the lemmas allow keeps them, and the " if
+             result.tier else "")
+            + f"step query below is unsat iff every {result.k}-step path from a state the lemmas allow, keeping the "
+            f"lemmas and {inv.name} before its last step, keeps {'it' if result.tier else 'them'} after it "
             f"({result.k}-induction; base case: bounded model checking to depth {result.k})", result.lemmas,
-            params=checked.params, method=METHOD, k=result.k, policy_file=policy_file)
+            params=checked.params, method=METHOD, k=result.k, tier=result.tier, policy_file=policy_file)
     elif result.status == "cti":
         checked.notes.append(f"k-induction ({ks}) not proved: counterexample to induction (a path the lemmas allow, "
                              "not shown reachable): " + "; ".join(result.cti[:3]))

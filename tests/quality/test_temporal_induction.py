@@ -26,6 +26,9 @@ def test_cancellation_releases_proved_by_k_induction_and_its_certificate_recheck
     assert r.env.depth == 3  # the bounded search reaches the deepest base case k-induction may use
     checked = certificate.recheck(r.certificate, load_policy(V1), str(V1), ("cancellation_releases", {}), 2, 40_000)
     assert checked.solver == "unsat" and checked.binding.method == "temporal-induction" and checked.binding.k == 2
+    # the lemmas proved inductive on their own (a query of their own), then assumed in the step query
+    assert checked.binding.tier == "lemmas-first" and checked.binding.queries == 2
+    assert "structural lemmas proved inductive on their own first" in r.line()
 
 
 def test_off_means_unchanged():
