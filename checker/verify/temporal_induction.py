@@ -3,16 +3,18 @@ bounded_starvation(steps)): PROVED for N request slots and any number of iterati
 
 A windowed invariant P(t) reads the frames t-w .. t (w: its window, the parameter named in WINDOWS); frame t is
 the step of iteration t and the state after it (the bounded search's frames; checker/verify/bmc.py). With the
-structural lemmas L of checker/verify/induction.py as the strengthening (proved here together with P, never
-assumed alone), and k >= w:
+structural lemmas L of checker/verify/induction.py as the strengthening (never assumed unproved), and k >= w:
 
-- base: every path of k steps from the initial state satisfies L in each of its k+1 states and P at each of its
-  k frames (bounded model checking to depth k);
+- lemmas: L alone is inductive (one step from any L-state keeps L); one query per policy and N, cached. Where
+  it is not, L is proved together with P instead (in the step query's goal, and along the base case's paths);
+- base: L holds in the initial state, and P at each frame of every path of k steps from it (bounded model
+  checking to depth k: verify's bounded search, which goes at least that deep, is not repeated);
 - step: from any state x0 that satisfies L, taken as frame 0 (the state after some step: what the windows read of
   their first frame is its state and the clock of its step, which the state's step counter gives), along any k
-  steps (frames 1 .. k, states x1 .. xk): if L holds in x1 .. x(k-1) and P at every frame j < k (where its window
-  fits, j >= w; it is true by definition where it does not), then P holds at frame k (its window k-w .. k lies in
-  the path) and L in xk. This is whole-step induction's query (checker/verify/induction.py) with k >= w.
+  steps (frames 1 .. k, states x1 .. xk): if L holds in x1 .. x(k-1) (and xk, once L is proved alone) and P at
+  every frame j < k (where its window fits, j >= w; it is true by definition where it does not), then P holds at
+  frame k (its window k-w .. k lies in the path) (and L in xk, where L is not proved alone). This is whole-step
+  induction's query (checker/verify/induction.py) with k >= w.
 
 No frame before x0 is read, and x0's step information (what was scheduled or produced) is never read, so the
 hypotheses are exactly what the induction hypothesis gives at iteration t >= k (frame 0 = the frame of iteration
