@@ -174,7 +174,7 @@ def _audit(args: argparse.Namespace) -> int:
 # verify's options that the bounded check reads and verify --liveness does not
 _BMC_ONLY = ("invariant", "invariant_module", "depth", "workload", "no_audit", "prompt_range", "output_range",
              "no_cancellations", "unbounded", "bounded_only", "proof_dir", "cache_method", "split_vacuous",
-             "any_n")
+             "any_n", "temporal_induction")
 
 
 def _verify(args: argparse.Namespace) -> int:
@@ -228,7 +228,7 @@ def _verify(args: argparse.Namespace) -> int:
                               out, args.prompt_range, args.output_range, not args.no_cancellations, args.step_ms,
                               True if args.unbounded else False if args.bounded_only else None, proof_dir,
                               args.invariant_module, terminal_progress(), cache_method=args.cache_method,
-                              any_n=args.any_n)
+                              any_n=args.any_n, temporal_induction=args.temporal_induction)
     terminal_progress.clear()
     code = overall_exit(results, args.split_vacuous)
     if args.json:
@@ -518,6 +518,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--any-n", action="store_true",
                    help="prove the state invariants for any number of requests and iterations, on the policy's own "
                         "pool (aggregate abstraction, docs/invariants.md); a policy rule it does not cover is refused")
+    p.add_argument("--temporal-induction", action="store_true",
+                   help="prove the windowed temporal invariants (decode_progress, cancellation_releases, "
+                        "bounded_starvation; windows up to 8) for N slots by k-induction, the bounded search at least "
+                        "as deep as its base case (docs/invariants.md); off by default (it costs seconds to minutes)")
     p.add_argument("--split-vacuous", action="store_true", help="exit 4 instead of 3 when the only undecided "
                    "checks are VACUOUS ones whose situation is proved never to occur at any depth (those not "
                    "reached within the bounds still exit 3)")

@@ -19,6 +19,7 @@ from checker.policy import Policy
 from checker.verify import anyn
 from checker.verify.anyn_model import not_covered
 from checker.verify.env import Environment
+from checker.verify.temporal_induction import WINDOWS
 from invariants.catalogue import Invariant
 
 KEPT_SLOTS = 2  # the slots an instance keeps whole (the binding's "requests": the proof holds for every N)
@@ -35,6 +36,12 @@ def refuse_uncovered(policy: Policy, chosen: list[tuple[Invariant, dict[str, int
                                  + "; drop --any-n for the bounded check"
                                  + (" and --unbounded's proofs for N slots" if proof_applies(policy) else "")))
     for inv, params in chosen:
+        if inv.name in WINDOWS:  # a temporal invariant: refused by name, with the reason
+            raise InputError(Problem("--invariant", inv.name, f"a state invariant ({', '.join(anyn.TARGETS)}) for "
+                                     f"--any-n; any-N: not covered: invariant {inv.name} (a temporal invariant: it "
+                                     f"reads a window of iterations set by {WINDOWS[inv.name]}, and the aggregate "
+                                     "abstraction keeps no per-request history across steps; verify "
+                                     "--temporal-induction proves it for N slots by k-induction)"))
         if inv.name not in anyn.TARGETS or {**inv.defaults, **params} != inv.defaults:
             shown = inv.name + "".join(f" {k}={v}" for k, v in params.items())
             raise InputError(Problem("--invariant", shown, f"one of {', '.join(anyn.TARGETS)} with its default "

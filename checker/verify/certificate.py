@@ -44,7 +44,7 @@ class Binding(BaseModel):
     params: dict[str, int]
     requests: Annotated[int, Field(ge=1, le=MAX_REQUESTS)]
     kv_blocks: Annotated[int, Field(ge=0)]
-    method: Literal["induction", "action-wise", "any-n"]
+    method: Literal["induction", "action-wise", "any-n", "temporal-induction"]
     k: Annotated[int, Field(ge=1, le=16)]
     lemmas: list[str]
     environment: dict
@@ -198,8 +198,11 @@ def recheck(path: str | Path, policy: Policy | None = None, policy_file: str | N
         undecided |= premises == "unknown"
     checked.append("each query has a goal literal and satisfiable premises" if not undecided else
                    "each query has a goal literal (the solver could not decide that its premises are satisfiable)")
-    if policy is not None and binding.method == "induction":
-        if not same_assertions(body, _rebuilt(policy, binding, source, line)):
+    if policy is not None and binding.method in ("induction", "temporal-induction"):
+        rebuilt = _rebuilt(policy, binding, source, line)
+        theirs = ([block.partition("\n")[2] for block in rebuilt.split(CERTIFICATE_BLOCK)[1:]]
+                  if CERTIFICATE_BLOCK in rebuilt else [rebuilt])
+        if len(theirs) != len(blocks) or not all(same_assertions(a, b) for a, b in zip(blocks, theirs)):
             raise _refuse(source, line, "queries", "<differ>", f"the step query that batchcheck builds for "
                           f"{binding.invariant} on {policy_file or 'the policy given'} with N={binding.requests} and "
                           f"k={binding.k} (rebuilt from the binding: the file was edited, or written by another "
@@ -255,10 +258,12 @@ def _recorded_policy(binding: Binding, certificate: Path) -> tuple[Policy | None
 
 
 def _rebuilt(policy: Policy, binding: Binding, source: str, line: int) -> str:
-    from checker.verify.induction import certificate_query
+    from checker.verify import induction, temporal_induction
 
     inv, env = _invariant_and_environment(binding, source, line)
-    return certificate_query(policy, inv, binding.params, env, binding.k)
+    if binding.method == temporal_induction.METHOD:
+        return temporal_induction.certificate_query(policy, inv, binding.params, env, binding.k, binding.tier)
+    return induction.certificate_query(policy, inv, binding.params, env, binding.k)
 
 
 def _invariant_and_environment(binding: Binding, source: str, line: int):

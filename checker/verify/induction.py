@@ -242,9 +242,12 @@ def certificate_query(policy: Policy, inv: Invariant, params_: dict[str, int], e
     return smt.to_smt2()
 
 
-def _step_query(policy: Policy, inv: Invariant, params_: dict[str, int], env: Environment, timeout_s: float, k: int):
+def _step_query(policy: Policy, inv: Invariant, params_: dict[str, int], env: Environment, timeout_s: float, k: int,
+                lemmas_proved: bool = False):
     """The k-induction step query (its goal literal not asserted): the session, the goal literal, the goal's
-    terms, the lemmas before the steps, the first state and the slots' parameters."""
+    terms, the lemmas before the steps, the first state and the slots' parameters. ``lemmas_proved``: the lemmas
+    were shown inductive on their own (checker/verify/temporal_induction.py), so they are assumed after the last
+    step too, and the goal is the invariant alone."""
     o = Z3Ops
     n = env.requests
     smt = SmtSession(timeout_ms=int(timeout_s * 1000))
@@ -265,7 +268,9 @@ def _step_query(policy: Policy, inv: Invariant, params_: dict[str, int], env: En
         now = _lemmas_for(inv, o, policy, params, state.slots, state.step, state.next_seq, env.step_us)
         if j < k:
             smt.add(inv.holds(o, ctx, j, params_), *(t for _, t in now))
-    goal = [(inv.name, inv.holds(o, ctx, k, params_))] + now
+    if lemmas_proved:
+        smt.add(*(t for _, t in now))
+    goal = [(inv.name, inv.holds(o, ctx, k, params_))] + ([] if lemmas_proved else now)
     broken = smt.bool_var("goal_broken")
     smt.add(smt.implies(broken, o.not_(o.and_(*(t for _, t in goal)))))
     return smt, broken, goal, pre, first, params

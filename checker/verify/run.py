@@ -164,10 +164,16 @@ def proof_applies(policy: Policy) -> bool:
 
 def check_one(policy: Policy, policy_file: str | None, inv: Invariant, params: dict[str, int], env: Environment,
               timeout_s: float, out_dir: Path | None, unbounded: bool = False,
-              proof_dir: Path | None = None, progress: Callable[[str], None] | None = None) -> Checked:
+              proof_dir: Path | None = None, progress: Callable[[str], None] | None = None,
+              temporal: bool = False) -> Checked:
     """The cheapest decisive method first: with ``unbounded``, the action-wise proof (PROVED for N slots and any
     depth); then the bounded search for a counterexample (VIOLATED, or HOLDS_UP_TO up to the depth); then, with
-    ``unbounded``, whole-step induction (HOLDS_UP_TO -> PROVED)."""
+    ``unbounded``, whole-step induction (HOLDS_UP_TO -> PROVED). ``temporal`` (verify --temporal-induction, a
+    windowed temporal invariant): the search at least as deep as the base case, then k-induction
+    (checker/verify/temporal_induction.py) instead of whole-step induction."""
+    if temporal:
+        from checker.verify import temporal_induction
+        env = temporal_induction.search_environment(inv, params, env)
     if engine_only(policy):  # not in the z3 encoding: explicit-state search on the engine instead
         from checker.verify.explicit import check_many
         return check_many(policy, policy_file, [(inv, params)], env, timeout_s, out_dir, unbounded, progress)[0]
@@ -197,7 +203,10 @@ def check_one(policy: Policy, policy_file: str | None, inv: Invariant, params: d
         if outcome.vacuity_undecided:
             checked.notes.append(VACUITY_UNDECIDED)
         if unbounded:
-            _try_induction(checked, policy, timeout_s - seconds, proof_dir, policy_file)
+            if temporal:
+                temporal_induction.upgrade(checked, policy, timeout_s - seconds, proof_dir, policy_file)
+            else:
+                _try_induction(checked, policy, timeout_s - seconds, proof_dir, policy_file)
             checked.seconds = time.monotonic() - started
         return checked
     found = outcome.found
@@ -335,9 +344,17 @@ def _try_induction(checked: Checked, policy: Policy, timeout_s: float, proof_dir
                              + "; ".join(result.cti[:3]))
     elif result.status == "unknown":
         checked.notes.append("induction timed out")
+    elif inv.name in temporal_windows():
+        checked.notes.append(f"unbounded proofs of {checked.label} need --temporal-induction (k-induction; it looks "
+                             "back more than one iteration)")
     else:
         checked.notes.append(f"unbounded proofs of {checked.label} are not available yet (it looks back more than one "
                              "iteration)")
+
+
+def temporal_windows() -> dict[str, str]:
+    from checker.verify.temporal_induction import WINDOWS
+    return WINDOWS
 
 
 def confirm_on_engine(policy: Policy, inv: Invariant, params: dict[str, int], env: Environment, found: Found) -> int:
@@ -370,14 +387,16 @@ def run_verify(policy: PolicyInput, invariants: list[str] | None = None, request
                prompt: tuple[int, int] | None = None, output: tuple[int, int] | None = None,
                cancellations: bool = True, step_ms: float = 10.0, unbounded: bool | None = False,
                proof_dir: str | Path | None = "proofs", invariant_modules: list[str] | None = None,
-               progress=None, cache_method: str = DEFAULT_CACHE_METHOD, any_n: bool = False):
+               progress=None, cache_method: str = DEFAULT_CACHE_METHOD, any_n: bool = False,
+               temporal_induction: bool = False):
     """Check invariants of a policy (a file, or a Policy object) with z3 (bounded model checking); a policy with
     prefix caching by
     ``cache_method``: "explicit", explicit-state search on the engine (checker/verify/explicit.py), or "z3", z3
     bounded model checking with the block pool (checker/verify/cache_bmc.py), both over the same finite domains;
     returns (environment, results). ``unbounded``: try the proofs (True), the bounded check alone (False), or None
     (verify's default): the proofs where a proof method covers the policy (proof_applies), else the bounded check
-    as before."""
+    as before. ``temporal_induction``: the windowed temporal invariants by k-induction (refused by name where it
+    does not apply; checker/verify/temporal_induction.py)."""
     load_entry_points()
     for module in invariant_modules or []:
         load_module(module)
@@ -392,6 +411,9 @@ def run_verify(policy: PolicyInput, invariants: list[str] | None = None, request
     proofs = Path(proof_dir) if proof_dir is not None else None
     if cache_method not in CACHE_METHODS:
         raise InputError(Problem("--cache-method", cache_method, " or ".join(CACHE_METHODS)))
+    if temporal_induction:  # refused by name where it does not apply (before any check)
+        from checker.verify.temporal_induction import refuse_unless_applies
+        refuse_unless_applies(pol, chosen, unbounded, any_n)
     if any_n:  # every number of requests (checker/verify/anyn_verify.py); refuses what it does not cover
         from checker.verify import anyn_verify
         return env, anyn_verify.check_many(pol, source, chosen, env, timeout_s, out, proofs, progress,
@@ -418,6 +440,12 @@ def run_verify(policy: PolicyInput, invariants: list[str] | None = None, request
         from checker.smt.encode import refuse_proof_with_connector
         refuse_proof_with_connector(pol)
     outputs_free = output is None and wl is None  # the output domain is the default one: it may be raised
+    if temporal_induction:  # the windowed temporal invariants by k-induction, the others as before
+        from checker.verify.temporal_induction import WINDOWS
+        return env, [check_one(pol, source, inv, params, env, timeout_s, out, unbounded, proofs, progress, temporal=True)
+                     if inv.name in WINDOWS else
+                     check_filling_pool(pol, source, inv, params, env, timeout_s, out, unbounded, proofs, progress,
+                                        outputs_free) for inv, params in chosen]
     return env, [check_filling_pool(pol, source, inv, params, env, timeout_s, out, unbounded, proofs, progress,
                                     outputs_free) for inv, params in chosen]
 

@@ -170,8 +170,15 @@ def test_unbounded_says_why_a_temporal_invariant_stays_bounded(capsys, tmp_path)
                        "--proof-dir", str(tmp_path))
     assert code == 0
     assert "HOLDS_UP_TO  decode_progress(gap=2)   " in out
-    assert ("unbounded proofs of decode_progress(gap=2) are not available yet (it looks back more than one "
-            "iteration)") in out
+    assert ("unbounded proofs of decode_progress(gap=2) need --temporal-induction (k-induction; it looks back more "
+            "than one iteration)") in out
+
+
+def test_temporal_induction_is_refused_by_name_with_bounded_only(capsys, tmp_path):
+    code, _, err = run(capsys, "verify", str(BROKEN), "--invariant", "bounded_starvation:3", "--temporal-induction",
+                       "--bounded-only", "--out", str(tmp_path))
+    assert code == 2
+    assert "--temporal-induction=True (expected without --bounded-only (k-induction is a proof))" in err
 
 
 @pytest.fixture
