@@ -98,7 +98,7 @@ def _lemma_query(policy: Policy, inv: Invariant, env: Environment, timeout_s: fl
 
     o = Z3Ops
     smt = SmtSession(timeout_ms=max(1, int(timeout_s * 1000)))
-    params, state, cons = _symbolic_state(smt, env, env.requests, "")
+    params, state, cons = _symbolic_state(smt, env, env.requests, "", policy)
     smt.add(*cons)
 
     def lemmas_at(s):

@@ -95,3 +95,16 @@ def test_refused_by_name(args, said):
 def test_any_n_refuses_temporal_invariants_by_name_with_the_reason():
     with pytest.raises(InputError, match="any-N: not covered: invariant bounded_starvation \\(a temporal invariant"):
         run_verify(V1, ["bounded_starvation:3"], 2, 2, 10.0, out_dir=None, proof_dir=None, any_n=True)
+
+
+def test_a_speculative_policy_is_proved_with_its_draft_fields(tmp_path):
+    """Regression (the merge of speculative decoding in z3 with k-induction): the lemma query built its state
+    without the policy, so a speculative policy's `drafts` field was missing (KeyError, exit 101). The reserved
+    fix of eagle_unreserved_lookahead is PROVED with the verifier's acceptance free in every step."""
+    pol = load_policy(POLICIES / "broken" / "eagle_unreserved_lookahead.yaml")
+    fixed = pol.model_copy(update={"name": "eagle_reserved",
+                                   "speculative": pol.speculative.model_copy(update={"reserve_lookahead": True})})
+    _, (r,) = run_verify(fixed, ["cancellation_releases:2"], 2, 2, 300.0, out_dir=tmp_path / "cex",
+                         proof_dir=tmp_path / "proofs", temporal_induction=True, **SMALL)
+    assert r.verdict.value == "PROVED", r.line()
+    assert "k-induction, k=2, N=2" in r.line()
