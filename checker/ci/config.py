@@ -55,6 +55,9 @@ class Defaults(_Strict):
     """verify's default when unset: the proof first (PROVED for N slots and any depth) where a proof method covers
     the policy, then the bounded search; true: the proof, refused where none covers it (verify --unbounded);
     false: the bounded search alone (verify --bounded-only, the default before issue 19)."""
+    temporal_induction: bool = False
+    """As verify --temporal-induction: the windowed temporal invariants (decode_progress, cancellation_releases,
+    bounded_starvation) proved for N slots by k-induction; refused with unbounded = false."""
     level: Level = "error"
     """Whether a finding gates the change (error) or only warns (warning)."""
 
@@ -92,6 +95,8 @@ class VerifyEntry(_Strict):
     depth: Depth | None = None
     timeout_s: Timeout | None = None
     unbounded: bool | None = None
+    temporal_induction: bool | None = None
+    """As verify --temporal-induction (default: the [defaults] value)."""
     workload: str | None = None
     """Take length ranges, priorities and tenants from this workload."""
     level: Level | None = None

@@ -96,7 +96,8 @@ def _run_check(check: Check) -> Result:
         else:
             _, results = run_verify(paths["policy"], [check.name], requests=check.requests, depth=check.depth,
                                     timeout_s=check.timeout_s, workload=paths["workload"], out_dir=cex_dir,
-                                    unbounded=check.unbounded, proof_dir=proof_dir)
+                                    unbounded=check.unbounded, proof_dir=proof_dir,
+                                    temporal_induction=check.temporal_induction)
             r = results[0]
             verdict, detail, line = r.verdict.value, r.as_dict(), r.line()
         artifacts = []

@@ -76,6 +76,7 @@ class Check:
     depth: int = 0
     timeout_s: float = 0.0
     unbounded: bool | None = False  # None: verify's default (the proof first where one applies)
+    temporal_induction: bool = False  # verify --temporal-induction
     workload: InputFile | None = None
     slo: InputFile | None = None
     profile: InputFile | None = None
@@ -298,6 +299,12 @@ def build_plan(config: CiConfig, lines: LineMap, source: str, only: list[str] | 
             from checker.workload import Workload
 
             load_model(Workload, root / workload.shown)
+        unbounded = d.unbounded if entry.unbounded is None else entry.unbounded
+        temporal = d.temporal_induction if entry.temporal_induction is None else entry.temporal_induction
+        if temporal and unbounded is False:
+            where = ("verify", i, "temporal_induction") if entry.temporal_induction else ("defaults", "temporal_induction")
+            raise res.fail(where, True, "false with unbounded = false (k-induction is a proof; the bounded search "
+                           "alone cannot use it)")
         for j, text in enumerate(entry.invariants):
             inv, params = _invariant(res, ("verify", i, "invariants", j), text)
             for ref in policies:
@@ -306,8 +313,7 @@ def build_plan(config: CiConfig, lines: LineMap, source: str, only: list[str] | 
                     tuple({**inv.defaults, **params}.items()), entry.level or d.level, f"verify[{i}].invariants[{j}]",
                     requests=entry.requests or d.requests, depth=entry.depth or d.depth,
                     timeout_s=entry.timeout_s or d.timeout_s,
-                    unbounded=d.unbounded if entry.unbounded is None else entry.unbounded,
-                    workload=workload, modules=tuple(modules)))
+                    unbounded=unbounded, temporal_induction=temporal, workload=workload, modules=tuple(modules)))
     for i, entry in enumerate(config.fuzz):
         _fuzz_checks(res, plan, i, entry)
     for i, entry in enumerate(config.diff):

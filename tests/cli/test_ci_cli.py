@@ -44,8 +44,8 @@ BAD = [
      "batchcheck.toml:3: (document)=<unparsable> (expected valid TOML: Unclosed array)"),
     ('[[verify]]\npolicies = ["spec/policies/vllm_v1.yaml"]\ninvariants = ["seq_cap"]\nrequests = 0\n'
      '[defaults]\ndeth = 3\n',
-     "batchcheck.toml:6: defaults.deth=3 (expected a known key; did you mean depth? allowed here: depth, level, requests, timeout_s, "
-     "unbounded)\nbatchcheck.toml:4: verify[0].requests=0 (expected a number >= 1)"),
+     "batchcheck.toml:6: defaults.deth=3 (expected a known key; did you mean depth? allowed here: depth, level, requests, "
+     "temporal_induction, timeout_s, unbounded)\nbatchcheck.toml:4: verify[0].requests=0 (expected a number >= 1)"),
     ('[[verify]]\ninvariants = ["seq_cap"]\n',
      "batchcheck.toml:1: verify[0].policies=<missing> (expected a list of policy files or globs here or at the top "
      "level (policies = [...]))"),

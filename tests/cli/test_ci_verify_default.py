@@ -43,3 +43,43 @@ def test_without_unbounded_ci_verify_runs_the_proof_first(capsys, tmp_path, monk
 def test_unbounded_false_is_the_bounded_search_alone(capsys, tmp_path, monkeypatch):
     verdicts = _verdicts(capsys, tmp_path, monkeypatch, "unbounded = false", plain=POLICIES / "vllm_v1.yaml")
     assert verdicts == {"plain": "HOLDS_UP_TO"}
+
+
+TEMPORAL = '''policies = ["spec/*.yaml"]
+[defaults]
+requests = 2
+depth = 2
+timeout_s = 120
+{defaults}
+[[verify]]
+invariants = ["cancellation_releases:2"]
+{entry}
+'''
+
+
+def test_temporal_induction_in_a_verify_entry_proves_a_windowed_invariant(capsys, tmp_path, monkeypatch):
+    """[[verify]] temporal_induction = true is verify --temporal-induction: PROVED by k-induction (without it the
+    bounded search alone: HOLDS_UP_TO)."""
+    (tmp_path / "spec").mkdir()
+    shutil.copy(POLICIES / "vllm_v1.yaml", tmp_path / "spec" / "plain.yaml")
+    monkeypatch.chdir(tmp_path)
+    found = {}
+    for entry in ("", "temporal_induction = true"):
+        (tmp_path / "batchcheck.toml").write_text(TEMPORAL.format(defaults="", entry=entry))
+        code, out, err = run(capsys, "ci", "--jobs", "1", "--json")
+        assert code == 0, out + err
+        (finding,) = json.loads(out)["findings"]
+        found[entry] = finding["verdict"]
+    assert found == {"": "HOLDS_UP_TO", "temporal_induction = true": "PROVED"}
+
+
+def test_temporal_induction_with_the_bounded_search_alone_is_a_located_config_error(capsys, tmp_path, monkeypatch):
+    (tmp_path / "spec").mkdir()
+    shutil.copy(POLICIES / "vllm_v1.yaml", tmp_path / "spec" / "plain.yaml")
+    (tmp_path / "batchcheck.toml").write_text(TEMPORAL.format(defaults="unbounded = false",
+                                                              entry="temporal_induction = true"))
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run(capsys, "ci", "--jobs", "1")
+    assert (code, out) == (2, "")
+    assert err == ("batchcheck: error: batchcheck.toml:9: verify[0].temporal_induction=True (expected false with "
+                   "unbounded = false (k-induction is a proof; the bounded search alone cannot use it))\n")
