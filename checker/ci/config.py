@@ -159,6 +159,8 @@ class LivenessEntry(_Strict):
     """Prompt identities (liveness --identities; prefix caching only; default: g0 for a caching policy)."""
     external: Annotated[list[Literal["none", "block", "all"]], Field(min_length=1)] | None = None
     """A KV connector's external hits of the arrivals (liveness --external; default: the explorer's)."""
+    accepted: Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)] | None = None
+    """Speculative decoding: the verifier's accepted-draft counts explored (liveness --accepted; default 0..k)."""
     arrivals_per_step: Annotated[int, Field(ge=1, le=MAX_REQUESTS)] | None = None
     """At most this many arrivals per iteration (default: as many as there are free places)."""
     step_ms: Annotated[float, Field(gt=0, le=3_600_000)] = 10.0

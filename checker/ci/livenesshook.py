@@ -37,7 +37,8 @@ def run_liveness_checks(checks: Sequence[Check]) -> list:
         report = run_liveness(paths["policy"], [c.rule for c in checks], first.requests, inst.prompts,
                               inst.outputs, inst.priorities, inst.tenants, inst.cancellations,
                               inst.arrivals_per_step, inst.step_ms, list(inst.overrides), inst.max_states,
-                              first.timeout_s, cex_dir, identities=inst.identities, external=inst.external)
+                              first.timeout_s, cex_dir, identities=inst.identities, external=inst.external,
+                              accepted=inst.accepted)
         seconds = (time.monotonic() - started) / len(checks)  # one exploration, shared
         graph = _graph(report)
         shared = {"graph": report.as_dict()["graph"], "environment": report.env.as_dict()}

@@ -57,6 +57,7 @@ class LivenessInstance:
     overrides: tuple[str, ...]
     identities: tuple | None = None  # prompt identities (checker.requests.IDENTITIES entries), None: the default
     external: tuple[int, ...] | None = None  # a KV connector's external hits (liveness --external), None: the default
+    accepted: tuple[int, ...] | None = None  # the verifier's accepted-draft counts (liveness --accepted), None: 0..k
 
 
 @dataclass(frozen=True)
@@ -414,9 +415,9 @@ def _diff_checks(res: _Resolver, i: int, entry: DiffEntry, modules: tuple,
 
 _LIVENESS_OPTIONS = {"--requests": "requests", "--prompts": "prompts", "--outputs": "outputs",
                      "--priorities": "priorities", "--arrivals-per-step": "arrivals_per_step", "--step-ms": "step_ms",
-                     "--identities": "identities", "--external": "external"}
+                     "--identities": "identities", "--external": "external", "--accepted": "accepted"}
 _INSTANCE_KEYS = ("prompts", "outputs", "priorities", "tenants", "cancellations", "identities", "external",
-                  "arrivals_per_step", "step_ms")
+                  "accepted", "arrivals_per_step", "step_ms")
 
 
 def _base_diff_checks(res: _Resolver, plan: Plan, i: int, entry: DiffEntry, modules: tuple, base: str | None,
@@ -458,7 +459,8 @@ def _liveness_checks(res: _Resolver, i: int, entry: LivenessEntry) -> list[Check
         tuple(entry.priorities) if entry.priorities else None, entry.tenants, entry.cancellations,
         entry.arrivals_per_step, entry.step_ms, entry.max_states, tuple(entry.set),
         tuple(IDENTITY_TOKENS[t] for t in entry.identities) if entry.identities else None,
-        tuple(external_choice(t) for t in entry.external) if entry.external else None)
+        tuple(external_choice(t) for t in entry.external) if entry.external else None,
+        tuple(dict.fromkeys(entry.accepted)) if entry.accepted else None)
     shown = [("requests", entry.requests)]
     for key in _INSTANCE_KEYS:
         value = getattr(entry, key)
@@ -479,7 +481,7 @@ def _liveness_checks(res: _Resolver, i: int, entry: LivenessEntry) -> list[Check
         try:
             liveness_env(overridden, entry.requests, instance.prompts, instance.outputs,
                          instance.priorities, entry.tenants, entry.cancellations, entry.arrivals_per_step,
-                         entry.step_ms, instance.identities, instance.external)
+                         entry.step_ms, instance.identities, instance.external, instance.accepted)
         except InputError as exc:
             p = exc.problems[0]
             key = _LIVENESS_OPTIONS.get(p.path, "")

@@ -126,7 +126,7 @@ BAD = [
     ('[[liveness]]\npolicies = ["spec/policies/vllm_v1.yaml"]\nmax_states = 0\noutputs = [0]\nrequest = 2\n',
      ("batchcheck.toml:4: liveness[0].outputs[0]=0 (expected a number >= 1)\n"
       "batchcheck.toml:3: liveness[0].max_states=0 (expected a number >= 1)\n"
-      "batchcheck.toml:5: liveness[0].request=2 (expected a known key; did you mean requests? allowed here: arrivals_per_step, "
+      "batchcheck.toml:5: liveness[0].request=2 (expected a known key; did you mean requests? allowed here: accepted, arrivals_per_step, "
       "cancellations, external, identities, level, max_states, outputs, policies, priorities, prompts, properties, requests, set, "
       "step_ms, tenants, timeout_s)")),
 ]
@@ -180,3 +180,24 @@ def test_an_unknown_external_hit_is_refused_at_its_key(capsys, project):
     code, _, err = run(capsys, "ci", "--jobs", "1", *OUTPUTS)
     assert code == 2
     assert err == "batchcheck: error: batchcheck.toml:3: liveness[0].external[0]='half' (expected one of: none, block or all)\n"
+
+
+def test_a_speculative_policys_instance_takes_the_accepted_counts_from_the_entry(capsys, project):
+    """[[liveness]] accepted = [...] is liveness --accepted: the planted EAGLE deadlock gates with the verifier
+    accepting nothing; the counts are in the check's label."""
+    folder = project('[[liveness]]\npolicies = ["spec/policies/eagle.yaml"]\naccepted = [0]\n'
+                     'prompts = [8]\noutputs = [2]\nproperties = ["no_deadlock"]\n').parent
+    shutil.copy(POLICIES / "broken" / "eagle_lookahead_deadlock.yaml", folder / "spec" / "policies" / "eagle.yaml")
+    code, out, _ = run(capsys, "ci", "--jobs", "1", *OUTPUTS)
+    assert code == 1, out
+    (name,) = _cases(folder)
+    assert "accepted=0" in name and _cases(folder)[name].find("failure").get("type") == "VIOLATED"
+
+
+def test_accepted_counts_beyond_the_drafts_are_refused_at_their_key(capsys, project):
+    folder = project('[[liveness]]\npolicies = ["spec/policies/eagle.yaml"]\naccepted = [0, 9]\n').parent
+    shutil.copy(POLICIES / "broken" / "eagle_lookahead_deadlock.yaml", folder / "spec" / "policies" / "eagle.yaml")
+    code, out, err = run(capsys, "ci", "--jobs", "1", *OUTPUTS)
+    assert (code, out) == (2, "")
+    assert err.startswith("batchcheck: error: batchcheck.toml:3: liveness[0].accepted=[0, 9] (expected draft counts "
+                          "in 0..4"), err
