@@ -230,7 +230,7 @@ _FAST_REQ = ("status", "reason", "num_computed", "num_generated", "blocks", "swa
              "requeue_seq", "num_preemptions", "release_step", "block_ids", "num_cached_blocks", "transfer_step")
 _FAST_POOL = ("uncached_free", "lru", "refs", "hash_of", "cached", "next_id", "evictions", "truth")
 _FAST_STATE = ("running", "waiting", "holding", "holders", "loads_in_flight", "kv_used", "swap_used", "next_seq",
-               "step", "tenant_counters", "sglang", "spec", "pipe")
+               "step", "tenant_counters", "sglang", "spec", "pipe", "blocked")
 _FAST = set(_REQ_FIELDS) == set(_FAST_REQ) and set(_POOL_FIELDS) == set(_FAST_POOL)
 _TERMINAL = (Status.FINISHED, Status.REJECTED, Status.CANCELLED)
 
@@ -244,6 +244,8 @@ def _freeze(v: object) -> object:
         return tuple(_freeze(x) for x in v)  # type: ignore[union-attr]
     if t is dict:
         return tuple((k, _freeze(x)) for k, x in v.items())  # type: ignore[union-attr]
+    if t is frozenset or t is set:
+        return frozenset(_freeze(x) for x in v)  # type: ignore[union-attr]
     if isinstance(v, Request):
         return ("request", v.rid)
     if isinstance(v, IntEnum):
@@ -290,7 +292,8 @@ def fast_fingerprint(s: SchedulerState, forget: frozenset[int] = frozenset()) ->
             tuple([r.rid for r in s.holding]), tuple([r.rid for r in s.holders]), s.loads_in_flight, s.kv_used,
             s.swap_used, s.next_seq, s.step, tuple(s.tenant_counters),
             None if s.sglang is None else s.sglang.snapshot(), None if s.spec is None else s.spec.snapshot(),
-            None if s.pipe is None else s.pipe.snapshot())
+            None if s.pipe is None else s.pipe.snapshot(),
+            None if s.blocked is None else tuple(sorted(s.blocked.items())))
     p = s.pool
     if p is None:
         return reqs, rest, None
