@@ -23,7 +23,7 @@ from checker.smt.conformance import Z3Step, int_outputs
 from checker.smt.encode import SlotState, SymbolicStep, slot_fields
 from checker.requests import RequestSpec
 from checker.strategies import Scenario, small_policies, small_scenarios
-from tests.helpers import compare_steps
+from tests.helpers import assert_z3_steps_match, compare_steps
 
 SETTINGS = dict(deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -90,15 +90,7 @@ def test_the_generated_steps_exercise_the_blocked_states():
 
 
 def test_z3_evaluation_of_the_blocked_encoding_equals_the_engine_step():
-    checked: list[int] = []
-
-    @settings(max_examples=16, **SETTINGS)
-    @given(sc=blocked_scenarios(max_requests=3))
-    def one_scenario(sc):
-        checked.append(_compare(sc, Z3Step(sc.policy, len(sc.specs), sc.num_tenants).evaluate, 8))
-
-    one_scenario()
-    assert sum(checked) >= 60, f"only {sum(checked)} steps checked against z3"
+    assert_z3_steps_match(blocked_scenarios(max_requests=3), _compare, settings(max_examples=16, **SETTINGS), 8, 60)
 
 
 def _pinned(rule: str, specs: list[RequestSpec]) -> Scenario:
