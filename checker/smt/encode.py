@@ -205,6 +205,8 @@ def refuse_proof_with_connector(policy: Policy) -> None:
 
 
 class SymbolicStep:
+    blocking = False  # blocked waiting states (set per policy below; SGLangStep has none: refused there)
+
     def __init__(self, ops, policy: Policy, params: list[SlotParams], state: SlotState, now_us: Term,
                  cancels: list[Term], accepted: list[Term] | None = None):
         """``accepted``: with speculative decoding, the drafts the verifier accepts per slot in this step (the
