@@ -30,8 +30,9 @@ class Frame:
     # Under SGLang's rules with the radix cache: the tree's (evictable, protected) tokens after the step; else None
     radix: tuple[int, int] | None = None
     # Blocked waiting states (policy.queue.blocked_waiting; checker.semantics.blocked): the slots whose request the
-    # step's scan found blocked (its grammar not ready): not schedulable work. Empty elsewhere (z3 refuses them).
-    blocked: frozenset[int] = frozenset()
+    # step's scan found blocked (its grammar not ready): not schedulable work. Empty elsewhere. In z3's unrolling
+    # (checker/verify/bmc.py) a bool term per slot instead.
+    blocked: frozenset[int] | tuple[Term, ...] = frozenset()
 
 
 @dataclass(frozen=True)

@@ -326,10 +326,19 @@ def no_deadlock(o: Any, ctx: TraceContext, t: int, steps: int = 2) -> Term:
         return True
     window = range(t - steps + 1, t + 1)
     # a request whose grammar is not ready (frame.blocked) is no work the step could schedule
-    busy = o.and_(*(_any_slot(o, ctx, lambda i, j=j: False if i in ctx.frames[j].blocked else
-                              _status_in(o, ctx.frames[j].slots[i], *HAS_WORK)) for j in window))
+    busy = o.and_(*(_any_slot(o, ctx, lambda i, j=j: _unless_blocked(
+        o, ctx.frames[j], i, lambda: _status_in(o, ctx.frames[j].slots[i], *HAS_WORK))) for j in window))
     worked = o.or_(*(_any_slot(o, ctx, lambda i, j=j: ctx.frames[j].scheduled[i] > 0) for j in window))
     return o.or_(o.not_(busy), worked)
+
+
+def _unless_blocked(o: Any, frame: Any, i: int, term: Callable[[], Term]) -> Term:
+    """``term()`` unless slot i's request was in a blocked waiting state in the frame's step (its grammar not ready):
+    then False. frame.blocked is the set of such slots on an engine trace, a bool term per slot in z3's unrolling."""
+    blocked = frame.blocked
+    if isinstance(blocked, frozenset):
+        return False if i in blocked else term()
+    return o.and_(o.not_(blocked[i]), term())
 
 
 def _work_exists(o: Any, ctx: TraceContext, t: int, steps: int = 2) -> Term:
@@ -349,9 +358,10 @@ def work_conserving(o: Any, ctx: TraceContext, t: int) -> Term:
     finishing_blocks = sum_terms([o.ite(f, _blocks_when_scheduled(o, ctx, t, i), 0) for i, f in enumerate(finishing)])
     free = p.kv.num_blocks - frame.kv_used - finishing_blocks - p.kv.watermark_blocks
 
-    def idle_for(i: int) -> Term:
-        if i in frame.blocked:  # its grammar is not ready: it could not be admitted
-            return False
+    def idle_for(i: int) -> Term:  # not a request whose grammar is not ready: it could not be admitted
+        return _unless_blocked(o, frame, i, lambda: idle(i))
+
+    def idle(i: int) -> Term:
         s, prm = frame.slots[i], ctx.params[i]
         tokens = prm.prompt_len + s["num_generated"]
         need_budget = tokens if not p.chunking.enabled else 1

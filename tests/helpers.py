@@ -77,3 +77,21 @@ def compare_steps(sc: Scenario, evaluate, max_steps: int, note=None) -> int:
             note(sc, before, after, d)
         steps += 1
     return steps
+
+
+def assert_z3_steps_match(scenarios, compare, settings, max_steps: int, least: int) -> None:
+    """Z3 evaluation of the step on generated scenarios (``compare(sc, evaluate, max_steps)`` with a Z3Step's
+    evaluate): at least ``least`` steps compared in all."""
+    from hypothesis import given
+
+    from checker.smt.conformance import Z3Step
+
+    checked: list[int] = []
+
+    @settings
+    @given(sc=scenarios)
+    def one_scenario(sc):
+        checked.append(compare(sc, Z3Step(sc.policy, len(sc.specs), sc.num_tenants).evaluate, max_steps))
+
+    one_scenario()
+    assert sum(checked) >= least, f"only {sum(checked)} steps checked against z3"

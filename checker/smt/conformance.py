@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from checker.policy import Policy
 from checker.semantics.decision import StepDecision
 from checker.semantics.state import FIELDS, Request, SchedulerState, Status
-from checker.smt.encode import CONNECTOR_FIELDS, SPEC_FIELDS, SlotParams, SlotState, StepResult, SymbolicStep, symbolic_step
+from checker.smt.encode import BLOCKED_FIELDS, CONNECTOR_FIELDS, SPEC_FIELDS, SlotParams, SlotState, StepResult, SymbolicStep, symbolic_step
 from checker.smt.ops import IntOps, Z3Ops, bool_var, int_var, pin_and_eval
 from checker.smt.pool import (POOL_FIELDS, Pool, PoolState, Shape, canonical_of_engine, canonical_of_values,
                               chained_code, empty_pool, identity_of, pool_from_engine, shape_for)
@@ -42,6 +42,10 @@ class Captured:
     drafts: tuple[int, ...] = ()
     accepted: tuple[int, ...] = ()
     verifications: tuple[int, ...] = ()
+    # With blocked waiting states only (policy.queue.blocked_waiting; empty otherwise), per slot: its grammar_steps,
+    # and its ready_step (SchedulerState.blocked's entry; 0 where it has none: not blocked)
+    grammar: tuple[int, ...] = ()
+    ready: tuple[int, ...] = ()
 
 
 TRANSFER_PARAMS = ("external_tokens", "load_steps", "send_steps")  # RequestSpec's, None (never) as -1
@@ -63,6 +67,9 @@ def capture(s: SchedulerState, cancels: list[Request], now_us: int) -> Captured:
         cancels=tuple(r.rid in cancelled for r in s.requests))
     if s.spec is not None:
         base = replace(base, **_spec_inputs(s))
+    if s.blocked is not None:
+        base = replace(base, grammar=tuple(r.spec.grammar_steps for r in s.requests),
+                       ready=tuple(s.blocked.get(r.rid, 0) for r in s.requests))
     if not s.policy.connector.enabled:
         return base
     seq = {r.rid: k + 1 for k, r in enumerate(s.holders)}
@@ -141,6 +148,9 @@ def outputs_of_engine(s: SchedulerState, d: StepDecision) -> dict[str, int]:
     out["swap_used"] = s.swap_used
     if s.policy.connector.enabled:
         out.update(_connector_outputs_of_engine(s, d))
+    if s.blocked is not None:  # blocked in the next step's scan (its grammar not ready then)
+        for r in s.requests:
+            out[f"slot{r.rid}.blocked_next"] = int(r.status is Status.WAITING and s.blocked.get(r.rid, -1) > s.step)
     if s.spec is not None:
         for r in s.requests:
             out[f"slot{r.rid}.drafts"] = s.spec.drafts.get(r.rid, 0)
@@ -165,6 +175,11 @@ def _flatten(result: StepResult, o=None, policy: Policy | None = None,
         out.update(_connector_terms(o, policy, params, result))
     if policy is not None and policy.speculative.enabled:
         out.update(_spec_terms(result, counts, o))
+    if policy is not None and policy.queue.blocked_waiting != "off":
+        step = result.state.step
+        for i, slot in enumerate(result.state.slots):
+            out[f"slot{i}.blocked_next"] = o.b2i(o.and_(slot["status"] == int(Status.WAITING),
+                                                        slot["ready_step"] > step))
     return out
 
 
@@ -184,6 +199,10 @@ def int_outputs(policy: Policy, c: Captured) -> dict[str, int]:
     if c.drafts:
         for slot, drafts in zip(slots, c.drafts):
             slot["drafts"] = drafts
+    if c.ready:
+        params = [replace(prm, grammar_steps=g) for prm, g in zip(params, c.grammar)]
+        for slot, ready in zip(slots, c.ready):
+            slot["ready_step"] = ready
     result = symbolic_step(IntOps, policy, params, _state(slots, c.next_seq, c.step, c.counters, c.next_load),
                            c.now_us, list(c.cancels), list(c.accepted) if c.drafts else None)
     return {k: int(v) for k, v in _flatten(result, IntOps, policy, params, c.verifications).items()}
@@ -199,7 +218,11 @@ class Z3Step:
         self.params = [SlotParams(*(int_var(f"{f}_{i}") for f in PARAM_FIELDS),
                                   **{f: int_var(f"{f}_{i}") for f in extra}) for i in range(num_slots)]
         self.spec = policy.speculative.enabled
-        fields = FIELDS + (CONNECTOR_FIELDS if self.connector else ()) + (SPEC_FIELDS if self.spec else ())
+        self.blocking = policy.queue.blocked_waiting != "off"
+        if self.blocking:
+            self.params = [replace(prm, grammar_steps=int_var(f"grammar_steps_{i}")) for i, prm in enumerate(self.params)]
+        fields = FIELDS + (CONNECTOR_FIELDS if self.connector else ()) + (SPEC_FIELDS if self.spec else ()) \
+            + (BLOCKED_FIELDS if self.blocking else ())
         self.slots = [{f: int_var(f"{f}_{i}") for f in fields} for i in range(num_slots)]
         # the verifier's choice per slot, an input like the cancels (no z3 term at all without speculative decoding)
         self.accepted = [int_var(f"accepted_{i}") for i in range(num_slots)] if self.spec else None
@@ -238,6 +261,9 @@ class Z3Step:
         if self.spec:
             pins += [(slot["drafts"], v) for slot, v in zip(self.slots, c.drafts)]
             pins += list(zip(self.accepted, c.accepted))
+        if self.blocking:
+            pins += [(prm.grammar_steps, g) for prm, g in zip(self.params, c.grammar)]
+            pins += [(slot["ready_step"], r) for slot, r in zip(self.slots, c.ready)]
         values = pin_and_eval(pins, self.terms)
         return {name: int(v) for name, v in zip(self.names, values)}
 

@@ -17,6 +17,7 @@ from typing import ClassVar
 
 from checker.policy import (
     Allocation,
+    BlockedWaiting,
     ReleaseRule,
     HeadOfLine,
     PhaseMode,
@@ -51,6 +52,9 @@ class SlotParams:
     external_tokens: Term = 0
     load_steps: Term = 1
     send_steps: Term = 0
+    # Blocked waiting states only (policy.queue.blocked_waiting): the steps the request's grammar compiles after its
+    # arrival (RequestSpec.grammar_steps; checker/semantics/blocked.py)
+    grammar_steps: Term = 0
 
 
 # Per-slot fields of the encoding with a KV connector, beside FIELDS: the step in whose output the slot's transfer
@@ -60,13 +64,22 @@ CONNECTOR_FIELDS = ("transfer_step", "load_seq")
 # Per-slot fields with speculative decoding (policy.speculative): the draft tokens the request holds
 # (SpecState.drafts: 0, or num_tokens after a step that left it decoding).
 SPEC_FIELDS = ("drafts",)
+# Per-slot field with blocked waiting states (policy.queue.blocked_waiting): the step whose waiting scan first finds
+# the request's grammar ready (arrival step + grammar_steps; 0 before it arrives): blocked while step < ready_step
+# (SchedulerState.blocked, whose entries the engine drops once found ready: the same predicate).
+BLOCKED_FIELDS = ("ready_step",)
+
+
+def blocks_waiting(policy: Policy) -> bool:
+    """Whether the policy has blocked waiting states (off: not one term of the encoding changes)."""
+    return policy.queue.blocked_waiting is not BlockedWaiting.OFF
 
 
 def slot_fields(policy: Policy) -> tuple[str, ...]:
     """The per-slot fields of the encoded state for this policy (FIELDS, CONNECTOR_FIELDS with a connector,
     SPEC_FIELDS with speculative decoding)."""
     return (FIELDS + (CONNECTOR_FIELDS if policy.connector.enabled else ())
-            + (SPEC_FIELDS if policy.speculative.enabled else ()))
+            + (SPEC_FIELDS if policy.speculative.enabled else ()) + (BLOCKED_FIELDS if blocks_waiting(policy) else ()))
 
 
 def blank_slot(policy: Policy) -> dict[str, int]:
@@ -192,6 +205,8 @@ def refuse_proof_with_connector(policy: Policy) -> None:
 
 
 class SymbolicStep:
+    blocking = False  # blocked waiting states (set per policy below; SGLangStep has none: refused there)
+
     def __init__(self, ops, policy: Policy, params: list[SlotParams], state: SlotState, now_us: Term,
                  cancels: list[Term], accepted: list[Term] | None = None):
         """``accepted``: with speculative decoding, the drafts the verifier accepts per slot in this step (the
@@ -201,7 +216,10 @@ class SymbolicStep:
         if accepted is None or any("drafts" not in slot for slot in state.slots):
             require_no_speculative(policy)
         require_no_pipeline(policy)
-        blocked.refuse(policy, "the z3 encoding")
+        self.blocking = blocks_waiting(policy)
+        if self.blocking and any("ready_step" not in slot for slot in state.slots):
+            blocked.refuse(policy, "this z3 check (induction, any N)")  # a proof's state: no ready_step
+        blocked.refuse(policy, "the z3 encoding", encoded=True)  # loads that may fail: not encoded
         if state.pool is None:
             require_encodable(policy)  # a caching policy needs the pool in the state
         require_connector_state(policy, state)
@@ -433,6 +451,8 @@ class SymbolicStep:
                 self.lift_counter(i, accepted)
             self.set(i, "reason", o.and_(arriving, reject), reason)
             self.set(i, "status", arriving, o.ite(reject, int(Status.REJECTED), int(Status.WAITING)))
+            if self.blocking:  # blocked.arrive: its grammar is ready in the scan of step + grammar_steps
+                self.set(i, "ready_step", accepted, self.s.step + prm.grammar_steps)
             waiting = waiting + o.b2i(accepted)
             queued_tokens = queued_tokens + o.ite(accepted, prm.prompt_len, 0)
 
@@ -656,6 +676,14 @@ class SymbolicStep:
         n_slots = self.n
         load_done: Term = False
         load_failed: Term = False
+        if self.blocking:  # blocked.passes_over: a request whose grammar is not ready is passed over or stops the scan
+            waits = o.and_(active, o.or_(*(o.and_(sel[i], self.s.step < self.s.slots[i]["ready_step"])
+                                           for i in range(n_slots))))
+            active = o.and_(active, o.not_(waits))
+            if self.p.queue.blocked_waiting is BlockedWaiting.SKIP:
+                load_done = waits
+            else:
+                load_failed = waits
         if self.con.loads:  # a LOADING request: passed over until its load is reported, then promoted
             passed = self.promote(sel, active)
             active = o.and_(active, o.not_(passed))
@@ -666,8 +694,8 @@ class SymbolicStep:
             fits_load = o.and_(self.running < p.batch.max_num_seqs, self.can_start_load(cur, ext))
             started = o.and_(active, is_load, fits_load)
             self.start_load(sel, cur, ext, started)
-            load_done = o.or_(passed, started)
-            load_failed = o.and_(active, is_load, o.not_(fits_load))
+            load_done = o.or_(load_done, passed, started)
+            load_failed = o.or_(load_failed, o.and_(active, is_load, o.not_(fits_load)))
             active = o.and_(active, o.not_(is_load))
         hit = None
         if self.pool is not None:  # kv.prefix_hit, looked up in every round (after each preemption too)
@@ -698,7 +726,7 @@ class SymbolicStep:
         self.admit(sel, cur, n, do_admit, hit)
         if p.preempts_on_inversion:
             self.preempt(victim, do_preempt)
-        if self.con.loads:
+        if self.con.loads or self.blocking:
             return o.or_(do_admit, load_done), o.or_(do_fail, load_failed)
         return do_admit, do_fail
 

@@ -36,6 +36,7 @@ from math import lcm
 
 from checker.errors import InputError, Problem
 from checker.policy import Policy, QueueOrder, Scheduler, SGLangQueue, Victim
+from checker.semantics import blocked
 from checker.semantics.sglang import INPUT_MARGIN, max_request_len
 from checker.semantics.state import Reason, Status
 from checker.smt.encode import (SlotParams, SlotState, StepResult, SymbolicStep, blank_slot, require_no_pipeline,
@@ -89,6 +90,7 @@ def require_sglang_encodable(policy: Policy) -> None:
                                  "checks it on the engine"))
     require_no_speculative(policy)
     require_no_pipeline(policy)
+    blocked.refuse(policy, "the SGLang z3 encoding")  # blocked waiting states: encoded under the vLLM rules only
 
 
 def sglang_blank_slot(policy: Policy) -> dict[str, int]:

@@ -104,7 +104,9 @@ class Unrolling:
             produced=tuple(fresh(f"produced_{i}@{k}", x, True) for i, x in enumerate(result.produced)),
             preempted=tuple(fresh(f"preempted_{i}@{k}", x, True) for i, x in enumerate(result.preempted)),
             kv_used=self.state.kv_used if facts is None else facts.held, now_us=now,
-            counters=tuple(self.state.counters), pool=facts))
+            counters=tuple(self.state.counters), pool=facts,
+            # blocked waiting states: the slots whose grammar the scan of this iteration found not ready
+            blocked=tuple(slot["ready_step"] > k for slot in slots) if "ready_step" in self.fields else frozenset()))
 
     def concrete_requests(self, horizon: int) -> list[RequestSpec]:
         specs = concrete_requests(self.smt, self.requests, self.env, horizon)

@@ -31,6 +31,8 @@ from checker.smt.ops import SmtSession, Term
 from checker.workload import Workload
 
 DEFAULT_STEP_US = 10_000
+# Blocked waiting states: the longest grammar compile (iterations) verify's environment chooses (0..this)
+MAX_GRAMMAR_STEPS = 2
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,9 @@ class Environment:
     # Speculative decoding (policy.speculative), 0 without it: the verifier accepts 0..max_accepted of the drafts
     # scheduled for each request, chosen per request and iteration
     max_accepted: int = 0
+    # Blocked waiting states (policy.queue.blocked_waiting), 0 without them: a request's grammar compiles for
+    # 0..max_grammar_steps iterations after its arrival (RequestSpec.grammar_steps), chosen per request
+    max_grammar_steps: int = 0
 
     def describe(self) -> list[str]:
         return [
@@ -66,7 +71,9 @@ class Environment:
             + ("a client may cancel at any iteration after arrival" if self.cancellations else "no cancellations"),
         ] + self.describe_connector() + ([
             f"speculative decoding: the verifier accepts any 0..{self.max_accepted} of the drafts scheduled for a "
-            "request, chosen per request and iteration"] if self.max_accepted else [])
+            "request, chosen per request and iteration"] if self.max_accepted else []) + ([
+            f"blocked waiting states: a request's grammar compiles for 0..{self.max_grammar_steps} iteration(s) after "
+            "its arrival (grammar_steps, chosen per request)"] if self.max_grammar_steps else [])
 
     def describe_connector(self) -> list[str]:
         if not self.max_load_steps:
@@ -84,7 +91,8 @@ class Environment:
                 **({"connector": {"max_load_steps": self.max_load_steps, "transfers_may_hang": self.transfers_may_hang,
                                   "loads": self.loads, "sends": self.sends}} if self.max_load_steps else {}),
                 **({"fill_blocks": self.fill_blocks} if self.fill_blocks else {}),
-                **({"speculative": {"accepted": [0, self.max_accepted]}} if self.max_accepted else {})}
+                **({"speculative": {"accepted": [0, self.max_accepted]}} if self.max_accepted else {}),
+                **({"grammar_steps": [0, self.max_grammar_steps]} if self.max_grammar_steps else {})}
 
 
 # The most request slots a derived pool-filling environment may have: the action-wise proof's cost grows with N
@@ -212,7 +220,8 @@ def default_environment(policy: Policy, requests: int, depth: int, workload: Wor
         "loads": con.loads, "sends": con.pins}
     spec = policy.speculative
     return Environment(requests, depth, (lo_p, hi_p), (lo_o, hi_o), max(cap, hi_o), priorities, tenants,
-                       cancellations, step_us, **transfers, max_accepted=spec.num_tokens if spec.enabled else 0)
+                       cancellations, step_us, **transfers, max_accepted=spec.num_tokens if spec.enabled else 0,
+                       max_grammar_steps=MAX_GRAMMAR_STEPS if policy.queue.blocked_waiting != "off" else 0)
 
 
 def _low(dist) -> int:
@@ -257,6 +266,10 @@ def symbolic_requests(smt: SmtSession, o, env: Environment, n: int, tag: str = "
         arrival.append(a)
         cancel.append(c)
         transfer = _transfer_choices(smt, o, env, f"{tag}", i, prompt, cons)
+        if env.max_grammar_steps:  # blocked waiting states: the grammar's compile time
+            g = smt.int_var(f"{tag}grammar_steps_{i}")
+            cons += [g >= 0, g <= env.max_grammar_steps]
+            transfer["grammar_steps"] = g
         params.append(SlotParams(a * env.step_us, prompt, output, max_out, prio, tenant, **transfer))
     return SymbolicRequests(arrival, cancel, params, cons)
 
@@ -294,6 +307,8 @@ def concrete_requests(smt: SmtSession, sym: SymbolicRequests, env: Environment, 
             load, send = smt.value(prm.load_steps), smt.value(prm.send_steps)
             transfer = {"external_tokens": smt.value(prm.external_tokens), "load_steps": None if load < 0 else load,
                         "send_steps": None if send < 0 else send}
+        if env.max_grammar_steps:
+            transfer["grammar_steps"] = smt.value(prm.grammar_steps)
         specs.append(RequestSpec(
             rid=i, arrival_us=a * env.step_us, prompt_len=smt.value(prm.prompt_len),
             output_len=smt.value(prm.output_len), max_output=smt.value(prm.max_output),

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from checker.frames import Frame, TraceContext
 from checker.verify.budget import BuildTimeout, within
 from checker.policy import Allocation, Policy, PreemptMode
+from checker.semantics.blocked import refuse as refuse_blocked
 from checker.semantics.state import FIELDS, Status
 from checker.smt.encode import SlotParams, SlotState, max_context, slot_fields, symbolic_step
 from checker.smt.ops import SmtSession, Term, Z3Ops, sum_terms
@@ -181,6 +182,8 @@ class InductionResult:
 
 def _symbolic_state(smt: SmtSession, env: Environment, n: int, tag: str, policy: Policy | None = None):
     o = Z3Ops
+    if policy is not None:  # no lemmas for blocked waiting states (their ready steps) yet
+        refuse_blocked(policy, "proofs (induction)")
     fields = FIELDS if policy is None else slot_fields(policy)
     params, slots, cons = [], [], []
     for i in range(n):

@@ -14,7 +14,7 @@ from checker.exitcodes import ExitCode
 from checker.fileio import safe_name
 from checker.inputfiles import PolicyInput, load_policy, policy_source
 from checker.loading import load_model
-from checker.policy import Policy, Scheduler
+from checker.policy import BlockedWaiting, Policy, Scheduler
 from checker.requests import RequestSpec
 from checker.semantics.blocked import refuse as refuse_blocked
 from checker.verify import counterexample as cex
@@ -159,7 +159,8 @@ def engine_only(policy: Policy) -> bool:
 def proof_applies(policy: Policy) -> bool:
     """Whether a proof method (action-wise or whole-step induction) covers the policy: not the rules checked on the
     engine (prefix caching, SGLang) nor a KV connector's states (each refused by name with --unbounded)."""
-    return not engine_only(policy) and not policy.connector.enabled
+    return (not engine_only(policy) and not policy.connector.enabled
+            and policy.queue.blocked_waiting is BlockedWaiting.OFF)
 
 
 def check_one(policy: Policy, policy_file: str | None, inv: Invariant, params: dict[str, int], env: Environment,
@@ -401,7 +402,11 @@ def run_verify(policy: PolicyInput, invariants: list[str] | None = None, request
     for module in invariant_modules or []:
         load_module(module)
     pol, source = load_policy(policy), policy_source(policy)  # a Policy object: no file (its spec is recorded)
-    refuse_blocked(pol, "verify (--any-n: any-N)" if any_n else "verify", source)
+    # blocked waiting states: encoded for the bounded search (not for any-N, the proofs, nor the engine-only search)
+    refuse_blocked(pol, "verify (--any-n: any-N)" if any_n else "verify", source,
+                   encoded=not any_n and not engine_only(pol))
+    if unbounded or temporal_induction:
+        refuse_blocked(pol, "verify --unbounded / --temporal-induction (induction proofs)", source)
     if unbounded is None:
         unbounded = proof_applies(pol)
     chosen = [parse_invariant(text) for text in (invariants or DEFAULT_INVARIANTS)]

@@ -217,7 +217,9 @@ def test_the_solver_tools_refuse_the_new_fields_by_name(tmp_path, sections, fiel
 
     path = tmp_path / "p.json"
     path.write_text(json.dumps({**BASE, **sections}))
-    calls = [lambda: run_verify(str(path), out_dir=None, proof_dir=None),
+    # verify's bounded search encodes blocked waiting states (tests/quality/test_blocked_smt_finds.py); its proofs
+    # and any-N do not
+    calls = [lambda: run_verify(str(path), out_dir=None, proof_dir=None, unbounded=field != "connector.loads_may_fail"),
              lambda: run_verify(str(path), any_n=True, out_dir=None, proof_dir=None),
              lambda: run_liveness(str(path), out_dir=None),
              lambda: run_diff(str(path), str(path))]
@@ -231,8 +233,14 @@ def test_the_z3_step_and_the_explorer_refuse_them_too():
     from checker.liveness.explore import LivenessEnv, explore
     from checker.smt.encode import SymbolicStep
 
+    from checker.semantics.state import FIELDS
+    from checker.smt.encode import SlotState
+
+    proof_state = SlotState(slots=[{f: 0 for f in FIELDS}], next_seq=1, step=0, counters=[0])  # no ready_step
     with pytest.raises(InputError, match="queue.blocked_waiting"):
-        SymbolicStep(None, policy(**SKIP), [], None, 0, [])
+        SymbolicStep(None, policy(**SKIP), [], proof_state, 0, [])
+    with pytest.raises(InputError, match="connector.loads_may_fail"):
+        SymbolicStep(None, policy(**MAY_FAIL), [], proof_state, 0, [])
     with pytest.raises(InputError, match="connector.loads_may_fail"):
         explore(policy(**MAY_FAIL), LivenessEnv(requests=1, prompts=(16,), outputs=(2,)))
 
@@ -240,8 +248,8 @@ def test_the_z3_step_and_the_explorer_refuse_them_too():
 def test_verify_exits_2_on_the_command_line(tmp_path):
     path = tmp_path / "p.yaml"
     path.write_text(json.dumps({**BASE, **SKIP}))
-    done = subprocess.run([sys.executable, "-m", "checker.cli", "verify", str(path)], capture_output=True, text=True,
-                          timeout=120)
+    done = subprocess.run([sys.executable, "-m", "checker.cli", "verify", str(path), "--unbounded"],
+                          capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "queue.blocked_waiting" in done.stderr and "p.yaml:1" in done.stderr
 
 
