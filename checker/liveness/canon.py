@@ -46,6 +46,10 @@ the keys are as they were.
 With speculative decoding the key has each live request's drafts after the tenant counters, and with async scheduling
 (pipeline.in_flight 1) the batch in flight (FIELDS_PER_BATCH_ROW; docs/liveness.md, "Speculative decoding and async
 scheduling"). Without them the keys are as they were.
+
+With blocked waiting states (queue.blocked_waiting skip or stop) the key has a blocked section after the tenant counters:
+per live request 1 if it is blocked in the next scan (its grammar's ready step is the environment's choice:
+checker.liveness.explore, docs/liveness.md "Blocked waiting states"). Off, the keys are as they were.
 """
 
 from __future__ import annotations

@@ -8,7 +8,9 @@ are on, which live requests the clients cancel. A class is a prompt length, an o
 declared max output equals it), a priority and a tenant from the declared sets. The clock is fixed:
 iteration k starts at k * step_us. Every state has a successor (the environment can always keep
 stepping with no arrivals). With speculative decoding the environment also chooses, for every request that verifies
-drafts in the iteration, how many the verifier accepts (``LivenessEnv.accepted``; Transition.acceptance).
+drafts in the iteration, how many the verifier accepts (``LivenessEnv.accepted``; Transition.acceptance). With blocked
+waiting states every class also arrives with a grammar, and before each iteration the environment chooses which
+blocked requests' grammars are ready in its scan (``LivenessEnv.grammars``; Transition.readiness).
 
 Nodes are canonical state ids (checker.liveness.canon); node 0 is the empty system. Each edge carries
 ``labels``: one Label per distinct way the environment's choices take the source to the target (what
