@@ -68,28 +68,27 @@ def _engine_successor_states(sg, trans: Transition, s: SchedulerState, now: int)
     return out
 
 
-def _engine_successors(sg, trans, s, now) -> set[tuple]:
-    return {sg.canon.encode(c, now + sg.env.step_us) for c in _engine_successor_states(sg, trans, s, now)}
+def _successor_keys(sg, trans, s, now) -> tuple[set[tuple], set[tuple], list[SchedulerState]]:
+    """(the engine's successor keys, the explorer's successors of the state's key, the engine's successor states)."""
+    states = _engine_successor_states(sg, trans, s, now)
+    engine = {sg.canon.encode(c, now + sg.env.step_us) for c in states}
+    return engine, set(trans.successors(sg.canon.encode(s, now))), states
 
 
 @pytest.mark.parametrize("name,overrides,env", CASES, ids=IDS)
 def test_the_states_the_graphs_paths_replay_to_have_its_keys_and_successors(name, overrides, env):
-    policy = _policy(name, overrides)
-    sg = explore(policy, env, max_states=3000, timeout_s=60)
+    sg = explore(_policy(name, overrides), env, max_states=3000, timeout_s=60)
     trans = Transition(sg.canon, sg.env)
     assert sg.complete and sg.states > 10
     chosen = [lab.choice[3] for _, _, labels in sg.graph.edges(data="labels") for lab in labels]
     assert any(chosen) and () in chosen  # some grammar becomes ready, some stays blocked
     assert any(any(sg.canon.blocked_flags(key)) for key in sg.keys)
-    for key in sg.keys:  # every key decodes to a state that encodes to it
-        s, now = sg.canon.decode(key)
-        assert sg.canon.encode(s, now) == key
+    assert all(sg.canon.encode(*sg.canon.decode(key)) == key for key in sg.keys)  # decode, encode: the same key
     for node in range(0, sg.states, max(1, sg.states // 40)):
         s, now = _engine_state(sg, node)
-        key = sg.canon.encode(s, now)
-        successors = set(trans.successors(key))
-        assert key == sg.keys[node] and _engine_successors(sg, trans, s, now) == successors, node
-        assert successors == {sg.keys[v] for v in sg.graph.successors(node)}
+        engine, explorer, _ = _successor_keys(sg, trans, s, now)
+        assert sg.canon.encode(s, now) == sg.keys[node] and engine == explorer, node
+        assert explorer == set(map(sg.keys.__getitem__, sg.graph.successors(node)))
 
 
 @pytest.mark.parametrize("name,overrides,env", CASES, ids=IDS)
@@ -98,29 +97,24 @@ def test_the_explorers_transitions_are_the_engines_steps_on_random_engine_states
     the explorer's successors of its key are the engine's."""
     policy = _policy(name, overrides)
     sg = explore(policy, env, max_states=1, timeout_s=5)  # the canon and the instance's environment
-    trans = Transition(sg.canon, sg.env)
-    rng = random.Random(16)
-    checked = 0
-    for walk in range(5):
-        s = SchedulerState(policy, [], num_tenants=sg.env.tenants)
+    trans, rng = Transition(sg.canon, sg.env), random.Random(16)
+    walks = 0
+    while walks < 5:
+        s, walks = SchedulerState(policy, [], num_tenants=sg.env.tenants), walks + 1
         for depth in range(8):
-            now = depth * sg.env.step_us
-            key = sg.canon.encode(s, now)
-            states = _engine_successor_states(sg, trans, s, now)
-            assert {sg.canon.encode(c, now + sg.env.step_us) for c in states} == set(trans.successors(key)), \
-                (walk, depth, key)
-            checked += 1
+            engine, explorer, states = _successor_keys(sg, trans, s, depth * sg.env.step_us)
+            assert engine == explorer, (walks, depth)
             s = rng.choice(states)
-    assert checked == 40
+
+
+def _graph(g) -> tuple:
+    return g.keys, list(g.graph.edges), [g.graph[u][v]["labels"] for u, v in g.graph.edges]
 
 
 @pytest.mark.parametrize("case", [0, 2], ids=[IDS[0], IDS[2]])
 def test_memo_off_and_two_workers_give_the_same_graph(case):
     name, overrides, env = CASES[case]
     policy = _policy(name, overrides)
-    a = explore(policy, env, max_states=2500)
-    for other in (explore(policy, env, max_states=2500, memo=False), explore(policy, env, max_states=2500, workers=2)):
-        assert a.keys == other.keys and list(a.graph.edges) == list(other.graph.edges)
-        assert [a.graph[u][v]["labels"] for u, v in a.graph.edges] == \
-            [other.graph[u][v]["labels"] for u, v in other.graph.edges]
-
+    graphs = [explore(policy, env, max_states=2500, memo=memo, workers=workers)
+              for memo, workers in ((True, 1), (False, 1), (True, 2))]
+    assert _graph(graphs[0]) == _graph(graphs[1]) == _graph(graphs[2])
