@@ -46,6 +46,10 @@ the keys are as they were.
 With speculative decoding the key has each live request's drafts after the tenant counters, and with async scheduling
 (pipeline.in_flight 1) the batch in flight (FIELDS_PER_BATCH_ROW; docs/liveness.md, "Speculative decoding and async
 scheduling"). Without them the keys are as they were.
+
+With blocked waiting states (queue.blocked_waiting skip or stop) the key has a blocked section after the tenant counters:
+per live request 1 if it is blocked in the next scan (its grammar's ready step is the environment's choice:
+checker.liveness.explore, docs/liveness.md "Blocked waiting states"). Off, the keys are as they were.
 """
 
 from __future__ import annotations
@@ -83,6 +87,17 @@ RequestClass = tuple  # prompt, output, max_output, priority, tenant, identity[,
 
 def transfer_of(cls: RequestClass) -> Transfer:
     return cls[6] if len(cls) > 6 else NO_TRANSFER
+
+
+# With blocked waiting states (policy.queue.blocked_waiting) a class may end with a grammar mark (GRAMMAR, after its
+# transfer): its requests arrive blocked (checker.semantics.blocked), and stay blocked until the environment chooses
+# that their grammar is ready (checker.liveness.explore: the readiness choice). Only the arrival reads it: a live
+# request's class in a key is the class without the mark, and the key's blocked section says whether it is blocked.
+GRAMMAR = 1
+
+
+def grammar_of(cls: RequestClass) -> int:
+    return cls[7] if len(cls) > 7 else 0
 
 # Fields per live request in a key: class id, status, computed, generated, blocks, swapped blocks,
 # admission rank, requeue rank.
@@ -206,6 +221,9 @@ class Canon:
         self.speculative = policy.speculative.enabled and block_identity
         self.pipelined = policy.pipeline.enabled and block_identity
         self.in_flight_sections = self.speculative or self.pipelined  # read once per encode
+        # blocked waiting states: the key has a blocked section after the tenant counters (per live request 1 if it
+        # is blocked in the next scan); replayed frames carry no grammar state, so the key without it
+        self.blocking = policy.queue.blocked_waiting != "off" and block_identity
         self.preempting = self.sglang_rules and policy.preempts_on_inversion  # fill lengths and running entries read
         self.policy = policy
         self.step_us = step_us
@@ -281,6 +299,8 @@ class Canon:
         if self.connector:
             ext, load, send = transfer_of(cls)
             out += (self.read_transfer(ext, load, send, -1),)
+        if grammar_of(cls):  # a class whose arrivals are blocked: an id of its own (encode never looks it up)
+            out += ("grammar",)
         return out
 
     def read_transfer(self, ext: int, load: int | None, send: int | None, transfer_step: int) -> Transfer:
@@ -298,7 +318,8 @@ class Canon:
         content = identity_content(ident, prompt, self.block_size) if self.cache else None
         ext, load, send = transfer_of(cls)
         return RequestSpec(rid, arrival_us, prompt, output, max_output, priority, tenant, tag, content=content,
-                           external_tokens=ext, load_steps=load, send_steps=send)
+                           external_tokens=ext, load_steps=load, send_steps=send,
+                           grammar_steps=NEVER if grammar_of(cls) else 0)
 
     def _class_of(self, r: Request) -> RequestClass:
         """The class of a request that is none of the registered ones (with a KV connector: its transfer as the
@@ -393,13 +414,15 @@ class Canon:
                         counters: list[int] | tuple[int, ...] = (), pool: BlockPool | None = None,
                         holding: list[Request] | None = None, holders: list[Request] | None = None,
                         sglang: SGLangState | None = None, running: list[Request] | None = None,
-                        spec: SpecState | None = None, pipe: PipeState | None = None) -> tuple:
+                        spec: SpecState | None = None, pipe: PipeState | None = None,
+                        blocked: dict[int, int] | None = None) -> tuple:
         """The key of a state given its requests in arrival order (ties: by number). ``next_now_us`` is
         when the next iteration starts; ``next_step`` its index (for release lags and transfers); ``pool``: its
         block pool (with the cache); ``holding`` and ``holders``: the state's lists of those names (with a KV
         connector: the holders' queue order, and with the cache the order in which held blocks are freed);
         ``sglang`` and ``running``: under SGLang's rules its SGLangState and running list (SGLang's batch order);
-        ``spec`` and ``pipe``: with speculative decoding its drafts, with async scheduling its batches in flight."""
+        ``spec`` and ``pipe``: with speculative decoding its drafts, with async scheduling its batches in flight;
+        ``blocked``: with blocked waiting states its map of blocked requests (SchedulerState.blocked)."""
         live = []
         holding_entries = None  # (blocks, steps until release[, transfer code]) of the requests holding KV after they left
         held = [] if self.cache else None  # with the cache: those requests
@@ -470,6 +493,8 @@ class Canon:
         if self.fair:
             low = min(counters)
             out += (c - low for c in counters)
+        if self.blocking:  # blocked in the scan of step next_step (its grammar ready in a later one)
+            out += (1 if blocked.get(r.rid, -1) > next_step else 0 for r in live)
         if self.in_flight_sections:
             if (spec is None) is self.speculative or (pipe is None) is self.pipelined:
                 raise InternalError("liveness: a speculative or async state without its drafts or batches in flight")
@@ -624,7 +649,15 @@ class Canon:
     def encode(self, s: SchedulerState, next_now_us: int) -> tuple:
         """The key of a SchedulerState whose requests are numbered in arrival order."""
         return self.encode_requests(s.requests, next_now_us, s.step, s.tenant_counters, s.pool, s.holding, s.holders,
-                                    s.sglang, s.running, s.spec, s.pipe)
+                                    s.sglang, s.running, s.spec, s.pipe, s.blocked)
+
+    def blocked_flags(self, key: tuple) -> tuple[int, ...]:
+        """The blocked section of a key (blocked waiting states): per live request 1 if it is blocked in the next
+        scan unless the environment chooses that its grammar is ready."""
+        m = key[0]
+        pos = 1 + m * FIELDS_PER_REQUEST + (m if self.timed and m else 0)
+        pos += 1 + FIELDS_PER_HOLDING * key[pos] + (self.tenants if self.fair else 0)
+        return key[pos:pos + m]
 
     # ------------------------------------------------------------------------------------- decode
     def decode(self, key: tuple) -> tuple[SchedulerState, int]:
@@ -650,7 +683,7 @@ class Canon:
         s.pool = None  # with the cache: below
         s.spec = None  # speculative decoding: below
         s.pipe = None  # async scheduling: below
-        s.blocked = None  # blocked waiting states: the explorer refuses them (explore.explore)
+        s.blocked = None  # blocked waiting states: below
         requests: list[Request] = []
         running: list[tuple[int, Request]] = []
         waiting: list[Request] = []
@@ -690,6 +723,9 @@ class Canon:
         s.next_seq = top_seq + 1
         s.tenant_counters = list(key[pos:pos + self.tenants]) if self.fair else [0] * self.tenants
         pos += self.tenants if self.fair else 0
+        if self.blocking:  # a blocked request stays blocked until the environment chooses (explore: readiness)
+            s.blocked = {i: NEVER for i in range(m) if key[pos + i]}
+            pos += m
         if self.speculative:
             s.spec = SpecState(self.policy)
             s.spec.drafts = {i: d for i, d in enumerate(key[pos:pos + m]) if d}

@@ -12,13 +12,13 @@ from checker.exitcodes import ExitCode
 from checker.inputfiles import PolicyInput, apply_overrides, load_policy, policy_source
 from checker.liveness.canon import STATUS_AT, identities_need_the_cache, live_field
 from checker.liveness.explore import (DEFAULT_MAX_STATES, Choice, LivenessEnv, StateGraph, Transition, explore,
-                                      EXTERNAL_BLOCK, external_name, instance_env, live_positions, make_canon)
+                                      EXTERNAL_BLOCK, external_name, instance_env, live_positions, make_canon,
+                                      refuse_unmodelled)
 from checker.liveness.lasso import (ALL_PROPERTIES, EVENTUALLY_SERVED, NO_HOLD_AND_WAIT, STATEMENTS, Lasso,
                                     StarvationBound, default_properties, find_lasso, starvation_bound)
 from checker.liveness.properties import LIVENESS
 from checker.policy import Policy
 from checker.requests import Identity, RequestSpec
-from checker.semantics import blocked
 from checker.semantics.state import FIELDS, Status
 from checker.verify import counterexample as cex
 from checker.verify.replay import Replay, first_violation, replay_fixed_clock
@@ -135,12 +135,15 @@ class LivenessReport:
 def concrete_trace(sg: StateGraph, steps: list[tuple[int, Choice]]) -> list[RequestSpec]:
     """The requests of a path of the graph as a trace: each arrival is a new request (numbered in arrival
     order), each cancel sets that request's cancel time; with speculative decoding each request's ``accepted``
-    lists the verifier's choices at its verifying steps. Checks that the path's states are the graph's."""
+    lists the verifier's choices at its verifying steps; with blocked waiting states a request arriving with a grammar
+    gets the grammar_steps that make it ready in the iteration whose readiness choice names it, or, if none does,
+    one after the path (blocked in every scan of it). Checks that the path's states are the graph's."""
     trans = Transition(sg.canon, sg.env)
     step_us = sg.env.step_us
     specs: list[RequestSpec] = []
     live: list[int] = []  # trace numbers of the live requests, in arrival order
     accepted: dict[int, list[int]] = {}  # trace number -> drafts accepted at each of its verifying steps
+    ready_at: dict[int, int] = {}  # trace number -> the iteration whose scan finds its grammar ready
     for k, (node, choice) in enumerate(steps):
         key = sg.keys[node]
         if len(live) != key[0]:
@@ -153,6 +156,8 @@ def concrete_trace(sg: StateGraph, steps: list[tuple[int, Choice]]) -> list[Requ
             specs.append(sg.canon.spec(len(specs), now, cid))
         for pos in choice[1]:
             specs[live[pos]] = replace(specs[live[pos]], cancel_us=now)
+        for pos in choice[3] if len(choice) > 3 else ():
+            ready_at[live[pos]] = k
         s, _, next_now = trans.apply(key, choice)
         if s.spec is not None:  # the verifier's choice, appended to what each request verifying drafts accepts
             chosen = dict(choice[2]) if len(choice) > 2 else {}
@@ -165,6 +170,10 @@ def concrete_trace(sg: StateGraph, steps: list[tuple[int, Choice]]) -> list[Requ
             raise InternalError(f"liveness: path step {k} does not reach the graph's next state")
     for number, values in accepted.items():
         specs[number] = replace(specs[number], accepted=tuple(values))
+    for number, spec in enumerate(specs):
+        if spec.grammar_steps:  # arrived blocked (Canon.spec: NEVER)
+            arrived = spec.arrival_us // step_us
+            specs[number] = replace(spec, grammar_steps=ready_at.get(number, len(steps) + 1) - arrived)
     return specs
 
 
@@ -179,17 +188,30 @@ def confirm_lasso(policy: Policy, sg: StateGraph, lasso: Lasso) -> tuple[list[Re
     """Replay the prefix and two turns of the cycle on the engine; the property must fail at the last
     iteration (a disagreement is a bug in batchcheck)."""
     steps = lasso.prefix + lasso.cycle + lasso.cycle
-    specs = concrete_trace(sg, steps)
+    specs = _lookahead_trace(sg, steps, lasso.cycle[0])
     replay = replay_fixed_clock(policy, specs, len(steps), sg.env.step_us, sg.env.tenants)
     params = {"prefix": len(lasso.prefix), "cycle": len(lasso.cycle)}
     at = first_violation(LIVENESS[lasso.prop], params, replay)
     c = sg.canon
-    whole = c.cache or c.connector or c.sglang or c.speculative or c.pipelined  # state the frames do not carry
+    whole = c.cache or c.connector or c.sglang or c.speculative or c.pipelined or c.blocking  # not in the frames
     if at != len(steps) - 1 or (whole and not _pool_closes(policy, sg, lasso, specs)):
         raise InternalError(f"liveness: the engine's replay of the {lasso.prop} lasso for policy {policy.name} "
                             f"does not close the cycle (prefix {params['prefix']}, cycle {params['cycle']}); "
                             f"requests: {cex.requests_json(specs)}")
     return specs, replay, at
+
+
+def _lookahead_trace(sg: StateGraph, steps: list[tuple[int, Choice]], following: tuple[int, Choice]) -> list[RequestSpec]:
+    """concrete_trace of ``steps`` with blocked waiting states read one iteration further (``following``, the
+    cycle's first again): a request the next turn's first readiness choice names is ready in the scan after the
+    replay, so the engine's state at the end has it as the key does at the cycle's start (ready in the next scan).
+    The following iteration's own arrivals and cancels are left out."""
+    if not sg.canon.blocking:
+        return concrete_trace(sg, steps)
+    specs = concrete_trace(sg, steps + [following])
+    end = len(steps) * sg.env.step_us
+    return [s if s.cancel_us is None or s.cancel_us < end else replace(s, cancel_us=None)
+            for s in specs if s.arrival_us < end]
 
 
 def _pool_closes(policy: Policy, sg: StateGraph, lasso: Lasso, specs: list[RequestSpec]) -> bool:
@@ -355,7 +377,7 @@ def run_liveness(policy: PolicyInput, properties: list[str] | None = None, reque
     if jobs < 1:
         raise InputError(Problem("--jobs", jobs, ">= 1"))
     pol = apply_overrides(load_policy(policy), overrides)
-    blocked.refuse(pol, "the liveness explorer", policy_source(policy))  # located; explore() refuses it too
+    refuse_unmodelled(pol, policy_source(policy))  # located; explore() refuses it too
     env = liveness_env(pol, requests, prompts, outputs, priorities, tenants, cancellations, arrivals_per_step, step_ms,
                        identities, external, accepted)
     return check_liveness(pol, policy_source(policy), env, properties, max_states or DEFAULT_MAX_STATES, timeout_s,

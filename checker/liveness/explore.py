@@ -8,7 +8,9 @@ are on, which live requests the clients cancel. A class is a prompt length, an o
 declared max output equals it), a priority and a tenant from the declared sets. The clock is fixed:
 iteration k starts at k * step_us. Every state has a successor (the environment can always keep
 stepping with no arrivals). With speculative decoding the environment also chooses, for every request that verifies
-drafts in the iteration, how many the verifier accepts (``LivenessEnv.accepted``; Transition.acceptance).
+drafts in the iteration, how many the verifier accepts (``LivenessEnv.accepted``; Transition.acceptance). With blocked
+waiting states every class also arrives with a grammar, and before each iteration the environment chooses which
+blocked requests' grammars are ready in its scan (``LivenessEnv.grammars``; Transition.readiness).
 
 Nodes are canonical state ids (checker.liveness.canon); node 0 is the empty system. Each edge carries
 ``labels``: one Label per distinct way the environment's choices take the source to the target (what
@@ -29,9 +31,9 @@ import networkx as nx
 
 from checker.childproc import die_with_parent
 from checker.errors import InputError, Problem
-from checker.liveness.canon import (IDENTITY_TOKENS, LIVE, Canon, ObservedPool, RequestClass, holding_count,
+from checker.liveness.canon import (GRAMMAR, IDENTITY_TOKENS, LIVE, NO_TRANSFER, Canon, ObservedPool, RequestClass, holding_count,
                                     identity_token)
-from checker.policy import Policy, Scheduler
+from checker.policy import BlockedWaiting, Policy, Scheduler
 from checker.requests import Identity, RequestSpec, identity_name
 from checker.semantics import blocked
 from checker.semantics.decision import DecisionBuilder, StepDecision
@@ -91,6 +93,10 @@ class LivenessEnv:
     # Speculative decoding (instance_env fills it in: 0..speculative.num_tokens): the numbers of drafts the verifier
     # may accept in a step, the environment's choice for each request that verifies drafts (capped at its drafts).
     accepted: tuple[int, ...] | None = None
+    # Blocked waiting states (instance_env fills it in from policy.queue.blocked_waiting): every class also arrives
+    # as a structured-output request, blocked until the environment chooses, before any iteration, that its grammar is
+    # ready (Transition.readiness); it may never choose so.
+    grammars: bool = False
 
     def __post_init__(self):
         for name in ("prompts", "outputs", "priorities"):  # sets: the same instance explores the same way
@@ -145,9 +151,11 @@ class LivenessEnv:
     def classes(self) -> list[RequestClass]:
         base = [(p, o, o, prio, t, ident) for p in self.prompts for o in self.outputs for prio in self.priorities
                 for t in range(self.tenants) for ident in self.identities or (None,)]
-        if not self.transfers_chosen:
-            return base
-        return [cls + (transfer,) for cls in base for transfer in self.transfers(cls[0])]
+        if self.transfers_chosen:
+            base = [cls + (transfer,) for cls in base for transfer in self.transfers(cls[0])]
+        if self.grammars:  # plain first (their ids are the ones a live request's key names), then with a grammar
+            base = base + [cls + (NO_TRANSFER,) * (len(cls) == 6) + (GRAMMAR,) for cls in base]
+        return base
 
     def describe(self) -> list[str]:
         per_step = "any number" if self.arrivals_per_step is None else f"at most {self.arrivals_per_step}"
@@ -163,7 +171,10 @@ class LivenessEnv:
         ] + ([self._describe_transfers()] if self.transfers_chosen else []) + (
             [] if self.accepted is None else
             [f"speculative decoding: before each iteration the verifier's choice, for every request verifying drafts, "
-             f"of how many it accepts, in {{{_join(self.accepted)}}} (capped at the drafts scheduled)"])
+             f"of how many it accepts, in {{{_join(self.accepted)}}} (capped at the drafts scheduled)"]) + (
+            [] if not self.grammars else
+            ["blocked waiting states: every request class also arrives with a structured-output grammar, blocked in "
+             "the scans until the environment chooses, before any iteration, that the grammar is ready (or never)"])
 
     def _describe_transfers(self) -> str:
         def steps(values) -> str:
@@ -187,7 +198,8 @@ class LivenessEnv:
                 **({} if self.external is None else {"external_tokens": list(map(external_name, self.external))}),
                 **{name: list(values) for name, values in (("load_steps", self.load_steps),
                                                            ("send_steps", self.send_steps)) if values is not None},
-                **({} if self.accepted is None else {"accepted_drafts": list(self.accepted)})}
+                **({} if self.accepted is None else {"accepted_drafts": list(self.accepted)}),
+                **({"grammars": True} if self.grammars else {})}
 
 
 def instance_env(policy: Policy, env: LivenessEnv) -> LivenessEnv:
@@ -208,6 +220,8 @@ def instance_env(policy: Policy, env: LivenessEnv) -> LivenessEnv:
         env = replace(env, send_steps=tuple(v - 1 if v is not None else None for v in latencies))
     if policy.speculative.enabled and env.accepted is None:
         env = replace(env, accepted=tuple(range(policy.speculative.num_tokens + 1)))
+    if policy.queue.blocked_waiting is not BlockedWaiting.OFF and not env.grammars:
+        env = replace(env, grammars=True)
     return env
 
 
@@ -221,8 +235,17 @@ def _join(values) -> str:
 
 # A choice: the classes that arrive (in arrival order) and the positions (in arrival order among the live
 # requests) of the requests the clients cancel; with speculative decoding also the verifier's choice: (position,
-# drafts accepted) for each request that verifies drafts in the iteration (Transition.acceptance).
-Choice = tuple  # (arrivals, cancels) or (arrivals, cancels, acceptance)
+# drafts accepted) for each request that verifies drafts in the iteration (Transition.acceptance); with blocked
+# waiting states also the positions of the blocked requests whose grammar is ready from this iteration on
+# (Transition.readiness; acceptance () without speculative decoding).
+Choice = tuple  # (arrivals, cancels), (arrivals, cancels, acceptance) or (arrivals, cancels, acceptance, ready)
+
+
+def make_ready(s: SchedulerState, ready) -> None:
+    """The environment's readiness choice: the grammars of the blocked requests at these live positions (the
+    representative's rids) are ready in the coming step's scan (checker.semantics.blocked reads s.blocked)."""
+    for i in ready:
+        s.blocked[i] = s.step
 
 
 def offer(s: SchedulerState, accepted: dict[int, int]) -> None:
@@ -331,8 +354,10 @@ class Transition:
         requests = s.requests
         arrivals = [Request(self._spec(len(requests) + k, now, cid)) for k, cid in enumerate(choice[0])]
         requests += arrivals
-        if len(choice) > 2:  # the verifier's choices (Transition.acceptance), by live position: the representative's rid
-            offer(s, dict(choice[2]))
+        if len(choice) > 2 and choice[2]:  # the verifier's choices (Transition.acceptance), by live position: the
+            offer(s, dict(choice[2]))  # representative's rid
+        if len(choice) > 3:  # the readiness choice (Transition.readiness)
+            make_ready(s, choice[3])
         found = ObservedPool.found
         d = step(s, arrivals, [requests[i] for i in choice[1]], now)
         self.choices_run += 1
@@ -373,12 +398,34 @@ class Transition:
         skipped when they cannot change anything (no cancels, no queue timeout); phases 5-6 from the memo."""
         if self._memo is None:
             return self._successors_whole(key)
+        out: dict[tuple, dict[tuple, Label]] = {}
+        base, now = self.canon.decode(key)
+        for ready, ready_base in self.readiness(base):
+            self._successors_memo(key, ready_base, now, ready, out)
+        return out
+
+    def readiness(self, base: SchedulerState) -> list[tuple[tuple[int, ...] | None, SchedulerState]]:
+        """The environment's readiness choices in a decoded state (blocked waiting states): each set of its blocked
+        requests' live positions whose grammar becomes ready now (the empty set first: they all stay blocked), with a
+        copy of ``base`` where it is applied (make_ready); without blocked waiting states [(None, base)]."""
+        if base.blocked is None:
+            return [(None, base)]
+        blocked_now = sorted(base.blocked)
+        out = []
+        for n in range(len(blocked_now) + 1):
+            for ready in itertools.combinations(blocked_now, n):
+                c = base.copy() if ready else base
+                make_ready(c, ready)
+                out.append((ready, c))
+        return out
+
+    def _successors_memo(self, key: tuple, base: SchedulerState, now: int, ready: tuple[int, ...] | None,
+                         out: dict[tuple, dict[tuple, Label]]) -> None:
+        """successors() for one readiness choice (``ready``, applied to ``base``), into ``out``."""
         live = key[0]
         everyone = (1 << live) - 1
         limit, cancel_options = self._limits(key)
-        out: dict[tuple, dict[tuple, Label]] = {}
         encode = self.canon.encode
-        base, now = self.canon.decode(key)
         next_now = now + self.canon.step_us
         first_new = len(base.requests)
         memo = self._memo
@@ -441,6 +488,8 @@ class Transition:
                             else:  # mid positions -> source positions (a request holding drafts is no arrival)
                                 choice = (arrived, cancelled,
                                           tuple((stayed[j] if left else j, a) for j, a in acc))
+                            if ready is not None:
+                                choice = choice + ((),) * (len(choice) == 2) + (ready,)
                             labels[core] = Label(tokens, finished, core[2], gone, choice)
                 if not last:
                     for cid, spec in zip(class_ids, table[n]):
@@ -453,7 +502,6 @@ class Transition:
         self.hit_choices += adopted_n
         self.found_choices += found_n
         self.choices_run += extra
-        return out
 
     def _schedule(self, t: SchedulerState, now: int, next_now: int) -> tuple[tuple, ...]:
         """Phases 5-6 of the step on the state after phases 1-4 (``t``, stepped in place), once per acceptance
@@ -515,10 +563,11 @@ class Transition:
         out: dict[tuple, dict[tuple, Label]] = {}
         base, now = self.canon.decode(key)
         next_now = now + self.canon.step_us
-        for arriving in arrival_options:
+        readiness = [ready for ready, _ in self.readiness(base)]  # outermost, as successors() takes them
+        for ready, arriving in itertools.product(readiness, arrival_options):
             self._within_limits(len(out))
             for cancelled in cancel_options:
-                for choice in self._accepting(base, now, (arriving, cancelled)):
+                for choice in self._accepting(base, now, (arriving, cancelled), ready):
                     s, d = self._stepped(base, now, choice)
                     succ = self.canon.encode(s, next_now)
                     gone = 0
@@ -532,8 +581,13 @@ class Transition:
                         labels[core] = Label(tokens, core[1], core[2], gone, choice)
         return out
 
-    def _accepting(self, base: SchedulerState, now: int, choice: Choice) -> list[Choice]:
-        """The choice with each of the environment's acceptance choices (without speculative decoding: itself)."""
+    def _accepting(self, base: SchedulerState, now: int, choice: Choice, ready=None) -> list[Choice]:
+        """The choice with each of the environment's acceptance choices (without speculative decoding: itself), and
+        the readiness choice ``ready`` (blocked waiting states; None: none)."""
+        if ready is not None:
+            base = base.copy()
+            make_ready(base, ready)
+            return [c + ((),) * (len(c) == 2) + (ready,) for c in self._accepting(base, now, choice)]
         if self.accepted is None:
             return [choice]
         arriving, cancelled = choice
@@ -564,7 +618,7 @@ def explore(policy: Policy, env: LivenessEnv, max_states: int = DEFAULT_MAX_STAT
         raise InputError(Problem("pipeline.in_flight", policy.pipeline.in_flight, "0 or 1 for the liveness explorer: "
                                  "pipeline parallelism (more than one batch in flight) is not modelled yet "
                                  "(docs/liveness.md, \"Speculative decoding and async scheduling\")"))
-    blocked.refuse(policy, "the liveness explorer")  # grammar delays and failed loads are not environment choices
+    refuse_unmodelled(policy)  # failed loads are not environment choices (grammar delays are)
     started = time.monotonic()
     env = instance_env(policy, env)
     canon = make_canon(policy, env)
@@ -641,6 +695,15 @@ def explore(policy: Policy, env: LivenessEnv, max_states: int = DEFAULT_MAX_STAT
                       seconds=time.monotonic() - started, stop_reason=stop, edges=edges[0],
                       choices_run=trans.choices_run + counts[0], steps_run=trans.steps_run + counts[1],
                       hit_choices=trans.hit_choices + counts[2], found_choices=trans.found_choices + counts[3])
+
+
+def refuse_unmodelled(policy: Policy, source: str | None = None) -> None:
+    """checker.semantics.blocked.refuse for the explorer, which covers blocked waiting states (the grammar delay is
+    the environment's readiness choice): only loads that may fail are refused (connector.loads_may_fail)."""
+    if policy.queue.blocked_waiting is not BlockedWaiting.OFF:
+        policy = policy.model_copy(update={"queue": policy.queue.model_copy(
+            update={"blocked_waiting": BlockedWaiting.OFF})})
+    blocked.refuse(policy, "the liveness explorer", source)
 
 
 def _sglang_supported(policy: Policy) -> None:

@@ -84,6 +84,8 @@ def _never_free(sg: StateGraph) -> set[int]:
 
 
 def _allows(prop: str, sg: StateGraph) -> Callable[[int, Label], bool]:
+    if prop == EVENTUALLY_SERVED and sg.canon.blocking:
+        return lambda u, lab: _unblocked_stays(sg, u, lab)
     if prop == EVENTUALLY_SERVED:
         return lambda u, lab: sg.live_count(u) > 0 and not lab.gone & 1
     if prop == NO_LIVELOCK:
@@ -91,7 +93,27 @@ def _allows(prop: str, sg: StateGraph) -> Callable[[int, Label], bool]:
     if prop == NO_HOLD_AND_WAIT:
         never = _never_free(sg)
         return lambda u, lab: u in never
+    if sg.canon.blocking:  # requests the environment keeps blocked do not count as waiting for a token
+        return lambda u, lab: _oldest_unblocked(sg, u, lab) is not None and lab.tokens == 0 and not lab.cancelled
     return lambda u, lab: sg.live_count(u) > 0 and lab.tokens == 0 and not lab.cancelled
+
+
+def _oldest_unblocked(sg: StateGraph, u: int, lab: Label) -> int | None:
+    """The live position of the oldest request of the source not blocked in the iteration (its grammar ready
+    before, or made ready by the label's readiness choice), or None."""
+    flags = sg.canon.blocked_flags(sg.keys[u])
+    ready = lab.choice[3] if len(lab.choice) > 3 else ()
+    return next((i for i, f in enumerate(flags) if not f or i in ready), None)
+
+
+def _unblocked_stays(sg: StateGraph, u: int, lab: Label) -> bool:
+    """eventually_served with blocked waiting states: the oldest live request of the source that is not blocked in
+    the iteration (its grammar ready before, or made ready by the environment's readiness choice) is still live
+    after it. A request the environment keeps blocked forever is excluded (it can never be served); on a cycle of
+    such edges the request followed can only change to an older one, so one request whose grammar is ready stays
+    live forever (docs/liveness.md, "Blocked waiting states")."""
+    i = _oldest_unblocked(sg, u, lab)
+    return i is not None and not lab.gone >> i & 1
 
 
 @dataclass
@@ -183,9 +205,11 @@ def starvation_bound(sg: StateGraph) -> StarvationBound:
     pairs; its witness is a path that makes some request wait that long."""
     keys = sg.keys
     pairs = nx.DiGraph()
+    blocking = sg.canon.blocking  # a request waits from the first state in which its grammar is ready
     for u in range(sg.states):
+        flags = sg.canon.blocked_flags(keys[u]) if blocking else ()
         for i in range(keys[u][0]):
-            if _never_admitted_waiting(keys[u], i):
+            if _never_admitted_waiting(keys[u], i) and not (blocking and flags[i]):
                 pairs.add_node((u, i))
     for u, v, labels in sg.graph.edges(data="labels"):
         waiting = [i for i in range(keys[u][0]) if (u, i) in pairs]
