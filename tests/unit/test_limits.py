@@ -32,6 +32,7 @@ READERS = {
         "if len(s.running) > p.batch.max_num_seqs:",
         'problems.append(f"{len(s.running)} running > max_num_seqs={p.batch.max_num_seqs}")'],
     "checker/semantics/sglang.py": ["max_running = p.batch.max_num_seqs"],
+    "checker/smt/sglang.py": ["max_running = p.batch.max_num_seqs"],  # the same rule, encoded (max_running - nb)
     "checker/smt/encode.py": [
         "fits_load = o.and_(self.running < p.batch.max_num_seqs, self.can_start_load(cur, ext))",
         "fits = o.and_(n > 0, self.running < p.batch.max_num_seqs, fits_kv)",
