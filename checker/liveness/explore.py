@@ -700,10 +700,7 @@ def explore(policy: Policy, env: LivenessEnv, max_states: int = DEFAULT_MAX_STAT
 def refuse_unmodelled(policy: Policy, source: str | None = None) -> None:
     """checker.semantics.blocked.refuse for the explorer, which covers blocked waiting states (the grammar delay is
     the environment's readiness choice): only loads that may fail are refused (connector.loads_may_fail)."""
-    if policy.queue.blocked_waiting is not BlockedWaiting.OFF:
-        policy = policy.model_copy(update={"queue": policy.queue.model_copy(
-            update={"blocked_waiting": BlockedWaiting.OFF})})
-    blocked.refuse(policy, "the liveness explorer", source)
+    blocked.refuse(policy, "the liveness explorer", source, encoded=True)
 
 
 def _sglang_supported(policy: Policy) -> None:

@@ -63,8 +63,8 @@ def refuse(policy: Policy, tool: str, source: str | None = None, encoded: bool =
     waiting states or loads that may fail in a tool that does not model them (the z3 encoding, any-N, the liveness
     explorer): its environment would never choose a grammar delay or a failed load, so a verdict would be about a
     different system. (connector.load_failure alone is accepted: with loads_may_fail false no load fails there, and
-    the rule is never used.) ``encoded``: the tool models blocked waiting states (the z3 encoding for verify's bounded
-    search, checker/smt/encode.py); only failed loads are refused there."""
+    the rule is never used.) ``encoded``: the tool models blocked waiting states (the liveness explorer; the z3
+    encoding for verify's bounded search, checker/smt/encode.py); only failed loads are refused there."""
     if policy.queue.blocked_waiting is not BlockedWaiting.OFF and not encoded:
         field, value = ("queue", "blocked_waiting"), policy.queue.blocked_waiting.value
         why = f"off for {tool}: blocked waiting states (grammar_steps) are not encoded there yet"
